@@ -1,0 +1,31 @@
+# The two set-up-free entry points: `make test` and `make stress ITER=100`.
+# Each finds a python that has torch, triton, pytest, xdist and hypothesis, or builds .venv.
+PY := $(shell bash tools/ensure_env.sh)
+ITER ?= 100
+SEED ?= 0
+JOBS ?=
+REPORT ?= reports/stress
+STRESS_ARGS = --iters $(ITER) --seed $(SEED) --report $(REPORT) \
+	$(if $(CHECK),--check $(CHECK)) $(if $(FAMILY),--family $(FAMILY)) $(if $(DEVICE),--device $(DEVICE)) \
+	$(if $(JOBS),--jobs $(JOBS))
+
+.PHONY: test stress mutants bench lint env
+
+env:
+	@echo $(PY)
+
+test:
+	$(PY) -m pytest -n auto -q
+
+stress:
+	$(PY) -m stress run $(STRESS_ARGS)
+	$(PY) -m stress mutants $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE)) --report $(REPORT)
+
+mutants:
+	$(PY) -m stress mutants $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE))
+
+bench:
+	$(PY) -m stress.bench
+
+lint:
+	$(PY) -m ruff check .

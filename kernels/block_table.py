@@ -1,0 +1,190 @@
+"""Block-table kernels: gather per-request rows into batch order, token slot mappings, and the
+in-place left shift that hides prefix-cache-restored blocks from draft attention (spec fix 4/5).
+
+Index spaces: ``batch_row`` indexes this step's batch, ``slot`` = ``idx_mapping[batch_row]``
+indexes persistent per-request state. Block id 0 is the null block; PAD (-1) in a slot mapping
+means "write nothing".
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import runtime, validate
+
+PAD = -1
+NULL_BLOCK = 0
+
+
+def _on_kernel_device(**tensors) -> torch.device:
+    dev = validate.same_device(**tensors)
+    if dev.type != runtime.DEVICE:
+        name = next(iter(tensors))
+        raise ValueError(f"{name}: on {dev.type}, but kernels run on {runtime.DEVICE}; move the tensors there")
+    return dev
+
+
+@triton.jit
+def _gather_rows_kernel(persistent_ptr, persistent_stride, idx_mapping_ptr, out_ptr, out_stride, width,
+                        BLOCK: tl.constexpr):
+    batch_row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    slot = tl.load(idx_mapping_ptr + batch_row).to(tl.int64)
+    live = cols < width
+    # A negative slot (a padded batch row) reads nothing and gathers a row of null blocks.
+    readable = live & ((cols * 0 + slot) >= 0)
+    blocks = tl.load(persistent_ptr + slot * persistent_stride + cols, mask=readable, other=0)
+    tl.store(out_ptr + batch_row.to(tl.int64) * out_stride + cols, blocks, mask=live)
+
+
+def gather_block_tables(persistent: torch.Tensor, idx_mapping: torch.Tensor, out: torch.Tensor) -> None:
+    """``out[b] = persistent[idx_mapping[b]]`` for ``b < len(idx_mapping)``; later rows untouched.
+
+    persistent [S, W] int32 (indexed by slot), idx_mapping [B] int32, out [R >= B, W] int32
+    (indexed by batch row). A negative slot gives a row of null blocks (0).
+    """
+    validate.tensor("persistent", persistent, dtype=torch.int32, ndim=2)
+    validate.tensor("idx_mapping", idx_mapping, dtype=torch.int32, ndim=1)
+    validate.tensor("out", out, dtype=torch.int32, ndim=2)
+    _on_kernel_device(persistent=persistent, idx_mapping=idx_mapping, out=out)
+    if out.shape[1] != persistent.shape[1]:
+        raise ValueError(f"out: width {out.shape[1]} differs from persistent width {persistent.shape[1]}")
+    num_rows = idx_mapping.numel()
+    if num_rows > out.shape[0]:
+        raise ValueError(f"out: {out.shape[0]} rows, but idx_mapping has {num_rows} batch rows")
+    width = persistent.shape[1]
+    if num_rows == 0 or width == 0:
+        return
+    block = min(1024, triton.next_power_of_2(width))
+    grid = (num_rows, triton.cdiv(width, block))
+    _gather_rows_kernel[grid](persistent, persistent.stride(0), idx_mapping, out, out.stride(0), width, BLOCK=block)
+
+
+@triton.jit
+def _slot_mapping_kernel(block_table_ptr, block_table_stride, width, query_start_loc_ptr, positions_ptr,
+                         out_ptr, num_out, block_size, num_batch_rows, BLOCK: tl.constexpr):
+    batch_row = tl.program_id(0)
+    start = tl.load(query_start_loc_ptr + batch_row)
+    if batch_row == num_batch_rows:
+        # The extra program: every token past the live batch maps to PAD.
+        for tok0 in range(start, num_out, BLOCK):  # padding tail
+            tokens = tok0 + tl.arange(0, BLOCK)
+            tl.store(out_ptr + tokens, tl.full((BLOCK,), -1, tl.int64), mask=tokens < num_out)
+    else:
+        end = tl.load(query_start_loc_ptr + batch_row + 1)
+        row_ptr = block_table_ptr + batch_row.to(tl.int64) * block_table_stride
+        for tok0 in range(start, end, BLOCK):
+            tokens = tok0 + tl.arange(0, BLOCK)
+            live = tokens < end
+            pos = tl.load(positions_ptr + tokens, mask=live, other=0)
+            block_idx = pos // block_size
+            # Never read outside the row: an index past the width (or a negative position) is PAD.
+            in_row = live & (pos >= 0) & (block_idx < width)
+            block_id = tl.load(row_ptr + block_idx, mask=in_row, other=0).to(tl.int64)
+            slot_id = block_id * block_size + pos % block_size
+            slot_id = tl.where(in_row & (block_id != 0), slot_id, -1)
+            tl.store(out_ptr + tokens, slot_id, mask=live)
+
+
+def compute_slot_mappings(block_table: torch.Tensor, query_start_loc: torch.Tensor, positions: torch.Tensor,
+                          block_size: int, out: torch.Tensor) -> None:
+    """Physical KV slot of every token: ``block_table[b, pos // bs] * bs + pos % bs``.
+
+    Token t of batch row b lies in ``[query_start_loc[b], query_start_loc[b+1])``. Tokens from
+    ``query_start_loc[-1]`` up to ``len(out)`` get PAD, as do positions whose block index is
+    negative or at/past the row width, and positions that land on the null block.
+    block_table [R, W] int32 (batch rows), query_start_loc [B+1] int32, positions [T] int64,
+    out [N >= T] int64.
+    """
+    validate.tensor("block_table", block_table, dtype=torch.int32, ndim=2)
+    validate.tensor("query_start_loc", query_start_loc, dtype=torch.int32, ndim=1, min_numel=1)
+    validate.tensor("positions", positions, dtype=torch.int64, ndim=1)
+    validate.tensor("out", out, dtype=torch.int64, ndim=1)
+    validate.positive_int("block_size", block_size)
+    _on_kernel_device(block_table=block_table, query_start_loc=query_start_loc, positions=positions, out=out)
+    num_batch_rows = query_start_loc.numel() - 1
+    if num_batch_rows > block_table.shape[0]:
+        raise ValueError(f"block_table: {block_table.shape[0]} rows, but query_start_loc describes {num_batch_rows}")
+    if out.numel() < positions.numel():
+        raise ValueError(f"out: {out.numel()} entries, fewer than the {positions.numel()} positions")
+    if out.numel() == 0:
+        return
+    grid = (num_batch_rows + 1,)
+    _slot_mapping_kernel[grid](block_table, block_table.stride(0), block_table.shape[1], query_start_loc,
+                               positions, out, out.numel(), block_size, num_batch_rows, BLOCK=256)
+
+
+@triton.jit
+def _shift_rows_kernel(block_table_ptr, block_table_stride, width, idx_mapping_ptr, num_cached_tokens_ptr,
+                       seq_lens_ptr, block_size, CHUNK: tl.constexpr):
+    batch_row = tl.program_id(0)
+    slot = tl.load(idx_mapping_ptr + batch_row)
+    num_cached = tl.load(num_cached_tokens_ptr + slot, mask=slot >= 0, other=0)
+    shift = num_cached // block_size
+    if shift > 0:
+        row_ptr = block_table_ptr + batch_row.to(tl.int64) * block_table_stride
+        needed = tl.cdiv(tl.load(seq_lens_ptr + batch_row), block_size)
+        n = tl.minimum(width - shift, needed)
+        # Ascending chunks, never pipelined or unrolled: a chunk's sources lie to its right and
+        # must be read before the next chunk overwrites them.
+        for start in tl.range(0, n, CHUNK, num_stages=1, loop_unroll_factor=1):
+            cols = start + tl.arange(0, CHUNK)
+            keep = cols < n
+            blocks = tl.load(row_ptr + cols + shift, mask=keep)
+            # Source and destination overlap when shift < CHUNK: every lane of the program must
+            # finish its loads before any lane stores (warps are not in lock step). The barrier
+            # also keeps a fast warp from storing chunk i+1 before a slow one loaded chunk i.
+            tl.debug_barrier()
+            tl.store(row_ptr + cols, blocks, mask=keep)
+
+
+def shift_block_table_rows(block_table: torch.Tensor, idx_mapping: torch.Tensor, num_cached_tokens: torch.Tensor,
+                           seq_lens: torch.Tensor, block_size: int, *, chunk: int = 1024,
+                           num_warps: int | None = None) -> None:
+    """Shift batch row b left, in place, by ``num_cached_tokens[idx_mapping[b]] // block_size``.
+
+    ``n = min(width - shift, ceil(seq_lens[b] / block_size))`` entries are copied
+    (``row[j] = old_row[j + shift]`` for j < n); entries from n on are untouched; a shift of 0
+    (or a negative slot) writes nothing. The count is looked up by request slot, the row and
+    seq_lens by batch row. ``chunk`` and ``num_warps`` are launch knobs for stress sweeps.
+    """
+    validate.tensor("block_table", block_table, dtype=torch.int32, ndim=2)
+    validate.tensor("idx_mapping", idx_mapping, dtype=torch.int32, ndim=1)
+    validate.tensor("num_cached_tokens", num_cached_tokens, dtype=torch.int32, ndim=1)
+    validate.tensor("seq_lens", seq_lens, dtype=torch.int32, ndim=1)
+    validate.positive_int("block_size", block_size)
+    validate.power_of_two("chunk", chunk)
+    if num_warps is not None:
+        validate.power_of_two("num_warps", num_warps)
+    _on_kernel_device(block_table=block_table, idx_mapping=idx_mapping, num_cached_tokens=num_cached_tokens,
+                      seq_lens=seq_lens)
+    num_batch_rows = idx_mapping.numel()
+    if num_batch_rows > block_table.shape[0]:
+        raise ValueError(f"block_table: {block_table.shape[0]} rows, but idx_mapping has {num_batch_rows} batch rows")
+    if seq_lens.numel() < num_batch_rows:
+        raise ValueError(f"seq_lens: {seq_lens.numel()} entries, but idx_mapping has {num_batch_rows} batch rows")
+    if num_batch_rows == 0:
+        return
+    extra = {} if num_warps is None else {"num_warps": num_warps}
+    _shift_rows_kernel[(num_batch_rows,)](block_table, block_table.stride(0), block_table.shape[1], idx_mapping,
+                                          num_cached_tokens, seq_lens, block_size, CHUNK=chunk, **extra)
+
+
+def has_unaligned_cached_prefix(num_cached_tokens, idx_mapping, block_sizes) -> bool:
+    """True when a live slot's cached count is not a multiple of some block size (fail closed).
+
+    A whole-block shift cannot hide a partial restored block, so such a batch must not draft.
+    Negative entries of ``idx_mapping`` are padded rows and are ignored.
+    """
+    sizes = list(block_sizes)
+    if not sizes:
+        raise ValueError("block_sizes: empty; pass the kernel block size of every draft KV group")
+    for bs in sizes:
+        validate.positive_int("block_sizes", bs)
+    slots = torch.as_tensor(idx_mapping).to(torch.int64).flatten()
+    cached = torch.as_tensor(num_cached_tokens).to(torch.int64).flatten()
+    slots = slots[slots >= 0]
+    if slots.numel() and int(slots.max()) >= cached.numel():
+        raise ValueError(f"idx_mapping: slot {int(slots.max())} out of range for {cached.numel()} num_cached_tokens")
+    live = cached.cpu()[slots.cpu()]
+    return any(bool((live % bs != 0).any()) for bs in sizes)

@@ -1,0 +1,1 @@
+"""Host-side spec-decode logic (no kernels)."""

@@ -1,0 +1,1 @@
+"""The stress harness: registry-driven replay of seeded cases against CPU references."""

@@ -1,0 +1,174 @@
+"""specsan command line: run, repro, list, mutants.
+
+The device is chosen before any kernel module is imported (kernels.runtime decides between
+compiled Triton and the interpreter at import time), so this module imports lazily.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specsan", description="Verify and stress the spec-decode kernels.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp, seed=True):
+        sp.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when present, else the CPU interpreter")
+        if seed:
+            sp.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
+
+    run = sub.add_parser("run", help="replay every (check, family) N times against the references")
+    common(run)
+    run.add_argument("--iters", type=int, default=10, help="cases per (check, family)")
+    run.add_argument("--check", action="append", help="only this check (repeatable)")
+    run.add_argument("--family", action="append", help="only this family (repeatable)")
+    run.add_argument("--report", default="reports/latest", help="directory for results.jsonl and summary.md")
+    run.add_argument("--jobs", type=int, help="worker processes (default: CPU cores, or one per GPU); 0 = in process")
+    run.add_argument("--timeout", type=float, default=300, help="seconds per case before fail:timeout (0 = none)")
+
+    repro = sub.add_parser("repro", help="rerun one case and print its first divergences")
+    common(repro, seed=False)
+    repro.add_argument("check")
+    repro.add_argument("family")
+    repro.add_argument("seed", type=int)
+    repro.add_argument("--mutant", help="with this planted bug applied")
+
+    lst = sub.add_parser("list", help="show checks, families and mutants")
+    lst.add_argument("--json", action="store_true")
+
+    mut = sub.add_parser("mutants", help="run each planted bug through its check: the kill matrix")
+    common(mut)
+    mut.add_argument("--check", action="append", help="only this check (repeatable)")
+    mut.add_argument("--max-iters", type=int, default=200, help="cases per mutant before it counts as survived")
+    mut.add_argument("--by-shape", action="store_true", help="hunt separately in every launch shape of the sweep")
+    mut.add_argument("--jobs", type=int, help="worker processes (default as for run); 0 = in process")
+    mut.add_argument("--json", action="store_true", help="print the matrix as JSON")
+    mut.add_argument("--report", help="also write the matrix to DIR/mutants.json")
+    return p
+
+
+def _select_device(args) -> str:
+    if getattr(args, "device", None):
+        os.environ["SPECSAN_DEVICE"] = args.device
+    from kernels import runtime
+
+    return runtime.DEVICE
+
+
+def _checks(names):
+    from stress import checks
+
+    if not names:
+        return list(checks.REGISTRY)
+    return [checks.get(n) for n in names]
+
+
+def cmd_run(args) -> int:
+    device = _select_device(args)
+    from stress import runner
+
+    if args.iters < 1:
+        raise SystemExit("--iters: must be at least 1")
+    selected = _checks(args.check)
+    known = {f for c in selected for f in c.families}
+    for family in args.family or ():
+        if family not in known:
+            raise SystemExit(f"--family {family}: no selected check has it; known: {', '.join(sorted(known))}")
+    tasks = runner.plan(selected, args.family, args.iters, args.seed)
+    jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
+    header = {"device": device, "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
+              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    report = runner.Report(args.report, header)
+    print(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}", flush=True)
+    from tqdm import tqdm
+
+    start = time.perf_counter()
+    with tqdm(total=len(tasks), unit="case", file=sys.stderr, dynamic_ncols=True, mininterval=1.0) as bar:
+        def on_result(result):
+            report.add(result)
+            bar.update(1)
+            if result.failed:
+                bar.write(f"FAIL {result.verdict} {result.check} {result.family} seed={result.seed}: "
+                          f"{result.details[0] if result.details else ''}\n  {result.repro()}")
+            bar.set_postfix_str(report.closing_line(), refresh=False)
+
+        runner.execute(tasks, device, jobs, on_result, args.timeout)
+    report.close()
+    print(f"wall time {time.perf_counter() - start:.1f} s; summary in {args.report}/summary.md")
+    print(report.closing_line())
+    return 1 if report.counts()[1] else 0
+
+
+def cmd_repro(args) -> int:
+    device = _select_device(args)
+    from stress import checks, runner
+
+    check = checks.get(args.check)
+    case = runner.build_case(check, args.family, args.seed, device)
+    print(f"{check.name} / {args.family} / seed {args.seed} on {device}: {case.note}")
+    print(f"launch: {case.launch or 'default'}")
+    for name, value in case.inputs.items():
+        shown = f"{tuple(value.shape)} {value.dtype}" if hasattr(value, "shape") else repr(value)
+        print(f"  {name}: {shown}")
+    result = runner.run_case(runner.Task(args.check, args.family, args.seed, args.mutant), device)
+    print(f"verdict: {result.verdict}")
+    for line in result.details:
+        print(line)
+    return 1 if result.failed else 0
+
+
+def cmd_list(args) -> int:
+    from stress import checks
+
+    if args.json:
+        print(json.dumps([{"check": c.name, "families": list(c.families), "devices": list(c.devices),
+                           "mutants": [{"name": m.name, "description": m.description, "oracles": m.oracles}
+                                       for m in c.mutants]} for c in checks.REGISTRY], indent=2))
+        return 0
+    for c in checks.REGISTRY:
+        print(f"{c.name}  [{', '.join(c.devices)}]")
+        print(f"  families: {', '.join(c.families)}")
+        for m in c.mutants:
+            oracles = ", ".join(f"{d}: {o}" for d, o in m.oracles.items())
+            print(f"  mutant {m.name}: {m.description}  (killed by {oracles})")
+    return 0
+
+
+def cmd_mutants(args) -> int:
+    device = _select_device(args)
+    from stress import matrix, runner
+
+    jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
+    rows = matrix.kill_matrix(_checks(args.check), device, max_iters=args.max_iters, seed=args.seed, jobs=jobs,
+                              by_shape=args.by_shape,
+                              on_row=None if args.json else lambda k: print(f"  {k.mutant}: {k.status}", flush=True))
+    if args.report:
+        os.makedirs(args.report, exist_ok=True)
+        with open(os.path.join(args.report, "mutants.json"), "w") as f:
+            json.dump([asdict(k) for k in rows], f, indent=2)
+    if args.json:
+        print(json.dumps([asdict(k) for k in rows], indent=2))
+    else:
+        print(matrix.table(rows))
+    checkable = [k for k in rows if k.status != "not_checked"]
+    killed = sum(k.status == "killed" for k in checkable)
+    print(f"{killed} of {len(checkable)} checkable mutants killed on {device}; "
+          f"{len(rows) - len(checkable)} not checked here")
+    return 0 if killed == len(checkable) else 1
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "repro": cmd_repro, "list": cmd_list, "mutants": cmd_mutants}[args.command](args)
+    except ValueError as exc:
+        print(f"specsan: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

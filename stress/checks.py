@@ -1,0 +1,89 @@
+"""The registry: one Check per kernel. Runner, tests, tracer and mutant matrix all iterate it."""
+
+import kernels.block_table
+import reference.block_table
+from stress.families import block_table as bt_families
+from stress.types import RETURN, Check, Mutant, Patch
+
+_BT = "kernels.block_table"
+
+BLOCK_TABLE_CHECKS = (
+    Check(
+        name="block_table.gather",
+        kernel=kernels.block_table.gather_block_tables,
+        reference=reference.block_table.gather_block_tables,
+        families=bt_families.GATHER_FAMILIES,
+        outputs=("out",),
+        provenance={"out": "persistent"},
+        mutants=(
+            Mutant("gather-by-batch-row", "reads the persistent row of batch row b instead of its slot",
+                   (Patch(f"{_BT}:_gather_rows_kernel", "slot = tl.load(idx_mapping_ptr + batch_row).to(tl.int64)",
+                          "slot = batch_row.to(tl.int64) + tl.load(idx_mapping_ptr + batch_row).to(tl.int64) * 0"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}),
+        ),
+    ),
+    Check(
+        name="block_table.slot_mapping",
+        kernel=kernels.block_table.compute_slot_mappings,
+        reference=reference.block_table.compute_slot_mappings,
+        families=bt_families.SLOT_MAPPING_FAMILIES,
+        outputs=("out",),
+        mutants=(
+            Mutant("pad-tail-unwritten", "tokens past the batch keep stale slots instead of PAD",
+                   (Patch(f"{_BT}:_slot_mapping_kernel", "range(start, num_out, BLOCK):  # padding tail",
+                          "range(start, start, BLOCK):"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",)),
+            Mutant("null-block-writable", "the null block 0 gets a real slot instead of PAD",
+                   (Patch(f"{_BT}:_slot_mapping_kernel", "in_row & (block_id != 0)", "in_row"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}),
+        ),
+    ),
+    Check(
+        name="block_table.shift",
+        kernel=kernels.block_table.shift_block_table_rows,
+        reference=reference.block_table.shift_block_table_rows,
+        families=bt_families.SHIFT_FAMILIES,
+        outputs=("block_table",),
+        sweep=bt_families.shift_sweep,
+        provenance={"block_table": "block_table"},
+        mutants=(
+            Mutant("no-barrier", "spec fix 5: the barrier between a chunk's loads and its stores is removed",
+                   (Patch(f"{_BT}:_shift_rows_kernel", "tl.debug_barrier()", "pass"),),
+                   oracles={"cuda": "divergence"}, families=("overlap", "long_row"),
+                   why_not="invisible to the interpreter without the tracer (programs run one by one)"),
+            Mutant("count-by-batch-row", "spec fix 4: num_cached_tokens indexed by batch row instead of slot",
+                   (Patch(f"{_BT}:_shift_rows_kernel", "tl.load(num_cached_tokens_ptr + slot, mask=slot >= 0",
+                          "tl.load(num_cached_tokens_ptr + batch_row, mask=slot >= 0"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}),
+            Mutant("ignores-seq-lens", "spec fix 4: copies to the end of the row instead of the needed blocks",
+                   (Patch(f"{_BT}:_shift_rows_kernel", "n = tl.minimum(width - shift, needed)",
+                          "n = width - shift + needed * 0"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}),
+        ),
+    ),
+    Check(
+        name="block_table.unaligned_prefix",
+        kernel=kernels.block_table.has_unaligned_cached_prefix,
+        reference=reference.block_table.has_unaligned_cached_prefix,
+        families=bt_families.PREFIX_FAMILIES,
+        outputs=(RETURN,),
+        mutants=(
+            Mutant("unaligned-not-refused", "spec fix 4: a partial restored block is not refused",
+                   (Patch(f"{_BT}:has_unaligned_cached_prefix", "return any(", "return False and any("),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}),
+            Mutant("padded-slot-wraps", "padded rows (slot -1) index the last slot's count",
+                   (Patch(f"{_BT}:has_unaligned_cached_prefix", "slots = slots[slots >= 0]", "pass"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",)),
+        ),
+    ),
+)
+
+REGISTRY: tuple[Check, ...] = BLOCK_TABLE_CHECKS
+BY_NAME = {check.name: check for check in REGISTRY}
+
+
+def get(name: str) -> Check:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"check {name!r} is not registered; `python -m stress list` shows the checks") from None

@@ -1,0 +1,72 @@
+"""Comparison of kernel outputs with reference outputs, and first-divergence reports."""
+
+from dataclasses import dataclass
+
+import torch
+
+SHOW = 8  # divergent elements listed per output
+
+
+@dataclass
+class Divergence:
+    """Where one output differs: ``total`` wrong elements, the first few listed."""
+
+    output: str
+    total: int
+    first: list[tuple[tuple[int, ...], object, object]]  # (index, expected, got)
+    problem: str = ""  # set when shapes or dtypes differ, or an output is missing
+
+    def lines(self, source: torch.Tensor | None = None) -> list[str]:
+        if self.problem:
+            return [f"{self.output}: {self.problem}"]
+        out = [f"{self.output}: {self.total} element(s) differ"]
+        for index, want, got in self.first:
+            where = _found_in(source, got, index) if source is not None else ""
+            out.append(f"  {self.output}{list(index)}: expected {want}, got {got}{where}")
+        return out
+
+
+def _found_in(source: torch.Tensor, value, index) -> str:
+    """Say which entry of the original input a wrong value was copied from (block tables)."""
+    if source.dim() == 0 or source.is_floating_point():
+        return ""
+    hits = (source == value).nonzero().tolist()
+    if not hits:
+        return "  (value not in the original input)"
+    same_row = [h for h in hits if len(index) > 1 and h[:-1] == list(index[:-1])] or hits
+    hit = same_row[0]
+    offset = hit[-1] - index[-1]
+    return f"  (= original{hit}, {offset:+d} from this entry)"
+
+
+def _as_tensor(v) -> torch.Tensor:
+    return v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+
+
+def exact(output: str, expected, got) -> Divergence | None:
+    """Bitwise equality (NaN equals NaN of the same bits); ints, ids, bools and floats alike."""
+    if got is None:
+        return Divergence(output, 1, [], problem="missing from the kernel's outputs")
+    want, have = _as_tensor(expected).cpu(), _as_tensor(got).detach().cpu()
+    if want.shape != have.shape:
+        return Divergence(output, 1, [], problem=f"shape {tuple(have.shape)}, expected {tuple(want.shape)}")
+    if want.dtype != have.dtype:
+        return Divergence(output, 1, [], problem=f"dtype {have.dtype}, expected {want.dtype}")
+    if want.is_floating_point():
+        differ = ~((want == have) | (torch.isnan(want) & torch.isnan(have)))
+    else:
+        differ = want != have
+    total = int(differ.sum())
+    if total == 0:
+        return None
+    idx = differ.nonzero()[:SHOW].tolist()
+    first = [(tuple(i), want[tuple(i)].item(), have[tuple(i)].item()) for i in idx]
+    return Divergence(output, total, first)
+
+
+def unchanged(name: str, before: torch.Tensor, after: torch.Tensor) -> Divergence | None:
+    """A read-only input must come back bit for bit as it went in."""
+    found = exact(name, before, after)
+    if found is not None:
+        found.output = f"{name} (read-only input)"
+    return found

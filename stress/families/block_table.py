@@ -1,0 +1,288 @@
+"""Case families for the block-table kernels (gather, slot mappings, in-place shift, fail-closed test)."""
+
+import numpy as np
+import torch
+
+from stress.families.common import (BLOCK_SIZES, SENTINEL, big, distinct_blocks, int32, int64, pick,
+                                    slots_for)
+from stress.types import Case
+
+# ---------------------------------------------------------------- shift_block_table_rows
+
+
+def shift_sweep(device: str) -> list[dict]:
+    """Launch shapes: the race is certain in some and invisible in others (anchors 2.5)."""
+    if device == "cuda":
+        return [{"chunk": c, "num_warps": w} for c in (128, 256, 512, 1024, 2048, 4096) for w in (1, 2, 4, 8, 16)]
+    return [{"chunk": c} for c in (16, 64, 1024)]
+
+
+def _shift_case(rng, *, width, block_size, shifts, residuals, seq_lens, table_rows=None, extra_slots=3,
+                note="", launch=None) -> Case:
+    """Batch row b shifts by ``shifts[b]`` blocks (+ ``residuals[b]`` tokens) with ``seq_lens[b]`` tokens.
+
+    Slots not in the batch get random cached counts, so reading the count by batch row instead
+    of by slot gives a different shift.
+    """
+    batch_rows = len(shifts)
+    rows = table_rows if table_rows is not None else batch_rows
+    table = distinct_blocks(rng, rows, width)
+    idx_mapping, num_slots = slots_for(rng, batch_rows, extra_slots)
+    cached = rng.integers(0, max(1, width * block_size), num_slots)
+    for b in range(batch_rows):
+        cached[int(idx_mapping[b])] = shifts[b] * block_size + residuals[b]
+    seq = np.zeros(max(rows, batch_rows), dtype=np.int64)
+    seq[:batch_rows] = seq_lens
+    return Case(
+        inputs={"block_table": table, "idx_mapping": idx_mapping, "num_cached_tokens": int32(cached),
+                "seq_lens": int32(seq), "block_size": block_size},
+        launch=dict(launch or {}), note=note)
+
+
+def shift_overlap(rng, device, launch):
+    """Shift just below, at and just above the chunk width, and far above it."""
+    chunk = launch.get("chunk", 1024)
+    shift = pick(rng, (1, 2, chunk - 1, chunk, chunk + 1, 2 * chunk + 1, int(rng.integers(1, 4 * chunk))))
+    shift = max(1, shift)
+    cap = 16384 if big(device) else 2 * chunk + 64
+    width = int(rng.integers(shift + 1, max(shift + 2, min(cap, shift + 4 * chunk))))
+    rows = int(rng.integers(1, 5 if big(device) else 3))
+    bs = pick(rng, BLOCK_SIZES)
+    return _shift_case(rng, width=width, block_size=bs, shifts=[shift] * rows, residuals=[0] * rows,
+                       seq_lens=[width * bs] * rows, note=f"shift {shift} vs chunk {chunk}, width {width}",
+                       launch=launch)
+
+
+def shift_partial_block(rng, device, launch):
+    """Cached counts and seq_lens that are not block multiples; the row tail must stay untouched."""
+    bs = pick(rng, BLOCK_SIZES[1:])
+    width = int(rng.integers(8, 2048 if big(device) else 96))
+    rows = int(rng.integers(1, 6))
+    shifts = [int(rng.integers(1, width // 2)) for _ in range(rows)]
+    residuals = [int(rng.integers(1, bs)) for _ in range(rows)]
+    seq_lens = [int(rng.integers(1, (width - s) * bs)) for s in shifts]
+    return _shift_case(rng, width=width, block_size=bs, shifts=shifts, residuals=residuals, seq_lens=seq_lens,
+                       note="partial blocks, short seq_lens", launch=launch)
+
+
+def shift_long_row(rng, device, launch):
+    """Rows up to 16384 entries: many chunks and warp boundaries."""
+    width = pick(rng, (4096, 8192, 16384) if big(device) else (256, 512))
+    rows = int(rng.integers(1, 4))
+    shifts = [int(rng.integers(1, 64)) for _ in range(rows)]
+    return _shift_case(rng, width=width, block_size=16, shifts=shifts, residuals=[0] * rows,
+                       seq_lens=[width * 16] * rows, note=f"width {width}", launch=launch)
+
+
+def shift_zero_shift(rng, device, launch):
+    """Every live slot has fewer cached tokens than a block: nothing may be written."""
+    bs = pick(rng, BLOCK_SIZES[1:])
+    rows = int(rng.integers(1, 6))
+    case = _shift_case(rng, width=int(rng.integers(1, 64)), block_size=bs, shifts=[0] * rows,
+                       residuals=[int(rng.integers(0, bs)) for _ in range(rows)],
+                       seq_lens=[int(rng.integers(0, 64 * bs)) for _ in range(rows)], note="shift 0", launch=launch)
+    return case
+
+
+def shift_zero_width(rng, device, launch):
+    """No batch rows, or rows of width 0."""
+    if rng.integers(2):
+        case = _shift_case(rng, width=int(rng.integers(1, 16)), block_size=16, shifts=[], residuals=[],
+                           seq_lens=[], table_rows=3, launch=launch)
+        case.note = "no batch rows"
+        return case
+    rows = int(rng.integers(1, 4))
+    case = _shift_case(rng, width=0, block_size=16, shifts=[1] * rows, residuals=[0] * rows,
+                       seq_lens=[32] * rows, launch=launch)
+    case.note = "width 0"
+    return case
+
+
+def shift_padded(rng, device, launch):
+    """A table with more rows than the batch (as under CUDA graphs): padded rows hold sentinels."""
+    rows = int(rng.integers(1, 5))
+    pad = int(rng.integers(1, 5))
+    width = int(rng.integers(4, 512 if big(device) else 64))
+    shifts = [int(rng.integers(1, width)) for _ in range(rows)]
+    case = _shift_case(rng, width=width, block_size=16, shifts=shifts, residuals=[0] * rows,
+                       seq_lens=[width * 16] * rows, table_rows=rows + pad, note=f"{pad} padded rows",
+                       launch=launch)
+    case.inputs["block_table"][rows:] = SENTINEL
+    return case
+
+
+def shift_slot_vs_row(rng, device, launch):
+    """idx_mapping is a permutation with gaps and every slot's shift differs."""
+    rows = int(rng.integers(3, 9))
+    width = int(rng.integers(rows + 2, 256 if big(device) else 48))
+    case = _shift_case(rng, width=width, block_size=16, shifts=[0] * rows, residuals=[0] * rows,
+                       seq_lens=[width * 16] * rows, extra_slots=rows, note="slot != batch row", launch=launch)
+    num_slots = case.inputs["num_cached_tokens"].numel()
+    case.inputs["num_cached_tokens"] = int32((rng.permutation(num_slots) % (width - 1) + 1) * 16)
+    return case
+
+
+SHIFT_FAMILIES = {
+    "overlap": shift_overlap, "partial_block": shift_partial_block, "long_row": shift_long_row,
+    "zero_shift": shift_zero_shift, "zero_width": shift_zero_width, "padded": shift_padded,
+    "slot_vs_row": shift_slot_vs_row,
+}
+
+# ---------------------------------------------------------------- gather_block_tables
+
+
+def _gather_case(rng, *, batch_rows, pad_rows, width, extra_slots, negative=0.0, note=""):
+    idx_mapping, num_slots = slots_for(rng, batch_rows, extra_slots)
+    if negative:
+        idx_mapping[torch.from_numpy(rng.random(batch_rows) < negative)] = -1
+    out = torch.full((batch_rows + pad_rows, width), SENTINEL, dtype=torch.int32)
+    return Case(inputs={"persistent": distinct_blocks(rng, num_slots, width), "idx_mapping": idx_mapping,
+                        "out": out}, note=note)
+
+
+def gather_basic(rng, device, launch):
+    return _gather_case(rng, batch_rows=int(rng.integers(1, 9)), pad_rows=0,
+                        width=int(rng.integers(1, 4096 if big(device) else 80)), extra_slots=int(rng.integers(0, 8)))
+
+
+def gather_padded(rng, device, launch):
+    """Output rows past the batch hold sentinels that must survive."""
+    return _gather_case(rng, batch_rows=int(rng.integers(1, 6)), pad_rows=int(rng.integers(1, 6)),
+                        width=int(rng.integers(1, 64)), extra_slots=2, note="padded output rows")
+
+
+def gather_negative_slot(rng, device, launch):
+    """Padded batch rows with slot -1 gather null blocks."""
+    return _gather_case(rng, batch_rows=int(rng.integers(2, 8)), pad_rows=1, width=int(rng.integers(1, 64)),
+                        extra_slots=2, negative=0.4, note="slot -1 rows")
+
+
+def gather_wide(rng, device, launch):
+    """Rows wider than one program's block."""
+    width = pick(rng, (1025, 4097, 16384) if big(device) else (1025, 1500))
+    return _gather_case(rng, batch_rows=int(rng.integers(1, 4)), pad_rows=0, width=width, extra_slots=3,
+                        note=f"width {width}")
+
+
+def gather_zero_width(rng, device, launch):
+    if rng.integers(2):
+        return _gather_case(rng, batch_rows=0, pad_rows=2, width=8, extra_slots=3, note="no batch rows")
+    return _gather_case(rng, batch_rows=3, pad_rows=0, width=0, extra_slots=1, note="width 0")
+
+
+GATHER_FAMILIES = {"basic": gather_basic, "padded": gather_padded, "negative_slot": gather_negative_slot,
+                   "wide": gather_wide, "zero_width": gather_zero_width}
+
+# ---------------------------------------------------------------- compute_slot_mappings
+
+
+def _slot_mapping_case(rng, *, query_lens, width, block_size, null_frac=0.1, out_extra=0, past_width=False,
+                       note=""):
+    batch_rows = len(query_lens)
+    table = distinct_blocks(rng, max(batch_rows, 1), width)
+    table[torch.from_numpy(rng.random(table.shape) < null_frac)] = 0
+    starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int64)
+    positions = []
+    for q in query_lens:
+        limit = width * block_size * (2 if past_width else 1)
+        first = int(rng.integers(0, max(1, limit - q + 1)))
+        positions.extend(range(first, first + q))
+    if past_width and positions:
+        positions[int(rng.integers(len(positions)))] = -int(rng.integers(1, 100))
+    out = torch.full((int(starts[-1]) + out_extra,), SENTINEL, dtype=torch.int64)
+    return Case(inputs={"block_table": table, "query_start_loc": int32(starts), "positions": int64(positions),
+                        "block_size": block_size, "out": out}, note=note)
+
+
+def slots_basic(rng, device, launch):
+    rows = int(rng.integers(1, 9))
+    return _slot_mapping_case(rng, query_lens=[int(rng.integers(1, 20)) for _ in range(rows)],
+                              width=int(rng.integers(1, 64)), block_size=pick(rng, BLOCK_SIZES))
+
+
+def slots_partial_block(rng, device, launch):
+    """Query spans that start and end inside blocks."""
+    bs = pick(rng, BLOCK_SIZES[1:])
+    rows = int(rng.integers(1, 6))
+    return _slot_mapping_case(rng, query_lens=[int(rng.integers(1, 3 * bs)) for _ in range(rows)],
+                              width=int(rng.integers(3, 32)), block_size=bs, null_frac=0.0, note="partial blocks")
+
+
+def slots_padded(rng, device, launch):
+    """Tokens past the batch (CUDA-graph padding) must become PAD, never keep the sentinel."""
+    rows = int(rng.integers(1, 6))
+    return _slot_mapping_case(rng, query_lens=[int(rng.integers(1, 12)) for _ in range(rows)],
+                              width=int(rng.integers(1, 32)), block_size=16, out_extra=int(rng.integers(1, 600)),
+                              note="padded tokens")
+
+
+def slots_past_width(rng, device, launch):
+    """Positions past the row and negative ones give PAD and read nothing outside the row."""
+    rows = int(rng.integers(1, 6))
+    return _slot_mapping_case(rng, query_lens=[int(rng.integers(1, 12)) for _ in range(rows)],
+                              width=int(rng.integers(1, 16)), block_size=pick(rng, BLOCK_SIZES), past_width=True,
+                              note="positions past the row")
+
+
+def slots_long_query(rng, device, launch):
+    """Prefill-sized spans crossing many program blocks."""
+    rows = int(rng.integers(1, 4))
+    q = 4096 if big(device) else 700
+    return _slot_mapping_case(rng, query_lens=[int(rng.integers(1, q)) for _ in range(rows)], width=512,
+                              block_size=16, out_extra=int(rng.integers(0, 300)), note="long spans")
+
+
+def slots_zero_width(rng, device, launch):
+    return _slot_mapping_case(rng, query_lens=[0] * int(rng.integers(0, 3)), width=4, block_size=16,
+                              out_extra=int(rng.integers(0, 5)), note="no tokens")
+
+
+SLOT_MAPPING_FAMILIES = {"basic": slots_basic, "partial_block": slots_partial_block, "padded": slots_padded,
+                         "past_width": slots_past_width, "long_query": slots_long_query,
+                         "zero_width": slots_zero_width}
+
+# ---------------------------------------------------------------- has_unaligned_cached_prefix
+
+
+def _prefix_case(rng, *, block_sizes, unaligned_live, unaligned_idle=True, padded=False, note=""):
+    batch_rows = int(rng.integers(1, 8))
+    idx_mapping, num_slots = slots_for(rng, batch_rows, int(rng.integers(1, 5)))
+    step = int(np.lcm.reduce(block_sizes))
+    cached = rng.integers(0, 20, num_slots) * step
+    live = idx_mapping.numpy()
+    idle = np.setdiff1d(np.arange(num_slots), live)
+    if unaligned_idle and idle.size:
+        cached[idle] += 1  # slots outside the batch must not matter
+    if unaligned_live:
+        victim = live[int(rng.integers(batch_rows))]
+        cached[victim] += int(rng.integers(1, max(block_sizes)))
+        if all(cached[victim] % bs == 0 for bs in block_sizes):
+            cached[victim] += 1
+    if padded:
+        idx_mapping = torch.cat([idx_mapping, torch.full((int(rng.integers(1, 4)),), -1, dtype=torch.int32)])
+        cached[-1] += 1  # what a negative index would wrongly wrap to
+    return Case(inputs={"num_cached_tokens": int32(cached), "idx_mapping": idx_mapping,
+                        "block_sizes": tuple(block_sizes)}, note=note)
+
+
+def prefix_aligned(rng, device, launch):
+    return _prefix_case(rng, block_sizes=[pick(rng, BLOCK_SIZES)], unaligned_live=False, note="aligned")
+
+
+def prefix_unaligned(rng, device, launch):
+    return _prefix_case(rng, block_sizes=[pick(rng, BLOCK_SIZES[1:])], unaligned_live=True, note="one unaligned")
+
+
+def prefix_multi_group(rng, device, launch):
+    """Several draft KV groups: aligned to one block size is not enough."""
+    sizes = [16, pick(rng, (32, 48, 64))]
+    return _prefix_case(rng, block_sizes=sizes, unaligned_live=bool(rng.integers(2)), note=f"block sizes {sizes}")
+
+
+def prefix_padded(rng, device, launch):
+    """Padded rows (slot -1) are ignored, whatever the last slot holds."""
+    return _prefix_case(rng, block_sizes=[16], unaligned_live=False, padded=True, note="slot -1 rows")
+
+
+PREFIX_FAMILIES = {"aligned": prefix_aligned, "unaligned": prefix_unaligned, "multi_group": prefix_multi_group,
+                   "padded": prefix_padded}

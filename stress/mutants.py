@@ -1,0 +1,68 @@
+"""Planted bugs: source patches applied to production kernels and host functions for the
+duration of a run, so a mutant is the production code with one deliberate slip, never a
+hand-kept twin that could drift from it."""
+
+import importlib
+import inspect
+import linecache
+import textwrap
+from contextlib import contextmanager
+
+from stress.types import Mutant, Patch
+
+
+class StaleMutant(RuntimeError):
+    """The text a mutant replaces no longer occurs exactly once: the mutant must be updated."""
+
+
+_built: dict[tuple[str, Patch], object] = {}
+
+
+def _source_of(obj):
+    fn = getattr(obj, "fn", obj)  # a @triton.jit kernel keeps the Python function in .fn
+    return fn, textwrap.dedent(inspect.getsource(fn))
+
+
+def _build(mutant_name: str, patch: Patch):
+    key = (mutant_name, patch)
+    if key in _built:
+        return _built[key]
+    module_name, attr = patch.target.split(":")
+    module = importlib.import_module(module_name)
+    fn, src = _source_of(getattr(module, attr))
+    count = src.count(patch.old)
+    if count != 1:
+        raise StaleMutant(f"mutant {mutant_name}: {patch.old!r} occurs {count} times in {patch.target}, expected once")
+    mutated = src.replace(patch.old, patch.new)
+    # Register the text with linecache so inspect (and Triton's JIT, which reads the source)
+    # can find it like a file's.
+    filename = f"<mutant {mutant_name}: {patch.target}>"
+    lines = mutated.splitlines(keepends=True)
+    linecache.cache[filename] = (len(mutated), None, lines, filename)
+    namespace = dict(vars(module))
+    exec(compile(mutated, filename, "exec"), namespace)
+    _built[key] = namespace[fn.__name__]
+    return _built[key]
+
+
+@contextmanager
+def applied(mutant: Mutant | None):
+    """Swap in the mutated objects for the duration; always restore, also on error."""
+    saved = []
+    try:
+        for patch in mutant.patches if mutant else ():
+            module_name, attr = patch.target.split(":")
+            module = importlib.import_module(module_name)
+            replacement = _build(mutant.name, patch)
+            saved.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, replacement)
+        yield
+    finally:
+        for module, attr, original in reversed(saved):
+            setattr(module, attr, original)
+
+
+def validate(mutant: Mutant) -> None:
+    """Build every patch now, so a stale mutant fails loudly before any run."""
+    for patch in mutant.patches:
+        _build(mutant.name, patch)

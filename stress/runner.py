@@ -1,0 +1,307 @@
+"""Replay loop: derive seeds, run cases (in worker processes), stream verdicts to disk.
+
+A case is addressed by (check, family, seed); ``run_case`` rebuilds it from those alone, so
+every failure reproduces from one printed line.
+"""
+
+import json
+import os
+import signal
+import time
+import traceback
+import zlib
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict
+from multiprocessing import get_context
+from typing import Callable, NamedTuple
+
+import numpy as np
+import torch
+
+from stress.types import PASS, RETURN, Case, Check, Result
+
+
+class Task(NamedTuple):
+    check: str
+    family: str
+    seed: int
+    mutant: str | None = None
+    launch: tuple | None = None  # forced launch shape, as sorted (key, value) pairs
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+def case_seed(base: int, check: str, family: str, i: int) -> int:
+    """Seed of iteration i of (check, family): independent of run order and of the worker."""
+    key = (zlib.crc32(check.encode()), zlib.crc32(family.encode()), i)
+    state = np.random.SeedSequence(entropy=base, spawn_key=key).generate_state(1, np.uint64)[0]
+    return int(state >> np.uint64(1))  # 63 bits: fits an int64 everywhere it is printed or stored
+
+
+def build_case(check: Check, family: str, seed: int, device: str, launch: dict | None = None) -> Case:
+    if family not in check.families:
+        raise ValueError(f"family {family!r} is not one of {check.name}'s: {', '.join(check.families)}")
+    if launch is None:
+        shapes = check.sweep(device) if check.sweep else [{}]
+        launch = shapes[int(np.random.default_rng([seed, 7]).integers(len(shapes)))]
+    case = check.families[family](np.random.default_rng(seed), device, dict(launch))
+    case.launch = dict(launch)
+    return case
+
+
+def expected_outputs(check: Check, case: Case) -> dict:
+    """The reference's outputs by name, computed on CPU copies (the reference must not mutate)."""
+    inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in case.inputs.items()}
+    ref = check.reference(**inputs)
+    values = (ref,) if len(check.outputs) == 1 else tuple(ref)
+    return dict(zip(check.outputs, values, strict=True))
+
+
+def _fatal(exc: BaseException) -> bool:
+    """A CUDA error poisons the process's context: later cases there would all crash."""
+    text = f"{type(exc).__name__}: {exc}"
+    return "CUDA error" in text or "AcceleratorError" in text or "illegal memory access" in text
+
+
+def differential(check: Check, case: Case, expected: dict, device: str, load=None) -> tuple[str, list[str]]:
+    """Run the kernel ``repeats`` times on guarded copies; compare each run with the reference."""
+    from stress import compare, guards
+
+    compare_fn = check.compare or compare.exact
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    tensors = {k: v for k, v in case.inputs.items() if isinstance(v, torch.Tensor)}
+    for repeat in range(check.repeats.get(device, 1)):
+        placed = {k: guards.place(k, v, dev) for k, v in tensors.items()}
+        args = {**case.inputs, **{k: g.view for k, g in placed.items()}}
+        if load is not None:
+            load.kick()
+        returned = _current(check.kernel)(**args, **case.launch)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        tag = f"repeat {repeat}: " if repeat else ""
+        damage = [d for g in placed.values() if (d := g.damage())]
+        if damage:
+            return "fail:oob", [tag + d for d in damage]
+        lines = []
+        for name in check.outputs:
+            got = returned if name == RETURN else placed[name].view
+            found = compare_fn(name, expected[name], got)
+            if found is not None:
+                source = tensors.get(check.provenance.get(name, ""))
+                lines += found.lines(source)
+        for name, original in tensors.items():
+            if name not in check.outputs and (found := compare.unchanged(name, original, placed[name].view)):
+                lines += found.lines()
+        if lines:
+            return "fail:divergence", [tag + line for line in lines]
+    return PASS, []
+
+
+def _current(fn):
+    """The function as its module holds it now, so an applied mutant's replacement is the one called."""
+    import sys
+
+    return getattr(sys.modules.get(fn.__module__), fn.__name__, fn)
+
+
+_LOAD = None
+
+
+def _background_load(device: str):
+    global _LOAD
+    if device == "cuda" and _LOAD is None and os.environ.get("SPECSAN_NO_LOAD") != "1":
+        from stress.load import BackgroundLoad
+        _LOAD = BackgroundLoad(torch.device("cuda", torch.cuda.current_device()))
+    return _LOAD
+
+
+def run_case(task: Task, device: str, timeout: float = 0) -> Result:
+    """Build, run and judge one case. Never raises: a crash is a verdict."""
+    from stress import checks, mutants
+
+    result = Result(task.check, task.family, task.seed, device, PASS, mutant=task.mutant)
+    start = time.perf_counter()
+    if timeout:
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        check = checks.get(task.check)
+        mutant = None
+        if task.mutant:
+            mutant = next((m for m in check.mutants if m.name == task.mutant), None)
+            if mutant is None:
+                raise ValueError(f"mutant {task.mutant!r} is not one of {check.name}'s")
+        if device not in check.devices:
+            result.verdict = f"not_checked:{check.name} does not run on {device}"
+            return result
+        case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
+        result.launch, result.note = case.launch, case.note
+        expected = expected_outputs(check, case)
+        with mutants.applied(mutant):
+            result.verdict, result.details = differential(check, case, expected, device, _background_load(device))
+    except CaseTimeout:
+        result.verdict, result.details = "fail:timeout", [f"case ran past {timeout:.0f} s"]
+    except Exception as exc:  # noqa: BLE001 - a crashing case is a verdict, not the end of the run
+        result.verdict = "fail:crash"
+        result.details = traceback.format_exception_only(exc)[-1:] + traceback.format_exc().splitlines()[-12:]
+        result.fatal = _fatal(exc)
+    finally:
+        if timeout:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        result.seconds = round(time.perf_counter() - start, 4)
+    return result
+
+
+def _on_alarm(signum, frame):
+    raise CaseTimeout()
+
+
+# ---------------------------------------------------------------- worker processes
+
+_DEVICE = "cpu"
+_TIMEOUT = 0.0
+
+
+def _init_worker(device: str, counter, timeout: float) -> None:
+    global _DEVICE, _TIMEOUT
+    _DEVICE, _TIMEOUT = device, timeout
+    os.environ["SPECSAN_DEVICE"] = device
+    if device == "cuda":
+        with counter.get_lock():
+            index = counter.value
+            counter.value += 1
+        torch.cuda.set_device(index % torch.cuda.device_count())  # one worker per GPU
+    import stress.checks  # noqa: F401  - define every kernel once, up front
+
+
+def _work(task: Task) -> Result:
+    return run_case(task, _DEVICE, _TIMEOUT)
+
+
+def _crash_result(task: Task, device: str) -> Result:
+    return Result(task.check, task.family, task.seed, device, "fail:crash", mutant=task.mutant,
+                  details=["the worker process died running this case (segfault or abort)"])
+
+
+def default_jobs(device: str) -> int:
+    if device == "cuda":
+        return max(1, torch.cuda.device_count())
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Result], None],
+            timeout: float = 0) -> None:
+    """Run every task, calling ``on_result`` as each finishes (in completion order).
+
+    ``jobs == 0`` runs in this process. Otherwise worker processes run the cases; a worker that
+    dies takes no result with it: the pool is rebuilt, the unfinished cases rerun one by one
+    until the one that kills its worker is found and reported as ``fail:crash``.
+    """
+    if jobs == 0:
+        for task in tasks:
+            on_result(run_case(task, device, timeout))
+        return
+    counter = get_context("spawn").Value("i", 0)
+    pending, isolate = list(tasks), False
+    while pending:
+        workers = 1 if isolate else jobs
+        finished: set[Task] = set()
+        broken = restart = False
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                                 initargs=(device, counter, timeout)) as pool:
+            futures = {pool.submit(_work, task): task for task in pending}
+            try:
+                for future in as_completed(futures):
+                    result = future.result()
+                    finished.add(futures[future])
+                    on_result(result)
+                    if result.fatal:
+                        restart = True  # a fresh process gets a fresh CUDA context
+                        break
+            except BrokenProcessPool:
+                broken = True
+            if broken or restart:
+                pool.shutdown(wait=True, cancel_futures=True)
+        pending = [t for t in pending if t not in finished]
+        if broken and isolate and pending:
+            on_result(_crash_result(pending.pop(0), device))
+            isolate = False
+        elif broken:
+            isolate = True
+
+
+# ---------------------------------------------------------------- the run command
+
+
+def plan(checks: list[Check], families: list[str] | None, iters: int, seed: int) -> list[Task]:
+    """Iteration-major order, so an interrupted run has covered every family evenly."""
+    tasks = []
+    for i in range(iters):
+        for check in checks:
+            for family in check.families:
+                if not families or family in families:
+                    tasks.append(Task(check.name, family, case_seed(seed, check.name, family, i)))
+    return tasks
+
+
+class Report:
+    """Streams results to DIR/results.jsonl as they arrive and writes DIR/summary.md at the end."""
+
+    def __init__(self, directory: str | None, header: dict):
+        self.results: list[Result] = []
+        self.directory = directory
+        self.stream = None
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+            self.stream = open(os.path.join(directory, "results.jsonl"), "w", buffering=1)
+            self.stream.write(json.dumps({"run": header}) + "\n")
+        self.header = header
+
+    def add(self, result: Result) -> None:
+        self.results.append(result)
+        if self.stream:
+            record = asdict(result)
+            record["repro"] = result.repro()
+            self.stream.write(json.dumps(record) + "\n")
+
+    def counts(self) -> tuple[int, int, int]:
+        passed = sum(r.verdict == PASS for r in self.results)
+        failed = sum(r.failed for r in self.results)
+        return passed, failed, sum(r.not_checked for r in self.results)
+
+    def closing_line(self) -> str:
+        passed, failed, not_checked = self.counts()
+        line = f"{passed} passed, {failed} failed"
+        return line + (f", {not_checked} not checked" if not_checked else "")
+
+    def close(self) -> None:
+        if self.stream:
+            self.stream.close()
+            with open(os.path.join(self.directory, "summary.md"), "w") as f:
+                f.write(self.summary())
+
+    def summary(self) -> str:
+        rows: dict[tuple[str, str], list[Result]] = {}
+        for r in self.results:
+            rows.setdefault((r.check, r.family), []).append(r)
+        out = ["# specsan stress summary", "",
+               "  ".join(f"{k}: {v}" for k, v in self.header.items()), "",
+               "| check | family | passed | failed | not checked | seconds |", "|---|---|---|---|---|---|"]
+        for (check, family), rs in sorted(rows.items()):
+            out.append(f"| {check} | {family} | {sum(r.verdict == PASS for r in rs)} | {sum(r.failed for r in rs)} "
+                       f"| {sum(r.not_checked for r in rs)} | {sum(r.seconds for r in rs):.2f} |")
+        failures = [r for r in self.results if r.failed]
+        if failures:
+            out += ["", "## Failures", ""]
+            for r in failures:
+                out.append(f"- `{r.verdict}` {r.check} / {r.family} ({r.note}) launch {r.launch}")
+                out.append(f"  - `{r.repro()}`")
+                out += [f"  - {d}" for d in r.details[:6]]
+        skipped = sorted({(r.check, r.family, r.verdict) for r in self.results if r.not_checked})
+        if skipped:
+            out += ["", "## Not checked", ""] + [f"- {c} / {f}: {v}" for c, f, v in skipped]
+        out += ["", self.closing_line(), ""]
+        return "\n".join(out)

@@ -1,0 +1,97 @@
+"""The data the harness is driven by: a Check per kernel, its Cases, its planted Mutants."""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+PASS = "pass"
+FAIL_KINDS = ("divergence", "race", "oob", "uninit", "crash", "timeout")
+RETURN = "return"  # output name that stands for the kernel's return value
+
+
+@dataclass
+class Case:
+    """One fully determined input: everything follows from (check, family, seed, device)."""
+
+    inputs: dict[str, Any]  # CPU tensors and scalars, by argument name of kernel and reference
+    launch: dict[str, Any] = field(default_factory=dict)  # kernel-only knobs (chunk, num_warps)
+    note: str = ""  # what makes the case interesting, for reports
+    unwritten: dict[str, Any] = field(default_factory=dict)  # input name -> bool mask of bytes never written
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Replace ``old`` (which must occur exactly once) by ``new`` in the source of ``target``."""
+
+    target: str  # "module:attribute", a @triton.jit kernel or a plain function
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A planted bug: the pre-fix form of an upstream fix, or a classic kernel slip.
+
+    ``oracles`` maps a device to the verdict that must kill the mutant there; a device that is
+    missing is reported ``not_checked`` with ``why_not`` as the reason.
+    """
+
+    name: str
+    description: str
+    patches: tuple[Patch, ...]
+    oracles: dict[str, str]
+    families: tuple[str, ...] = ()  # restrict the hunt to these families (default: all)
+    why_not: str = "no oracle on this device"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One kernel (or host function) with its reference, case families, outputs and mutants.
+
+    ``kernel(**case.inputs, **case.launch)`` writes the tensors named in ``outputs`` in place
+    (or returns the output named ``RETURN``); ``reference(**case.inputs)`` returns the expected
+    outputs (one value, or a tuple in ``outputs`` order) and mutates nothing.
+    ``families[name](rng, device, launch)`` builds a Case; ``sweep(device)`` lists the launch
+    shapes a case may draw. ``provenance`` names, per output, the input its values are copied
+    from, so a divergence can say where a wrong value came from.
+    """
+
+    name: str
+    kernel: Callable
+    reference: Callable
+    families: dict[str, Callable]
+    outputs: tuple[str, ...]
+    compare: Callable | None = None  # None: stress.compare.exact
+    mutants: tuple[Mutant, ...] = ()
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    sweep: Callable[[str], list[dict]] | None = None
+    provenance: dict[str, str] = field(default_factory=dict)
+    repeats: dict[str, int] = field(default_factory=lambda: {"cpu": 1, "cuda": 3})
+
+
+@dataclass
+class Result:
+    """The verdict of one case, as streamed to results.jsonl."""
+
+    check: str
+    family: str
+    seed: int
+    device: str
+    verdict: str
+    details: list[str] = field(default_factory=list)
+    launch: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+    mutant: str | None = None
+    seconds: float = 0.0
+    fatal: bool = False  # the process's CUDA context is unusable after this case
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict.startswith("fail:")
+
+    @property
+    def not_checked(self) -> bool:
+        return self.verdict.startswith("not_checked:")
+
+    def repro(self) -> str:
+        extra = f" --mutant {self.mutant}" if self.mutant else ""
+        return f"specsan repro {self.check} {self.family} {self.seed} --device {self.device}{extra}"

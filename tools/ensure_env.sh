@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Prints the python to use, setting up .venv first when no usable one exists.
+# The current interpreter wins when torch, triton, pytest, xdist and hypothesis all import
+# (the GPU machine has them and no network). Otherwise .venv is made with torch==2.13.0,
+# which on a CPU-only machine is the CPU wheel, never a multi-GB CUDA build.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+need='import torch, triton, numpy, pytest, xdist, hypothesis'
+for py in "${PYTHON:-python3}" "$here/.venv/bin/python"; do
+    if command -v "$py" >/dev/null 2>&1 && "$py" -c "$need" 2>/dev/null; then
+        echo "$py"; exit 0
+    fi
+done
+start=$(date +%s)
+echo "specsan: setting up $here/.venv (first run only)" >&2
+python3 -m venv "$here/.venv"
+pip=("$here/.venv/bin/python" -m pip install -q --disable-pip-version-check)
+"${pip[@]}" "torch==2.13.0" "triton==3.9.0"
+"${pip[@]}" -r "$here/requirements-dev.txt"
+echo "specsan: set-up took $(( $(date +%s) - start )) s" >&2
+echo "$here/.venv/bin/python"
