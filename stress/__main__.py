@@ -17,7 +17,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp, seed=True):
-        sp.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when present, else the CPU interpreter")
+        sp.add_argument("--device", choices=("cpu", "cuda"),
+                        help="default: cuda when present, else the CPU interpreter")
         if seed:
             sp.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
 

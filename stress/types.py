@@ -1,7 +1,8 @@
 """The data the harness is driven by: a Check per kernel, its Cases, its planted Mutants."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 PASS = "pass"
 FAIL_KINDS = ("divergence", "race", "oob", "uninit", "crash", "timeout")

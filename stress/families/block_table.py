@@ -3,8 +3,7 @@
 import numpy as np
 import torch
 
-from stress.families.common import (BLOCK_SIZES, SENTINEL, big, distinct_blocks, int32, int64, pick,
-                                    slots_for)
+from stress.families.common import BLOCK_SIZES, SENTINEL, big, distinct_blocks, int32, int64, pick, slots_for
 from stress.types import Case
 
 # ---------------------------------------------------------------- shift_block_table_rows

@@ -1,0 +1,118 @@
+"""The harness itself: seeds, verdicts, guard zones, streaming reports and the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from kernels import runtime
+from stress import compare, guards, runner
+from stress.types import Case, Check, Result
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "stress", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def test_case_seed_is_order_independent_and_distinct():
+    a = runner.case_seed(0, "x", "f", 3)
+    assert a == runner.case_seed(0, "x", "f", 3)
+    assert len({runner.case_seed(0, c, f, i) for c in "ab" for f in "fg" for i in range(50)}) == 200
+    assert runner.case_seed(1, "x", "f", 3) != a
+
+
+def test_guard_zone_catches_a_write_past_the_end():
+    g = guards.place("t", torch.arange(10, dtype=torch.int32), torch.device("cpu"))
+    assert g.damage() is None
+    g.buffer[g.pad + 10] = 0
+    assert "(0 byte(s) before, 4 after the tensor)" in g.damage()
+
+
+def test_exact_reports_first_divergence_and_its_source():
+    source = torch.arange(10, dtype=torch.int32).view(1, 10)
+    got = source[:, :].clone()
+    got[0, 2] = 9
+    found = compare.exact("block_table", source, got)
+    assert found.total == 1
+    text = "\n".join(found.lines(source))
+    assert "block_table[0, 2]: expected 2, got 9" in text and "+7 from this entry" in text
+    assert compare.exact("x", torch.tensor([float("nan")]), torch.tensor([float("nan")])) is None
+
+
+def _fake_check(kernel, outputs=("out",)):
+    def family(rng, device, launch):
+        return Case(inputs={"out": torch.zeros(8, dtype=torch.int32), "x": torch.arange(8, dtype=torch.int32)})
+
+    return Check(name="fake", kernel=kernel, reference=lambda out, x: x.clone(), families={"f": family},
+                 outputs=outputs)
+
+
+def test_oob_write_is_its_own_verdict():
+    def overflowing(out, x):
+        torch.as_strided(out, (9,), (1,)).copy_(torch.arange(9, dtype=torch.int32))
+
+    check = _fake_check(overflowing)
+    case = runner.build_case(check, "f", 1, "cpu")
+    verdict, details = runner.differential(check, case, runner.expected_outputs(check, case), "cpu")
+    assert verdict == "fail:oob" and "guard zone" in details[0]
+
+
+def test_scribbling_on_a_read_only_input_is_a_divergence():
+    def scribbler(out, x):
+        out.copy_(x)
+        x[0] = 5
+
+    check = _fake_check(scribbler)
+    case = runner.build_case(check, "f", 1, "cpu")
+    verdict, details = runner.differential(check, case, runner.expected_outputs(check, case), "cpu")
+    assert verdict == "fail:divergence" and "x (read-only input)" in details[0]
+
+
+def test_crash_and_timeout_are_verdicts_not_exceptions():
+    crashed = runner.run_case(runner.Task("block_table.shift", "no_such_family", 1), runtime.DEVICE)
+    assert crashed.verdict == "fail:crash" and "no_such_family" in "\n".join(crashed.details)
+    slow = runner.run_case(runner.Task("block_table.shift", "long_row", 1), runtime.DEVICE, timeout=1e-4)
+    assert slow.verdict == "fail:timeout"
+
+
+def test_execute_keeps_going_after_a_crash():
+    seen: list[Result] = []
+    tasks = [runner.Task("block_table.shift", "no_such_family", 1), runner.Task("block_table.shift", "overlap", 2)]
+    runner.execute(tasks, runtime.DEVICE, 0, seen.append)
+    assert [r.verdict for r in seen] == ["fail:crash", "pass"]
+
+
+def test_run_streams_jsonl_and_summary(tmp_path):
+    done = cli("run", "--iters", "2", "--check", "block_table.shift", "--report", str(tmp_path), "--jobs", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert "run" in lines[0] and len(lines) == 1 + 2 * 7
+    assert all(r["verdict"] == "pass" and r["repro"].startswith("specsan repro block_table.shift") for r in lines[1:])
+    assert done.stdout.strip().splitlines()[-1] == "14 passed, 0 failed"
+    assert "| block_table.shift | overlap | 2 | 0 | 0 |" in (tmp_path / "summary.md").read_text()
+
+
+def test_repro_of_a_mutant_prints_the_divergence():
+    done = cli("repro", "block_table.shift", "slot_vs_row", str(runner.case_seed(0, "block_table.shift",
+                                                                               "slot_vs_row", 0)),
+               "--mutant", "count-by-batch-row")
+    assert done.returncode == 1
+    assert "verdict: fail:divergence" in done.stdout and "from this entry" in done.stdout
+
+
+def test_mutants_command_kills_and_exits_zero():
+    done = cli("mutants", "--check", "block_table.gather", "--check", "block_table.unaligned_prefix", "--jobs", "0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 of 3 checkable mutants killed" in done.stdout
+
+
+def test_bad_names_are_clear_errors():
+    done = cli("repro", "no.such.check", "f", "1")
+    assert done.returncode == 2 and "check 'no.such.check' is not registered" in done.stderr
+    done = cli("run", "--iters", "1", "--family", "nope")
+    assert done.returncode != 0 and "--family nope" in done.stderr
