@@ -68,6 +68,41 @@ def _checks(names):
     return [checks.get(n) for n in names]
 
 
+class _LogProgress:
+    """Progress for logs (CI, tee): one plain line every tenth of the run, no carriage returns."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.postfix, self.start = total, 0, "", time.perf_counter()
+        self.step = max(1, total // 10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def write(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    def set_postfix_str(self, text: str, refresh: bool = False) -> None:
+        self.postfix = text
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.done % self.step == 0 or self.done == self.total:
+            elapsed = time.perf_counter() - self.start
+            self.write(f"[{self.done}/{self.total} cases, {elapsed:.0f} s] {self.postfix}")
+
+
+def _progress(total: int):
+    """A live bar on a terminal, plain lines in a log."""
+    if not sys.stderr.isatty():
+        return _LogProgress(total)
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="case", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
+
+
 def cmd_run(args) -> int:
     device = _select_device(args)
     from stress import runner
@@ -85,17 +120,15 @@ def cmd_run(args) -> int:
               "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     report = runner.Report(args.report, header)
     print(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}", flush=True)
-    from tqdm import tqdm
-
     start = time.perf_counter()
-    with tqdm(total=len(tasks), unit="case", file=sys.stderr, dynamic_ncols=True, mininterval=1.0) as bar:
+    with _progress(len(tasks)) as bar:
         def on_result(result):
             report.add(result)
-            bar.update(1)
             if result.failed:
                 bar.write(f"FAIL {result.verdict} {result.check} {result.family} seed={result.seed}: "
                           f"{result.details[0] if result.details else ''}\n  {result.repro()}")
             bar.set_postfix_str(report.closing_line(), refresh=False)
+            bar.update(1)
 
         runner.execute(tasks, device, jobs, on_result, args.timeout)
     report.close()
