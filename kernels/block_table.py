@@ -31,9 +31,11 @@ def _gather_rows_kernel(persistent_ptr, persistent_stride, idx_mapping_ptr, out_
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     slot = tl.load(idx_mapping_ptr + batch_row).to(tl.int64)
     live = cols < width
-    # A negative slot (a padded batch row) reads nothing and gathers a row of null blocks.
-    readable = live & ((cols * 0 + slot) >= 0)
-    blocks = tl.load(persistent_ptr + slot * persistent_stride + cols, mask=readable, other=0)
+    # A negative slot (a padded batch row) gathers a row of null blocks. It reads slot 0's row
+    # (always valid) and discards it, which keeps the load mask a plain bound the compiler can
+    # vectorize.
+    blocks = tl.load(persistent_ptr + tl.maximum(slot, 0) * persistent_stride + cols, mask=live, other=0)
+    blocks = tl.where(slot >= 0, blocks, 0)
     tl.store(out_ptr + batch_row.to(tl.int64) * out_stride + cols, blocks, mask=live)
 
 
@@ -55,6 +57,8 @@ def gather_block_tables(persistent: torch.Tensor, idx_mapping: torch.Tensor, out
     width = persistent.shape[1]
     if num_rows == 0 or width == 0:
         return
+    if persistent.shape[0] == 0:
+        raise ValueError("persistent: has no slot rows, but idx_mapping has batch rows")
     block = min(1024, triton.next_power_of_2(width))
     grid = (num_rows, triton.cdiv(width, block))
     _gather_rows_kernel[grid](persistent, persistent.stride(0), idx_mapping, out, out.stride(0), width, BLOCK=block)
