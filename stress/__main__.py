@@ -207,6 +207,9 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"specsan: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and closed early
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

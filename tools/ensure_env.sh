@@ -17,5 +17,6 @@ python3 -m venv "$here/.venv"
 pip=("$here/.venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" "torch==2.13.0" "triton==3.9.0"
 "${pip[@]}" -r "$here/requirements-dev.txt"
+"${pip[@]}" --no-deps -e "$here"  # the `specsan` command that repro lines name
 echo "specsan: set-up took $(( $(date +%s) - start )) s" >&2
 echo "$here/.venv/bin/python"
