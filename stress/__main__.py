@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict
 
 
@@ -105,7 +106,7 @@ def _progress(total: int):
 
 def cmd_run(args) -> int:
     device = _select_device(args)
-    from stress import runner
+    from stress import runner, telemetry
 
     if args.iters < 1:
         raise SystemExit("--iters: must be at least 1")
@@ -130,7 +131,8 @@ def cmd_run(args) -> int:
             bar.set_postfix_str(report.closing_line(), refresh=False)
             bar.update(1)
 
-        runner.execute(tasks, device, jobs, on_result, args.timeout)
+        with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
+            runner.execute(tasks, device, jobs, on_result, args.timeout)
     report.close()
     print(f"wall time {time.perf_counter() - start:.1f} s; summary in {args.report}/summary.md")
     print(report.closing_line())

@@ -260,6 +260,7 @@ class Report:
             self.stream = open(os.path.join(directory, "results.jsonl"), "w", buffering=1)
             self.stream.write(json.dumps({"run": header}) + "\n")
         self.header = header
+        self.telemetry: dict = {}  # GPU envelope (stress.telemetry), filled during a GPU run
 
     def add(self, result: Result) -> None:
         self.results.append(result)
@@ -280,6 +281,8 @@ class Report:
 
     def close(self) -> None:
         if self.stream:
+            if self.telemetry:
+                self.stream.write(json.dumps({"telemetry": self.telemetry}) + "\n")
             self.stream.close()
             with open(os.path.join(self.directory, "summary.md"), "w") as f:
                 f.write(self.summary())
@@ -304,5 +307,9 @@ class Report:
         skipped = sorted({(r.check, r.family, r.verdict) for r in self.results if r.not_checked})
         if skipped:
             out += ["", "## Not checked", ""] + [f"- {c} / {f}: {v}" for c, f, v in skipped]
+        if self.telemetry:
+            from stress import telemetry
+
+            out += ["", "## GPU telemetry", ""] + [f"- {line}" for line in telemetry.lines(self.telemetry)]
         out += ["", self.closing_line(), ""]
         return "\n".join(out)
