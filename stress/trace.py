@@ -12,7 +12,7 @@ Hooks are installed only inside ``tracing()`` and always removed on exit. When t
 interpreter's internals are not what the hooks expect, every launch gets ``not_checked``.
 """
 
-import inspect
+import inspect  # noqa: I001  (kernels.runtime must choose the interpreter before triton loads)
 import os
 import sys
 from contextlib import contextmanager
@@ -24,8 +24,8 @@ import torch
 from kernels import runtime
 from stress import trace_conflicts as tc
 
-import triton  # noqa: E402,I001  (after kernels.runtime chose the interpreter)
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 
 _TRITON_DIR = os.path.dirname(triton.__file__)
 _OPS = ("load", "store", "atomic", "atomic_load", "atomic_store")
@@ -272,7 +272,7 @@ def _uninit_findings(launch: _Launch, acc: tc.Accesses, op_of_row: np.ndarray, r
 
 def _order_findings(launch: _Launch, label: str, expected: list[torch.Tensor]) -> list[Finding]:
     findings = []
-    for (start, _, name, storage), want in zip(launch.storages, expected):
+    for (_, _, name, storage), want in zip(launch.storages, expected, strict=True):
         got = _bytes_of(storage)
         diff = torch.nonzero(got != want).flatten()
         if len(diff):
@@ -298,7 +298,7 @@ def _unwritten_bytes(unwritten) -> np.ndarray:
             raise ValueError(f"unwritten: mask of shape {tuple(mask.shape)} does not match its tensor "
                              f"{tuple(getattr(tensor, 'shape', ()))}; give one bool per element")
         index = np.nonzero(mask.numpy())
-        offset = tensor.storage_offset() + sum(i * s for i, s in zip(index, tensor.stride()))
+        offset = tensor.storage_offset() + sum(i * s for i, s in zip(index, tensor.stride(), strict=True))
         start = np.uint64(tensor.untyped_storage().data_ptr()) + np.asarray(offset, np.uint64) * np.uint64(
             tensor.element_size())
         parts.append((start[:, None] + np.arange(tensor.element_size(), dtype=np.uint64)).ravel())
@@ -341,12 +341,12 @@ class _Tracer:
                 n = int(np.prod(launch.grid))
                 for label, order in (("reversed", np.arange(n)[::-1]),
                                      ("shuffled", np.random.default_rng(self.seed).permutation(n))):
-                    for s, saved in zip(launch.storages, before):
+                    for s, saved in zip(launch.storages, before, strict=True):
                         _bytes_of(s[3]).copy_(saved)
                     launch.order = order
                     call(executor, *args, **kwargs)
                     report.races += _order_findings(launch, label, after)
-                for s, saved in zip(launch.storages, after):
+                for s, saved in zip(launch.storages, after, strict=True):
                     _bytes_of(s[3]).copy_(saved)
             return returned
         finally:
@@ -390,7 +390,7 @@ def _tensor_args(fn, args, kwargs) -> list[tuple[str, torch.Tensor]]:
         elif hasattr(value, "base") and hasattr(value, "block_shape"):  # a tensor descriptor
             walk(name, value.base)
 
-    for name, value in list(zip(params, args)) + [(k, v) for k, v in kwargs.items() if k in params]:
+    for name, value in list(zip(params, args, strict=False)) + [(k, v) for k, v in kwargs.items() if k in params]:
         walk(name, value)
     return found
 
@@ -600,7 +600,8 @@ def _probe_verdict(launches: list[_Launch]) -> str | None:
     if len(launches) != 1:
         return f"the launch hook saw {len(launches)} launches of the probe kernel instead of 1"
     launch = launches[0]
-    seen = [(prog, epoch, _OPS[op], len(addr)) for (prog, epoch, op, *_), addr in zip(launch.ops, launch.addrs)]
+    seen = [(prog, epoch, _OPS[op], len(addr))
+            for (prog, epoch, op, *_), addr in zip(launch.ops, launch.addrs, strict=True)]
     want = [(0, 0, "load", 3), (0, 1, "store", 2), (1, 0, "load", 3), (1, 1, "store", 2)]
     files = {path for path, _ in launch.sites}
     if seen != want or files != {__file__}:
