@@ -49,8 +49,7 @@ BLOCK_TABLE_CHECKS = (
         mutants=(
             Mutant("no-barrier", "spec fix 5: the barrier between a chunk's loads and its stores is removed",
                    (Patch(f"{_BT}:_shift_rows_kernel", "tl.debug_barrier()", "pass"),),
-                   oracles={"cuda": "divergence"}, families=("overlap", "long_row"),
-                   why_not="invisible to the interpreter without the tracer (programs run one by one)"),
+                   oracles={"cpu": "race", "cuda": "divergence"}, families=("overlap", "long_row")),
             Mutant("count-by-batch-row", "spec fix 4: num_cached_tokens indexed by batch row instead of slot",
                    (Patch(f"{_BT}:_shift_rows_kernel", "tl.load(num_cached_tokens_ptr + slot, mask=slot >= 0",
                           "tl.load(num_cached_tokens_ptr + batch_row, mask=slot >= 0"),),
