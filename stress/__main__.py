@@ -210,7 +210,8 @@ def cmd_mutants(args) -> int:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "repro": cmd_repro, "trace": cmd_trace, "list": cmd_list, "mutants": cmd_mutants}[args.command](args)
+        commands = {"run": cmd_run, "repro": cmd_repro, "trace": cmd_trace, "list": cmd_list, "mutants": cmd_mutants}
+        return commands[args.command](args)
     except ValueError as exc:
         print(f"specsan: {exc}", file=sys.stderr)
         return 2

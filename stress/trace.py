@@ -100,14 +100,20 @@ class Report:
 
 @dataclass
 class Recording:
-    """Every launch made inside one ``tracing()`` block, in order."""
+    """Every launch made inside one ``tracing()`` block, in order.
+
+    ``unsupported`` says why the hooks could not be installed: then launches are not even seen.
+    """
 
     reports: list[Report] = field(default_factory=list)
+    unsupported: str | None = None
 
     @property
     def verdict(self) -> str:
         """The first failing launch's verdict, else the first not_checked one, else pass."""
         verdicts = [r.verdict for r in self.reports]
+        if self.unsupported:
+            verdicts.append(f"not_checked:{self.unsupported}")
         return next((v for v in verdicts if v.startswith("fail:")),
                     next((v for v in verdicts if v.startswith("not_checked:")), "pass"))
 
@@ -536,8 +542,9 @@ def tracing(unwritten=(), seed: int = 0, permute: str = "auto"):
     try:
         for owner, name, replacement in hooks:
             setattr(owner, name, replacement)
-        if hooks and unsupported is None:
+        if hooks:
             _STATE.unsupported = _probe()
+        _STATE.recording.unsupported = _STATE.unsupported
         yield _STATE.recording
     finally:
         _STATE = None
@@ -562,6 +569,8 @@ def trace(kernel, grid, *args, unwritten=None, seed: int = 0, permute: str = "au
         pairs.append((bound.arguments[name], mask))
     with tracing(pairs, seed=seed, permute=permute) as recording:
         kernel[grid](*args, **kwargs)
+    if recording.unsupported:
+        return Report(fn.__name__, not_checked=recording.unsupported)
     if len(recording.reports) != 1:
         raise RuntimeError(f"expected one launch of {fn.__name__}, saw {len(recording.reports)}")
     return recording.reports[0]
