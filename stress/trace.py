@@ -375,6 +375,7 @@ class _Tracer:
             report.not_checked = str(exc)
             return
         launch.shared_written = found.shared_written
+        self.unwritten = np.setdiff1d(self.unwritten, found.written_unwritten, assume_unique=True)
         report.races = _race_findings(launch, acc, op_of_row, found.pairs)
         report.oob = _oob_findings(launch)
         report.uninit = _uninit_findings(launch, acc, op_of_row, found.uninit)
@@ -402,6 +403,7 @@ def _tensor_args(fn, args, kwargs) -> list[tuple[str, torch.Tensor]]:
 
 
 _STATE: _Tracer | None = None
+_INHERITED = object()  # a hooked attribute the owner only inherits: restored by deleting the hook
 
 
 class _Memory:
@@ -474,7 +476,8 @@ def _hooks(interpreter):
                     index = int(launch.order[index])
                     x, y, z = launch.program(index)
                 launch.prog, launch.epoch = index, 0
-                launch.programs_run += launch.recording
+                if launch.recording:
+                    launch.programs_run += 1
             return real(self, x, y, z)
         return hook
 
@@ -536,8 +539,7 @@ def tracing(unwritten=(), seed: int = 0, permute: str = "auto"):
             unsupported = found
         else:
             hooks = found
-    saved = [(owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name))
-             for owner, name, _ in hooks]
+    saved = [(owner, name, vars(owner).get(name, _INHERITED)) for owner, name, _ in hooks]
     _STATE = _Tracer(unwritten, seed, permute, unsupported)
     try:
         for owner, name, replacement in hooks:
@@ -549,7 +551,10 @@ def tracing(unwritten=(), seed: int = 0, permute: str = "auto"):
     finally:
         _STATE = None
         for owner, name, original in reversed(saved):
-            setattr(owner, name, original)
+            if original is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
 
 
 def trace(kernel, grid, *args, unwritten=None, seed: int = 0, permute: str = "auto", **kwargs) -> Report:

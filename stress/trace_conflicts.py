@@ -52,6 +52,7 @@ class Analysis:
     pairs: Pairs
     shared_written: bool  # some byte is written by one program and touched by another (atomics included)
     uninit: np.ndarray  # element rows that read a declared-unwritten byte before any write to it
+    written_unwritten: np.ndarray  # declared-unwritten bytes this launch wrote (later launches may read them)
 
 
 def _bytes(acc: Accesses):
@@ -76,9 +77,9 @@ def analyze(acc: Accesses, unwritten: np.ndarray | None = None) -> Analysis:
     byte, elem = _bytes(acc)
     starts, ends = _groups(byte)
     empty = Pairs(*(np.zeros(0, t) for t in (np.uint64, np.int64, np.int64, "<U3", bool)))
-    uninit = _uninit(acc, byte, elem, starts, unwritten)
+    uninit, written = _uninit(acc, byte, elem, starts, unwritten)
     if len(starts) == 0:
-        return Analysis(empty, False, uninit)
+        return Analysis(empty, False, uninit, written)
     writes = acc.writes[elem]
     prog = acc.prog[elem]
     sizes = ends - starts
@@ -86,7 +87,7 @@ def analyze(acc: Accesses, unwritten: np.ndarray | None = None) -> Analysis:
     multi_prog = np.minimum.reduceat(prog, starts) != np.maximum.reduceat(prog, starts)
     shared_written = bool((has_write & multi_prog).any())
     return Analysis(_pairs(acc, byte, elem, starts[has_write], ends[has_write]) if has_write.any() else empty,
-                    shared_written, uninit)
+                    shared_written, uninit, written)
 
 
 def _pairs(acc: Accesses, byte, elem, starts, ends) -> Pairs:
@@ -120,14 +121,16 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.repeat(starts, counts) + (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
 
 
-def _uninit(acc: Accesses, byte, elem, starts, unwritten) -> np.ndarray:
-    """Rows that read a declared-unwritten byte before the launch's first write to it."""
+def _uninit(acc: Accesses, byte, elem, starts, unwritten) -> tuple[np.ndarray, np.ndarray]:
+    """Rows that read a declared-unwritten byte before the launch's first write to it, and the
+    declared-unwritten bytes the launch writes."""
+    none = np.zeros(0, np.int64), np.zeros(0, np.uint64)
     if unwritten is None or len(unwritten) == 0 or len(byte) == 0:
-        return np.zeros(0, np.int64)
+        return none
     pos = np.minimum(np.searchsorted(unwritten, byte), len(unwritten) - 1)
     inside = unwritten[pos] == byte
     if not inside.any():
-        return np.zeros(0, np.int64)
+        return none
     seq = acc.seq[elem]
     big = np.iinfo(np.int64).max
     write_seq = np.where(acc.writes[elem], seq, big)
@@ -136,4 +139,5 @@ def _uninit(acc: Accesses, byte, elem, starts, unwritten) -> np.ndarray:
     fw = first_write[group_of_row]
     reads = acc.reads[elem]
     early = (seq < fw) | (acc.writes[elem] & (seq == fw))  # an atomic reads before its own write
-    return np.unique(elem[inside & reads & early])
+    written = np.unique(byte[inside & acc.writes[elem]])
+    return np.unique(elem[inside & reads & early]), written

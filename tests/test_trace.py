@@ -214,3 +214,11 @@ def test_registry_traces_clean(check_name, family):
         case = runner.build_case(check, family, seed, "cpu")
         verdict, details = runner.traced(check, case, seed)
         assert verdict == "pass", "\n".join([f"specsan trace {check_name} {family} {seed}", *details])
+
+
+def test_a_later_launch_may_read_what_an_earlier_one_wrote():
+    x, out = torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+    with tracing([(x, torch.ones(8, dtype=torch.bool))]) as recording:
+        _fill_then_read[(1,)](x, out, BLOCK=8, FILL=True)
+        _copy[(1,)](x, out, 8, BLOCK=8, MASKED=True)
+    assert [r.verdict for r in recording.reports] == ["pass", "pass"] and recording.verdict == "pass"
