@@ -138,7 +138,7 @@ def cmd_trace(args) -> int:
 
     if runtime.DEVICE != "cpu":
         raise SystemExit("trace: needs the CPU interpreter; run with SPECSAN_DEVICE=cpu")
-    from stress import checks, mutants, runner, trace
+    from stress import checks, mutants, runner
 
     check = checks.get(args.check)
     if (args.family is None) != (args.seed is None):
@@ -153,16 +153,14 @@ def cmd_trace(args) -> int:
     failed = 0
     for family, seed in cases:
         case = runner.build_case(check, family, seed, "cpu")
-        inputs = {k: v.clone() if hasattr(v, "clone") else v for k, v in case.inputs.items()}
-        unwritten = [(inputs[name], mask) for name, mask in case.unwritten.items()]
-        with mutants.applied(mutant), trace.tracing(unwritten, seed=seed, permute="always") as recording:
-            runner._current(check.kernel)(**inputs, **case.launch)
+        with mutants.applied(mutant):
+            recording = runner.trace_case(check, case, seed, permute="always")
         print(f"{check.name} / {family} / seed {seed} ({case.note}) launch {case.launch or 'default'}: "
               f"{recording.verdict}")
         for report in recording.reports:
             print("\n".join("  " + line for line in report.lines()))
         if not recording.reports:
-            print("  no kernel launch (host logic): nothing to trace")
+            print("  no kernel launch: nothing to trace")
         failed += recording.verdict != "pass"
     return 1 if failed else 0
 

@@ -100,12 +100,8 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
     return PASS, []
 
 
-def traced(check: Check, case: Case, seed: int) -> tuple[str, list[str]]:
-    """Rerun the kernel on fresh copies under the CPU tracer: races, out-of-bounds, uninit reads.
-
-    Plain clones (no guard zones) give every input its own storage, so a lane that leaves its
-    tensor lands outside every storage and is reported as out-of-bounds.
-    """
+def trace_case(check: Check, case: Case, seed: int, permute: str = "auto"):
+    """Run the kernel once on plain clones of the inputs under ``stress.trace.tracing``."""
     from stress import trace
 
     inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in case.inputs.items()}
@@ -114,8 +110,18 @@ def traced(check: Check, case: Case, seed: int) -> tuple[str, list[str]]:
         if not isinstance(inputs.get(name), torch.Tensor):
             raise ValueError(f"unwritten: {name!r} is not a tensor input of {check.name}")
         unwritten.append((inputs[name], mask))
-    with trace.tracing(unwritten, seed=seed) as recording:
+    with trace.tracing(unwritten, seed=seed, permute=permute) as recording:
         _current(check.kernel)(**inputs, **case.launch)
+    return recording
+
+
+def traced(check: Check, case: Case, seed: int) -> tuple[str, list[str]]:
+    """Rerun the kernel on fresh copies under the CPU tracer: races, out-of-bounds, uninit reads.
+
+    Plain clones (no guard zones) give every input its own storage, so a lane that leaves its
+    tensor lands outside every storage and is reported as out-of-bounds.
+    """
+    recording = trace_case(check, case, seed)
     verdict = recording.verdict
     if verdict == PASS:
         return PASS, []

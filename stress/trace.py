@@ -184,9 +184,8 @@ class _Launch:
             return f"{self.storages[k][2]} +{addr - self.storages[k][0]} B"
         if not self.storages:
             return f"address {addr:#x}, no tensor argument"
-        gaps = [(abs(addr - s) if addr < s else addr - e + 1, name, addr < s) for s, e, name, _ in self.storages]
-        gap, name, before = min(gaps)
-        return f"{gap} B {'before the start' if before else 'past the end'} of {name}"
+        _, s, e, name = min((s - addr if addr < s else addr - e + 1, s, e, name) for s, e, name, _ in self.storages)
+        return f"{name} {addr - s:+d} B, outside its {e - s} B storage"
 
     def accesses(self) -> tuple[tc.Accesses, np.ndarray]:
         """The log as one row per lane, plus each row's op index."""

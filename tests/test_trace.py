@@ -146,7 +146,7 @@ def test_dropped_mask_term_is_out_of_bounds_and_reads_nothing():
     report = trace(_copy, (1,), x, out, 5, BLOCK=8, MASKED=False)
     assert report.verdict == "fail:oob"
     assert report.oob[0].count == 3 and report.oob[0].bytes == 12 and report.oob[0].first.lane == 5
-    assert "past the end of x_ptr" in report.oob[0].first.where
+    assert report.oob[0].first.where == "x_ptr +20 B, outside its 20 B storage"
     assert out.tolist() == [1, 2, 3, 4, 5, 0, 0, 0], "out-of-bounds lanes are masked, not garbage"
     assert trace(_copy, (1,), x, out, 5, BLOCK=8, MASKED=True).ok
 
