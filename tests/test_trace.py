@@ -149,6 +149,9 @@ def test_dropped_mask_term_is_out_of_bounds_and_reads_nothing():
     assert report.oob[0].first.where == "x_ptr +20 B, outside its 20 B storage"
     assert out.tolist() == [1, 2, 3, 4, 5, 0, 0, 0], "out-of-bounds lanes are masked, not garbage"
     assert trace(_copy, (1,), x, out, 5, BLOCK=8, MASKED=True).ok
+    short = torch.zeros(5, dtype=torch.int32)
+    stores = trace(_copy, (1,), x, short, 5, BLOCK=8, MASKED=True)
+    assert stores.verdict == "fail:oob" and stores.oob[0].kind == "store" and stores.oob[0].count == 3
 
 
 def test_read_of_a_declared_unwritten_region_is_uninit():
