@@ -20,6 +20,13 @@ BLOCK_TABLE_CHECKS = (
                    (Patch(f"{_BT}:_gather_rows_kernel", "slot = tl.load(idx_mapping_ptr + batch_row).to(tl.int64)",
                           "slot = batch_row.to(tl.int64) + tl.load(idx_mapping_ptr + batch_row).to(tl.int64) * 0"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}),
+            Mutant("row-overread", "the column term is dropped from the load mask: lanes past the width read the "
+                   "next row, and past the last row, memory outside the table",
+                   (Patch(f"{_BT}:_gather_rows_kernel", "readable = live & ((cols * 0 + slot) >= 0)",
+                          "readable = (cols * 0 + slot) >= 0"),),
+                   oracles={"cpu": "oob"},
+                   why_not="the over-read values are never stored, so outputs match; needs the CPU tracer or "
+                           "compute-sanitizer memcheck"),
         ),
     ),
     Check(
