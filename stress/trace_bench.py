@@ -6,6 +6,7 @@ traced runs alternate on fresh copies of the inputs so both see the same caches.
 
 import time
 
+from kernels import runtime  # noqa: F401  - chooses the interpreter before any kernel module imports triton
 from stress import checks, runner
 
 SEEDS = 3
