@@ -134,7 +134,8 @@ class _Launch:
         self.prog = self.epoch = self.programs_run = 0
         self.atomic_depth = 0
         self.shared_written = False
-        self.sites: dict[tuple[str, int], int] = {}
+        self.sites: dict[tuple[str, int], int] = {}  # (file, line) -> site id
+        self.site_keys: list[tuple[str, int]] = []
         self.shapes: dict[tuple, int] = {}
         self.ops: list[tuple] = []  # (prog, epoch, op, site, shape, itemsize) per op, index = issue order
         self.addrs: list[np.ndarray] = []
@@ -169,7 +170,10 @@ class _Launch:
         while frame is not None and frame.f_code.co_filename.startswith(_TRITON_DIR):
             frame = frame.f_back
         key = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("?", 0)
-        return self.sites.setdefault(key, len(self.sites))
+        if key not in self.sites:
+            self.sites[key] = len(self.site_keys)
+            self.site_keys.append(key)
+        return self.sites[key]
 
     def _shape(self, shape: tuple) -> int:
         return self.shapes.setdefault(shape, len(self.shapes))
@@ -190,7 +194,7 @@ class _Launch:
     def accesses(self) -> tuple[tc.Accesses, np.ndarray]:
         """The log as one row per lane, plus each row's op index."""
         counts = np.array([len(a) for a in self.addrs], dtype=np.int64)
-        meta = np.array([o for o in self.ops], dtype=np.int64).reshape(-1, 6)
+        meta = np.array(self.ops, dtype=np.int64).reshape(-1, 6)
         op_of_row = np.repeat(np.arange(len(self.ops)), counts)
         m = meta[op_of_row]
         ops = m[:, 2]
@@ -204,11 +208,11 @@ class _Launch:
 
     def describe(self, acc: tc.Accesses, row: int, op_index: int, addr: int | None = None) -> Access:
         prog, epoch, op, site, _, _ = self.ops[op_index]
-        return Access(self.program(prog), int(acc.lane[row]) if row >= 0 else -1, _OPS[op],
-                      self.site_name(site), epoch, self.where(int(acc.addr[row]) if addr is None else addr))
+        return Access(self.program(prog), int(acc.lane[row]), _OPS[op], self.site_name(site), epoch,
+                      self.where(int(acc.addr[row]) if addr is None else addr))
 
     def site_name(self, site: int) -> str:
-        (path, line), = [k for k, v in self.sites.items() if v == site]
+        path, line = self.site_keys[site]
         return f"{os.path.relpath(path) if os.path.isabs(path) else path}:{line}"
 
 
@@ -231,8 +235,8 @@ def _race_findings(launch: _Launch, acc: tc.Accesses, op_of_row: np.ndarray, pai
         first = launch.describe(acc, a[i], op_of_row[a[i]], int(pairs.byte[i]))
         second = launch.describe(acc, b[i], op_of_row[b[i]], int(pairs.byte[i]))
         if pairs.cross_program[i]:
-            why = (f"programs {first.program} and {second.program} touch the same bytes, one with a plain write; "
-                   "programs are not ordered on a GPU")
+            why = (f"programs {first.program} and {second.program} touch the same bytes, at least one writing and "
+                   "not both atomically; programs are not ordered on a GPU")
         else:
             why = (f"lanes {first.lane} and {second.lane} of program {first.program} touch the same bytes in "
                    f"barrier epoch {first.epoch}, one with a write; warps are not in lock step, so a "
