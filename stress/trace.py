@@ -13,6 +13,7 @@ interpreter's internals are not what the hooks expect, every launch gets ``not_c
 """
 
 import inspect  # noqa: I001  (kernels.runtime must choose the interpreter before triton loads)
+import linecache
 import os
 import sys
 from contextlib import contextmanager
@@ -45,10 +46,12 @@ class Access:
     site: str  # kernel file:line
     epoch: int
     where: str  # argument whose storage holds the byte, and the byte offset in it
+    code: str = ""  # the source text at ``site``
 
     def describe(self) -> str:
+        code = f"  `{self.code}`" if self.code else ""
         return (f"program {self.program} lane {self.lane} {self.op} at {self.site} "
-                f"(barrier epoch {self.epoch}, {self.where})")
+                f"(barrier epoch {self.epoch}, {self.where}){code}")
 
 
 @dataclass
@@ -209,7 +212,10 @@ class _Launch:
     def describe(self, acc: tc.Accesses, row: int, op_index: int, addr: int | None = None) -> Access:
         prog, epoch, op, site, _, _ = self.ops[op_index]
         return Access(self.program(prog), int(acc.lane[row]), _OPS[op], self.site_name(site), epoch,
-                      self.where(int(acc.addr[row]) if addr is None else addr))
+                      self.where(int(acc.addr[row]) if addr is None else addr), self.site_code(site))
+
+    def site_code(self, site: int) -> str:
+        return linecache.getline(*self.site_keys[site]).strip()
 
     def site_name(self, site: int) -> str:
         path, line = self.site_keys[site]
@@ -257,7 +263,7 @@ def _oob_findings(launch: _Launch) -> list[Finding]:
         prog, epoch, op, site, _, itemsize = launch.ops[index]
         count = sum(len(e[1]) for e in entries)
         example = Access(launch.program(prog), int(lanes[0]), _OPS[op], launch.site_name(site), epoch,
-                         launch.where(int(addr[0])))
+                         launch.where(int(addr[0])), launch.site_code(site))
         findings.append(Finding("oob", _OPS[op], count * itemsize, count,
                                 "lanes outside every tensor argument's storage; the tracer masked them off "
                                 "(the plain interpreter would have read heap garbage or corrupted memory)",
