@@ -633,4 +633,6 @@ def _probe_verdict(launches: list) -> str | None:
     files = {path for path, _ in launch.sites}
     if seen != want or files != {__file__}:
         return f"interpreter hooks saw {seen} in {sorted(files)} for the probe kernel, expected {want}"
+    if launch.oob:
+        return "the probe kernel's accesses fell outside its argument: the interpreter copies tensors elsewhere"
     return None
