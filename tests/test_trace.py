@@ -225,3 +225,19 @@ def test_a_later_launch_may_read_what_an_earlier_one_wrote():
         _fill_then_read[(1,)](x, out, BLOCK=8, FILL=True)
         _copy[(1,)](x, out, 8, BLOCK=8, MASKED=True)
     assert [r.verdict for r in recording.reports] == ["pass", "pass"] and recording.verdict == "pass"
+
+
+def test_runner_reports_declared_unwritten_reads_as_fail_uninit():
+    from stress.types import Case, Check
+
+    def copy(x, out):
+        _copy[(1,)](x, out, x.numel(), BLOCK=8, MASKED=True)
+
+    check = Check("control.copy", copy, lambda x, out: x.clone(), families={}, outputs=("out",))
+    inputs = {"x": torch.arange(8, dtype=torch.int32), "out": torch.zeros(8, dtype=torch.int32)}
+    stale = torch.arange(8) >= 6
+    verdict, details = runner.traced(check, Case(inputs, unwritten={"x": stale}), seed=0)
+    assert verdict == "fail:uninit" and "_copy" in details[0]
+    assert runner.traced(check, Case(inputs, unwritten={"out": stale}), seed=0) == ("pass", [])
+    with pytest.raises(ValueError, match="unwritten"):
+        runner.traced(check, Case(inputs, unwritten={"missing": stale}), seed=0)
