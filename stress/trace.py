@@ -304,6 +304,15 @@ def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
+def _changed(launch: _Launch, before: list[torch.Tensor]) -> np.ndarray:
+    """Sorted addresses of every byte of the arguments' storages that differs from ``before``."""
+    parts = [np.zeros(0, np.uint64)]
+    for (start, _, _, storage), saved in zip(launch.storages, before, strict=True):
+        offsets = torch.nonzero(_bytes_of(storage) != saved).flatten().numpy().astype(np.uint64)
+        parts.append(np.uint64(start) + offsets)
+    return np.concatenate(parts)
+
+
 def _unwritten_bytes(unwritten) -> np.ndarray:
     """Absolute byte addresses of every element a ``(tensor, bool mask)`` pair marks unwritten."""
     parts = [np.zeros(0, np.uint64)]
@@ -350,7 +359,7 @@ class _Tracer:
             returned = call(executor, *args, **kwargs)
             launch.recording = False
             report.grid = launch.grid
-            self._judge(launch, report)
+            self._judge(launch, report, _changed(launch, before))
             if not report.not_checked and self._permute(launch):
                 after = [_bytes_of(s[3]).clone() for s in launch.storages]
                 n = int(np.prod(launch.grid))
@@ -372,7 +381,7 @@ class _Tracer:
             return False
         return self.permute == "always" or launch.shared_written
 
-    def _judge(self, launch: _Launch, report: Report) -> None:
+    def _judge(self, launch: _Launch, report: Report, changed: np.ndarray) -> None:
         if launch.programs_run != int(np.prod(launch.grid)):
             report.not_checked = (f"the program-id hook saw {launch.programs_run} of {int(np.prod(launch.grid))} "
                                   "programs; the interpreter's grid loop is not what the tracer expects")
@@ -383,8 +392,14 @@ class _Tracer:
         except tc.TooManyPairs as exc:
             report.not_checked = str(exc)
             return
+        missed = np.setdiff1d(changed, found.written, assume_unique=True)
+        if len(missed):
+            report.not_checked = (f"{len(missed)} byte(s) changed that no traced store wrote "
+                                  f"({launch.where(int(missed[0]))}): the interpreter wrote memory through a "
+                                  "path the tracer does not hook")
+            return
         launch.shared_written = found.shared_written
-        self.unwritten = np.setdiff1d(self.unwritten, found.written_unwritten, assume_unique=True)
+        self.unwritten = np.setdiff1d(self.unwritten, found.written, assume_unique=True)
         report.races = _race_findings(launch, acc, op_of_row, found.pairs)
         report.oob = _oob_findings(launch)
         report.uninit = _uninit_findings(launch, acc, op_of_row, found.uninit)
@@ -609,7 +624,7 @@ def _probe() -> str | None:
         tracer = _STATE
         launch_log = []
         real_judge = tracer._judge
-        tracer._judge = lambda launch, report: launch_log.append(launch)
+        tracer._judge = lambda launch, report, changed: launch_log.append(launch)
         try:
             _probe_kernel[(2,)](torch.zeros(12, dtype=torch.int32), BLOCK=4)
         except Exception as exc:  # noqa: BLE001 - any failure means the hooks cannot be trusted

@@ -52,7 +52,7 @@ class Analysis:
     pairs: Pairs
     shared_written: bool  # some byte is written by one program and touched by another (atomics included)
     uninit: np.ndarray  # element rows that read a declared-unwritten byte before any write to it
-    written_unwritten: np.ndarray  # declared-unwritten bytes this launch wrote (later launches may read them)
+    written: np.ndarray  # every byte a store or atomic wrote, sorted
 
 
 def _bytes(acc: Accesses):
@@ -77,7 +77,8 @@ def analyze(acc: Accesses, unwritten: np.ndarray | None = None) -> Analysis:
     byte, elem = _bytes(acc)
     starts, ends = _groups(byte)
     empty = Pairs(*(np.zeros(0, t) for t in (np.uint64, np.int64, np.int64, "<U3", bool)))
-    uninit, written = _uninit(acc, byte, elem, starts, unwritten)
+    uninit = _uninit(acc, byte, elem, starts, unwritten)
+    written = np.unique(byte[acc.writes[elem]])
     if len(starts) == 0:
         return Analysis(empty, False, uninit, written)
     writes = acc.writes[elem]
@@ -121,10 +122,9 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.repeat(starts, counts) + (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))
 
 
-def _uninit(acc: Accesses, byte, elem, starts, unwritten) -> tuple[np.ndarray, np.ndarray]:
-    """Rows that read a declared-unwritten byte before the launch's first write to it, and the
-    declared-unwritten bytes the launch writes."""
-    none = np.zeros(0, np.int64), np.zeros(0, np.uint64)
+def _uninit(acc: Accesses, byte, elem, starts, unwritten) -> np.ndarray:
+    """Rows that read a declared-unwritten byte before the launch's first write to it."""
+    none = np.zeros(0, np.int64)
     if unwritten is None or len(unwritten) == 0 or len(byte) == 0:
         return none
     pos = np.minimum(np.searchsorted(unwritten, byte), len(unwritten) - 1)
@@ -139,5 +139,4 @@ def _uninit(acc: Accesses, byte, elem, starts, unwritten) -> tuple[np.ndarray, n
     fw = first_write[group_of_row]
     reads = acc.reads[elem]
     early = (seq < fw) | (acc.writes[elem] & (seq == fw))  # an atomic reads before its own write
-    written = np.unique(byte[inside & acc.writes[elem]])
-    return np.unique(elem[inside & reads & early]), written
+    return np.unique(elem[inside & reads & early])

@@ -197,6 +197,19 @@ def test_hooks_are_removed_also_on_error_and_unknown_internals_are_not_checked(m
     assert report.verdict.startswith("not_checked:") and "create_barrier" in report.not_checked
 
 
+def test_a_write_the_hooks_did_not_see_is_not_checked(monkeypatch):
+    from triton._C.libtriton import interpreter as memory
+    from triton.runtime import interpreter
+
+    def unhooked_store(self, ptrs, value, mask, cache_policy):
+        return memory.store(ptrs.data, value.data, mask.data)  # bypasses the module the tracer wraps
+
+    assert trace(_copy, (1,), torch.arange(8.0), torch.zeros(8), 8, BLOCK=8, MASKED=True).ok  # probe runs here
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_masked_store", unhooked_store)
+    report = trace(_copy, (1,), torch.arange(8.0), torch.zeros(8), 8, BLOCK=8, MASKED=True)
+    assert report.verdict.startswith("not_checked:") and "does not hook" in report.not_checked
+
+
 def test_runner_turns_the_no_barrier_mutant_into_fail_race():
     seed = runner.case_seed(0, "block_table.shift", "overlap", 0)
     result = runner.run_case(runner.Task("block_table.shift", "overlap", seed, "no-barrier"), "cpu")
