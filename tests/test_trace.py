@@ -92,6 +92,11 @@ def _ticket(counter_ptr, out_ptr):
     tl.store(out_ptr + tl.program_id(0), tl.atomic_add(counter_ptr, 1))
 
 
+@triton.jit
+def _first_claims(flag_ptr):
+    tl.atomic_cas(flag_ptr, 0, tl.program_id(0) + 1)
+
+
 def _kinds(report):
     return {f.kind for f in report.races}
 
@@ -183,6 +188,8 @@ def test_output_that_depends_on_program_order_is_a_race():
     report = trace(_ticket, (8,), torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
     assert report.verdict == "fail:race"
     assert _kinds(report) == {"order"}, "atomics alone are no access race; only the order reruns see it"
+    claims = trace(_first_claims, (4,), torch.zeros(1, dtype=torch.int32))
+    assert _kinds(claims) == {"order"}
 
 
 def test_hooks_are_removed_also_on_error_and_unknown_internals_are_not_checked(monkeypatch):
