@@ -25,7 +25,7 @@ mutants:
 	$(PY) -m stress mutants $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE))
 
 bench:
-	$(PY) -m stress.bench
+	$(if $(DEVICE),SPECSAN_DEVICE=$(DEVICE)) $(PY) -m stress.bench
 
 lint:
 	$(PY) -m ruff check .

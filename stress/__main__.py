@@ -1,4 +1,4 @@
-"""specsan command line: run, repro, list, mutants.
+"""specsan command line: run, repro, trace, list, mutants.
 
 The device is chosen before any kernel module is imported (kernels.runtime decides between
 compiled Triton and the interpreter at import time), so this module imports lazily.
@@ -31,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--report", default="reports/latest", help="directory for results.jsonl and summary.md")
     run.add_argument("--jobs", type=int, help="worker processes (default: CPU cores, or one per GPU); 0 = in process")
     run.add_argument("--timeout", type=float, default=300, help="seconds per case before fail:timeout (0 = none)")
+    run.add_argument("--no-trace", action="store_true", help="skip the CPU tracer (races, out-of-bounds, uninit)")
 
     repro = sub.add_parser("repro", help="rerun one case and print its first divergences")
     common(repro, seed=False)
@@ -38,6 +39,14 @@ def _parser() -> argparse.ArgumentParser:
     repro.add_argument("family")
     repro.add_argument("seed", type=int)
     repro.add_argument("--mutant", help="with this planted bug applied")
+    repro.add_argument("--no-trace", action="store_true", help="skip the CPU tracer")
+
+    tr = sub.add_parser("trace", help="trace a check's kernel launches on the CPU: races, out-of-bounds, uninit")
+    tr.add_argument("check")
+    tr.add_argument("family", nargs="?")
+    tr.add_argument("seed", nargs="?", type=int)
+    tr.add_argument("--seeds", type=int, default=3, help="seeds per family without FAMILY SEED (default 3)")
+    tr.add_argument("--mutant", help="with this planted bug applied")
 
     lst = sub.add_parser("list", help="show checks, families and mutants")
     lst.add_argument("--json", action="store_true")
@@ -132,7 +141,7 @@ def cmd_run(args) -> int:
             bar.update(1)
 
         with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
-            runner.execute(tasks, device, jobs, on_result, args.timeout)
+            runner.execute(tasks, device, jobs, on_result, args.timeout, trace=not args.no_trace)
     report.close()
     print(f"wall time {time.perf_counter() - start:.1f} s; summary in {args.report}/summary.md")
     print(report.closing_line())
@@ -150,11 +159,46 @@ def cmd_repro(args) -> int:
     for name, value in case.inputs.items():
         shown = f"{tuple(value.shape)} {value.dtype}" if hasattr(value, "shape") else repr(value)
         print(f"  {name}: {shown}")
-    result = runner.run_case(runner.Task(args.check, args.family, args.seed, args.mutant), device)
+    result = runner.run_case(runner.Task(args.check, args.family, args.seed, args.mutant), device,
+                             trace=not args.no_trace)
     print(f"verdict: {result.verdict}")
     for line in result.details:
         print(line)
     return 1 if result.failed else 0
+
+
+def cmd_trace(args) -> int:
+    """Print every traced launch of the chosen cases with its findings."""
+    os.environ["SPECSAN_DEVICE"] = "cpu"
+    from kernels import runtime
+
+    if runtime.DEVICE != "cpu":
+        raise SystemExit("trace: needs the CPU interpreter; run with SPECSAN_DEVICE=cpu")
+    from stress import checks, mutants, runner
+
+    check = checks.get(args.check)
+    if (args.family is None) != (args.seed is None):
+        raise SystemExit("trace: give both FAMILY and SEED, or neither")
+    mutant = next((m for m in check.mutants if m.name == args.mutant), None)
+    if args.mutant and mutant is None:
+        raise SystemExit(f"--mutant {args.mutant}: not one of {check.name}'s")
+    if args.family is not None:
+        cases = [(args.family, args.seed)]
+    else:
+        cases = [(f, runner.case_seed(0, check.name, f, i)) for f in check.families for i in range(args.seeds)]
+    failed = 0
+    for family, seed in cases:
+        case = runner.build_case(check, family, seed, "cpu")
+        with mutants.applied(mutant):
+            recording = runner.trace_case(check, case, seed, permute="always")
+        print(f"{check.name} / {family} / seed {seed} ({case.note}) launch {case.launch or 'default'}: "
+              f"{recording.verdict}")
+        for report in recording.reports:
+            print("\n".join("  " + line for line in report.lines()))
+        if not recording.reports:
+            print("  no kernel launch: nothing to trace")
+        failed += recording.verdict != "pass"
+    return 1 if failed else 0
 
 
 def cmd_list(args) -> int:
@@ -205,7 +249,8 @@ def cmd_mutants(args) -> int:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "repro": cmd_repro, "list": cmd_list, "mutants": cmd_mutants}[args.command](args)
+        commands = {"run": cmd_run, "repro": cmd_repro, "trace": cmd_trace, "list": cmd_list, "mutants": cmd_mutants}
+        return commands[args.command](args)
     except ValueError as exc:
         print(f"specsan: {exc}", file=sys.stderr)
         return 2

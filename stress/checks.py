@@ -20,6 +20,13 @@ BLOCK_TABLE_CHECKS = (
                    (Patch(f"{_BT}:_gather_rows_kernel", "slot = tl.load(idx_mapping_ptr + batch_row).to(tl.int64)",
                           "slot = batch_row.to(tl.int64) + tl.load(idx_mapping_ptr + batch_row).to(tl.int64) * 0"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}),
+            Mutant("row-overread", "the column term is dropped from the load mask: lanes past the width read the "
+                   "next row, and past the last row, memory outside the table",
+                   (Patch(f"{_BT}:_gather_rows_kernel", "readable = live & ((cols * 0 + slot) >= 0)",
+                          "readable = (cols * 0 + slot) >= 0"),),
+                   oracles={"cpu": "oob"},
+                   why_not="the over-read values are never stored, so outputs match; needs the CPU tracer or "
+                           "compute-sanitizer memcheck"),
         ),
     ),
     Check(
@@ -49,8 +56,7 @@ BLOCK_TABLE_CHECKS = (
         mutants=(
             Mutant("no-barrier", "spec fix 5: the barrier between a chunk's loads and its stores is removed",
                    (Patch(f"{_BT}:_shift_rows_kernel", "tl.debug_barrier()", "pass"),),
-                   oracles={"cuda": "divergence"}, families=("overlap", "long_row"),
-                   why_not="invisible to the interpreter without the tracer (programs run one by one)"),
+                   oracles={"cpu": "race", "cuda": "divergence"}, families=("overlap", "long_row")),
             Mutant("count-by-batch-row", "spec fix 4: num_cached_tokens indexed by batch row instead of slot",
                    (Patch(f"{_BT}:_shift_rows_kernel", "tl.load(num_cached_tokens_ptr + slot, mask=slot >= 0",
                           "tl.load(num_cached_tokens_ptr + batch_row, mask=slot >= 0"),),

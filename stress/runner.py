@@ -101,6 +101,34 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
     return PASS, []
 
 
+def trace_case(check: Check, case: Case, seed: int, permute: str = "auto"):
+    """Run the kernel once on plain clones of the inputs under ``stress.trace.tracing``."""
+    from stress import trace
+
+    inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in case.inputs.items()}
+    unwritten = []
+    for name, mask in case.unwritten.items():
+        if not isinstance(inputs.get(name), torch.Tensor):
+            raise ValueError(f"unwritten: {name!r} is not a tensor input of {check.name}")
+        unwritten.append((inputs[name], mask))
+    with trace.tracing(unwritten, seed=seed, permute=permute) as recording:
+        _current(check.kernel)(**inputs, **case.launch)
+    return recording
+
+
+def traced(check: Check, case: Case, seed: int) -> tuple[str, list[str]]:
+    """Rerun the kernel on fresh copies under the CPU tracer: races, out-of-bounds, uninit reads.
+
+    Plain clones (no guard zones) give every input its own storage, so a lane that leaves its
+    tensor lands outside every storage and is reported as out-of-bounds.
+    """
+    recording = trace_case(check, case, seed)
+    verdict = recording.verdict
+    if verdict == PASS:
+        return PASS, []
+    return verdict, [line for r in recording.reports if r.verdict != PASS for line in r.lines()]
+
+
 def _current(fn):
     """The function as its module holds it now, so an applied mutant's replacement is the one called."""
     import sys
@@ -119,8 +147,11 @@ def _background_load(device: str):
     return _LOAD
 
 
-def run_case(task: Task, device: str, timeout: float = 0) -> Result:
-    """Build, run and judge one case. Never raises: a crash is a verdict."""
+def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) -> Result:
+    """Build, run and judge one case. Never raises: a crash is a verdict.
+
+    On the CPU a case that matches its reference is also traced (``trace=False`` skips it).
+    """
     from stress import checks, mutants
 
     result = Result(task.check, task.family, task.seed, device, PASS, mutant=task.mutant)
@@ -143,6 +174,8 @@ def run_case(task: Task, device: str, timeout: float = 0) -> Result:
         expected = expected_outputs(check, case)
         with mutants.applied(mutant):
             result.verdict, result.details = differential(check, case, expected, device, _background_load(device))
+            if trace and device == "cpu" and result.verdict == PASS:
+                result.verdict, result.details = traced(check, case, task.seed)
     except CaseTimeout:
         result.verdict, result.details = "fail:timeout", [f"case ran past {timeout:.0f} s"]
     except Exception as exc:  # noqa: BLE001 - a crashing case is a verdict, not the end of the run
@@ -164,11 +197,12 @@ def _on_alarm(signum, frame):
 
 _DEVICE = "cpu"
 _TIMEOUT = 0.0
+_TRACE = True
 
 
-def _init_worker(device: str, counter, timeout: float) -> None:
-    global _DEVICE, _TIMEOUT
-    _DEVICE, _TIMEOUT = device, timeout
+def _init_worker(device: str, counter, timeout: float, trace: bool = True) -> None:
+    global _DEVICE, _TIMEOUT, _TRACE
+    _DEVICE, _TIMEOUT, _TRACE = device, timeout, trace
     os.environ["SPECSAN_DEVICE"] = device
     if device == "cuda":
         with counter.get_lock():
@@ -179,7 +213,7 @@ def _init_worker(device: str, counter, timeout: float) -> None:
 
 
 def _work(task: Task) -> Result:
-    return run_case(task, _DEVICE, _TIMEOUT)
+    return run_case(task, _DEVICE, _TIMEOUT, _TRACE)
 
 
 def _crash_result(task: Task, device: str) -> Result:
@@ -194,7 +228,7 @@ def default_jobs(device: str) -> int:
 
 
 def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Result], None],
-            timeout: float = 0) -> None:
+            timeout: float = 0, trace: bool = True) -> None:
     """Run every task, calling ``on_result`` as each finishes (in completion order).
 
     ``jobs == 0`` runs in this process. Otherwise worker processes run the cases; a worker that
@@ -203,7 +237,7 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
     """
     if jobs == 0:
         for task in tasks:
-            on_result(run_case(task, device, timeout))
+            on_result(run_case(task, device, timeout, trace))
         return
     counter = get_context("spawn").Value("i", 0)
     pending, isolate = list(tasks), False
@@ -212,7 +246,7 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
         finished: set[Task] = set()
         broken = restart = False
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                                 initargs=(device, counter, timeout)) as pool:
+                                 initargs=(device, counter, timeout, trace)) as pool:
             futures = {pool.submit(_work, task): task for task in pending}
             try:
                 for future in as_completed(futures):
