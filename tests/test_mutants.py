@@ -1,0 +1,31 @@
+"""Every planted bug is killed, on this device, by the oracle that claims it; none has gone stale."""
+
+import pytest
+
+from kernels import runtime
+from stress import checks, matrix, mutants
+
+MUTANTS = [(c.name, m.name) for c in checks.REGISTRY for m in c.mutants]
+
+
+@pytest.mark.parametrize("check_name,mutant_name", MUTANTS, ids=[f"{c}-{m}" for c, m in MUTANTS])
+def test_mutant_is_killed(check_name, mutant_name):
+    check = checks.get(check_name)
+    mutant = next(m for m in check.mutants if m.name == mutant_name)
+    mutants.validate(mutant)  # the patched text still occurs exactly once
+    oracle = mutant.oracles.get(runtime.DEVICE)
+    if oracle is None:
+        pytest.skip(f"not_checked on {runtime.DEVICE}: {mutant.why_not}")
+    kill = matrix.hunt(check_name, mutant_name, runtime.DEVICE, oracle, max_iters=60, seed=0, launch=None)
+    assert kill.status == "killed", f"{mutant_name} survived {kill.iterations} cases (other verdicts: " \
+                                    f"{kill.other_failures})"
+
+
+def test_mutant_patches_restore_the_production_code():
+    import kernels.block_table as kbt
+
+    shift = checks.get("block_table.shift")
+    original = kbt._shift_rows_kernel
+    with mutants.applied(shift.mutants[0]):
+        assert kbt._shift_rows_kernel is not original
+    assert kbt._shift_rows_kernel is original
