@@ -1,7 +1,5 @@
 """Reference draft-input preparation: a loop per request and per row, written from spec 2.2 and 2.7."""
 
-import torch
-
 PAD = -1
 
 OUTPUTS = ("context_positions", "context_slot_mapping", "input_ids", "positions", "query_slot_mapping",

@@ -2,10 +2,14 @@
 
 import kernels.block_table
 import kernels.draft_inputs
+import kernels.spec.slots
 import reference.block_table
 import reference.draft_inputs
+import reference.spec.slots
+import stress.schedule
 from stress.families import block_table as bt_families
 from stress.families import draft_inputs as di_families
+from stress.families import slots as slot_families
 from stress.types import RETURN, Check, Mutant, Patch
 
 _BT = "kernels.block_table"
@@ -119,7 +123,27 @@ DRAFT_INPUT_CHECKS = (
     ),
 )
 
-REGISTRY: tuple[Check, ...] = BLOCK_TABLE_CHECKS + DRAFT_INPUT_CHECKS
+_SLOTS = "kernels.spec.slots:RequestSlots"
+
+SLOT_CHECKS = (
+    Check(
+        name="spec.slots",
+        kernel=stress.schedule.replay,  # drives the production kernels.spec.slots.RequestSlots
+        reference=reference.spec.slots.replay,
+        families=slot_families.FAMILIES,
+        outputs=(RETURN,),
+        mutants=(
+            Mutant("set-order-recycling", "spec fix 2B (pre-fix): freed slots are recycled in set order",
+                   (Patch(_SLOTS, "for req_id in sorted(req_ids):", "for req_id in req_ids:"),),
+                   oracles=_EVERYWHERE, families=("mass_finish", "churn")),
+            Mutant("global-rng-seeds", "spec fix 2A (pre-fix): fallback seeds come from the global numpy RNG",
+                   (Patch(_SLOTS, "self._fallback_seed_rng.integers(", "np.random.randint("),),
+                   oracles=_EVERYWHERE, families=("resume", "churn")),
+        ),
+    ),
+)
+
+REGISTRY: tuple[Check, ...] = BLOCK_TABLE_CHECKS + DRAFT_INPUT_CHECKS + SLOT_CHECKS
 BY_NAME = {check.name: check for check in REGISTRY}
 
 
