@@ -1,4 +1,4 @@
-"""specsan command line: run, repro, list, mutants.
+"""specsan command line: run, repro, list, mutants, tp.
 
 The device is chosen before any kernel module is imported (kernels.runtime decides between
 compiled Triton and the interpreter at import time), so this module imports lazily.
@@ -48,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     mut.add_argument("--jobs", type=int, help="worker processes (default as for run); 0 = in process")
     mut.add_argument("--json", action="store_true", help="print the matrix as JSON")
     mut.add_argument("--report", help="also write the matrix to DIR/mutants.json")
+
+    tp = sub.add_parser("tp", help="TP determinism: N rank processes replay one schedule and compare every step")
+    common(tp)
+    tp.add_argument("--ranks", type=int, default=2, help="rank processes (default 2)")
+    tp.add_argument("--mutant", help="apply this planted bug inside every rank (the run must then diverge)")
+    tp.add_argument("--steps", type=int, default=8, help="schedule steps (default 8)")
     return p
 
 
@@ -161,10 +167,20 @@ def cmd_mutants(args) -> int:
     return 0 if killed == len(checkable) else 1
 
 
+def cmd_tp(args) -> int:
+    _select_device(args)
+    from stress import tp
+
+    outcome = tp.run_ranks(args.ranks, mutant=args.mutant, seed=args.seed, num_steps=args.steps)
+    print(f"{'agreed' if outcome.agreed else 'DIVERGED'} in {outcome.seconds:.1f} s: {outcome.message}")
+    return 0 if outcome.agreed else 1
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "repro": cmd_repro, "list": cmd_list, "mutants": cmd_mutants}[args.command](args)
+        return {"run": cmd_run, "repro": cmd_repro, "list": cmd_list, "mutants": cmd_mutants,
+                "tp": cmd_tp}[args.command](args)
     except ValueError as exc:
         print(f"specsan: {exc}", file=sys.stderr)
         return 2
