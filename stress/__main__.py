@@ -52,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     tp = sub.add_parser("tp", help="TP determinism: N rank processes replay one schedule and compare every step")
     common(tp)
     tp.add_argument("--ranks", type=int, default=2, help="rank processes (default 2)")
-    tp.add_argument("--mutant", help="apply this planted bug inside every rank (the run must then diverge)")
+    tp.add_argument("--mutant", action="append",
+                    help="apply this planted bug inside every rank, which must then diverge (repeatable)")
     tp.add_argument("--steps", type=int, default=8, help="schedule steps (default 8)")
     return p
 
@@ -171,9 +172,12 @@ def cmd_tp(args) -> int:
     _select_device(args)
     from stress import tp
 
-    outcome = tp.run_ranks(args.ranks, mutant=args.mutant, seed=args.seed, num_steps=args.steps)
-    print(f"{'agreed' if outcome.agreed else 'DIVERGED'} in {outcome.seconds:.1f} s: {outcome.message}")
-    return 0 if outcome.agreed else 1
+    scenarios = tuple(args.mutant or (None,))
+    outcomes = tp.run_ranks(args.ranks, mutants=scenarios, seed=args.seed, num_steps=args.steps)
+    for name, outcome in outcomes.items():
+        print(f"{name or 'production code'}: {outcome.message}")
+    print(f"{args.ranks} ranks in {next(iter(outcomes.values())).seconds:.1f} s")
+    return 0 if all(o.agreed for o in outcomes.values()) else 1
 
 
 def main(argv=None) -> int:

@@ -6,8 +6,9 @@ draft metadata must agree bit for bit (spec fix 2). A difference stops every ran
 (they all see the same gathered digests) and names the first differing field. Ranks talk over gloo
 on CPU, or NCCL when there is a GPU per rank.
 
-Usage: ``run_ranks(world)`` (or ``python -m stress tp --ranks N [--mutant NAME]``) spawns
-``python -m stress.tp --rank R ...`` once per rank.
+Usage: ``run_ranks(world, mutants=(None, "set-order-recycling"))`` (or ``python -m stress tp --ranks N
+[--mutant NAME]``) spawns ``python -m stress.tp --rank R ...`` once per rank; the scenarios (the
+production code, or a mutant applied inside every rank) run one after the other in those processes.
 """
 
 import argparse
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-MUTANT_ENV = "SPECSAN_TP_MUTANT"
+CLEAN = "none"  # the scenario name of the production code
 NUM_DRAFT_TOKENS = 3
 BLOCK_SIZE = 4
 TABLE_WIDTH = 8
@@ -115,13 +116,13 @@ def step_payload(state, step_index: int, seed: int, device: torch.device) -> dic
 def _find_mutant(name: str | None):
     from stress import checks
 
-    if not name:
+    if name is None:
         return None
     for check in checks.REGISTRY:
         for mutant in check.mutants:
             if mutant.name == name:
                 return mutant
-    raise ValueError(f"{MUTANT_ENV}={name!r}: no such mutant; `python -m stress list` shows them")
+    raise ValueError(f"mutant: no mutant named {name!r}; `python -m stress list` shows them")
 
 
 def _backend(world: int) -> tuple[str, torch.device]:
@@ -132,40 +133,56 @@ def _backend(world: int) -> tuple[str, torch.device]:
     return "gloo", torch.device("cpu")
 
 
-def rank_main(rank: int, world: int, init_file: str, seed: int, num_steps: int, max_num_reqs: int) -> int:
-    """One rank: replay the schedule, all-gather the digests each step; 1 on the first divergence."""
+def _replay(world, steps, seed, max_num_reqs, device, gather_device) -> str:
+    """One replay in lockstep with the other ranks; the first divergence, or the agreement, as a line."""
+    import torch.distributed as dist
+
+    from kernels.spec import slots
+    from stress import schedule
+
+    state = slots.RequestSlots(max_num_reqs, seed)  # looked up now, so an applied mutant is the one used
+    for step_index, step in enumerate(steps):
+        schedule.apply_step(state, step)
+        payload = step_payload(state, step_index, seed, device)
+        local = torch.tensor([_digest(v) for v in payload.values()], dtype=torch.int64, device=gather_device)
+        gathered = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(gathered, local)
+        table = torch.stack(gathered).cpu()
+        for field_index, name in enumerate(payload):
+            column = table[:, field_index]
+            if (column != column[0]).any():
+                other = int((column != column[0]).nonzero()[0])
+                return (f"DIVERGED step {step_index} field {name}: rank 0 digest {int(column[0]):#x}, "
+                        f"rank {other} digest {int(column[other]):#x}")
+    return f"AGREED {len(steps)} steps, {len(payload)} fields"
+
+
+def rank_main(rank: int, world: int, init_file: str, seed: int, num_steps: int, max_num_reqs: int,
+              scenarios: list[str | None]) -> int:
+    """One rank: replay the schedule once per scenario (a mutant name, or None for production code).
+
+    Every scenario starts from the same rank-local global-RNG state; its result is printed as
+    ``RESULT <scenario> <line>``. All ranks see the same gathered digests, so they leave a scenario
+    at the same step and stay in lockstep for the next.
+    """
     import torch.distributed as dist
 
     if torch.cuda.is_available():
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    from kernels.spec import slots
     from stress import mutants, schedule
 
     backend, device = _backend(world)
     gather_device = device if backend == "nccl" else torch.device("cpu")
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
-    np.random.seed(1000 + rank)  # a rank-local global-RNG state, as any process has its own
     steps = schedule.random_schedule(np.random.default_rng(seed), max_num_reqs=max_num_reqs, num_steps=num_steps,
                                      preempt_p=0.3, block_size=BLOCK_SIZE, unaligned_p=0.05)
     try:
-        with mutants.applied(_find_mutant(os.environ.get(MUTANT_ENV))):
-            state = slots.RequestSlots(max_num_reqs, seed)
-            for step_index, step in enumerate(steps):
-                schedule.apply_step(state, step)
-                payload = step_payload(state, step_index, seed, device)
-                local = torch.tensor([_digest(v) for v in payload.values()], dtype=torch.int64, device=gather_device)
-                gathered = [torch.empty_like(local) for _ in range(world)]
-                dist.all_gather(gathered, local)
-                table = torch.stack(gathered).cpu()
-                for field_index, name in enumerate(payload):
-                    column = table[:, field_index]
-                    if (column != column[0]).any():
-                        other = int((column != column[0]).nonzero()[0])
-                        print(f"DIVERGED step {step_index} field {name}: rank 0 digest {int(column[0]):#x}, "
-                              f"rank {other} digest {int(column[other]):#x}", flush=True)
-                        return 1
-        print(f"AGREED {len(steps)} steps, {len(payload)} fields", flush=True)
+        for scenario in scenarios:
+            np.random.seed(1000 + rank)  # a rank-local global-RNG state, as any process has its own
+            with mutants.applied(_find_mutant(scenario)):
+                line = _replay(world, steps, seed, max_num_reqs, device, gather_device)
+            print(f"RESULT {scenario or CLEAN} {line}", flush=True)
         return 0
     finally:
         dist.destroy_process_group()
@@ -174,24 +191,29 @@ def rank_main(rank: int, world: int, init_file: str, seed: int, num_steps: int, 
 # ---------------------------------------------------------------- the launcher
 
 
-def run_ranks(world: int, *, mutant: str | None = None, seed: int = 0, num_steps: int = 8, max_num_reqs: int = 6,
-              timeout: float = 120) -> Outcome:
-    """Spawn ``world`` rank processes (PYTHONHASHSEED = rank + 1) and report whether they agreed."""
+def run_ranks(world: int, *, mutants: tuple[str | None, ...] = (None,), seed: int = 0, num_steps: int = 8,
+              max_num_reqs: int = 6, timeout: float = 180) -> dict[str | None, Outcome]:
+    """Spawn ``world`` rank processes (PYTHONHASHSEED = rank + 1); one Outcome per scenario.
+
+    A scenario is a mutant name applied inside every rank, or None for the production code. The
+    scenarios run one after the other in the same processes, which pays the start-up cost once.
+    """
     import time
 
     if world < 2:
         raise ValueError(f"world: TP determinism needs at least 2 ranks, got {world}")
+    for name in mutants:
+        if name == CLEAN:
+            raise ValueError(f"mutants: {CLEAN!r} names the production code; pass None")
+        _find_mutant(name)  # an unknown name fails here, not in every rank
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specsan-tp-") as tmp:
         procs = []
         for rank in range(world):
             env = {**os.environ, "PYTHONHASHSEED": str(rank + 1), "OMP_NUM_THREADS": "1"}
-            env.pop(MUTANT_ENV, None)
-            if mutant:
-                env[MUTANT_ENV] = mutant
             cmd = [sys.executable, "-m", "stress.tp", "--rank", str(rank), "--world", str(world), "--init-file",
                    os.path.join(tmp, "rendezvous"), "--seed", str(seed), "--steps", str(num_steps),
-                   "--max-num-reqs", str(max_num_reqs)]
+                   "--max-num-reqs", str(max_num_reqs), "--mutants", *[m or CLEAN for m in mutants]]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         outputs, codes = [], []
@@ -205,15 +227,17 @@ def run_ranks(world: int, *, mutant: str | None = None, seed: int = 0, num_steps
             outputs.append(out)
             codes.append(proc.returncode)
     seconds = time.perf_counter() - start
-    lines = [line for out in outputs for line in out.splitlines() if line.startswith(("DIVERGED", "AGREED"))]
-    if all(c == 0 for c in codes) and lines:
-        return Outcome(True, f"{world} ranks: {lines[0]}", seconds)
-    diverged = [line for line in lines if line.startswith("DIVERGED")]
-    if diverged:
-        return Outcome(False, diverged[0], seconds)
-    tails = "\n".join(f"rank {r} (exit {c}):\n{out[-2000:]}"
-                      for r, (c, out) in enumerate(zip(codes, outputs, strict=True)))
-    return Outcome(False, f"a rank failed before agreeing:\n{tails}", seconds)
+    results = dict(line.split(" ", 2)[1:] for line in outputs[0].splitlines() if line.startswith("RESULT "))
+    failure = "\n".join(f"rank {r} (exit {c}):\n{out[-2000:]}"
+                        for r, (c, out) in enumerate(zip(codes, outputs, strict=True)) if c != 0)
+    outcomes = {}
+    for name in mutants:
+        line = results.get(name or CLEAN)
+        if line is None or failure:
+            outcomes[name] = Outcome(False, f"a rank failed before this scenario finished:\n{failure}", seconds)
+        else:
+            outcomes[name] = Outcome(line.startswith("AGREED"), f"{world} ranks: {line}", seconds)
+    return outcomes
 
 
 def main(argv=None) -> int:
@@ -224,8 +248,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--max-num-reqs", type=int, default=6)
+    p.add_argument("--mutants", nargs="+", default=[CLEAN], help=f"scenarios in order; {CLEAN!r} = production code")
     a = p.parse_args(argv)
-    return rank_main(a.rank, a.world, a.init_file, a.seed, a.steps, a.max_num_reqs)
+    scenarios = [None if m == CLEAN else m for m in a.mutants]
+    return rank_main(a.rank, a.world, a.init_file, a.seed, a.steps, a.max_num_reqs, scenarios)
 
 
 if __name__ == "__main__":
