@@ -7,6 +7,11 @@ CUDA-graph replay sees inert rows (sampling slot -1, ids and positions 0, PAD sl
 stale values. Layouts: DFlash has Q = 1 + K and mask row j predicts its own position; DSpark
 (anchor as first row) has Q = K and every row predicts the next position.
 
+Two choices differ from the upstream pseudo-code: the padding is written by an extra program row
+(grid row B) rather than by the last live request, so an empty batch is padded too; and a
+position whose block index lies past the table row gets PAD, as in ``compute_slot_mappings``,
+where upstream clamps the index to the row's last entry.
+
 Index spaces: ``batch_row`` indexes this step's batch (target CSR, block table, query rows),
 ``slot = idx_mapping[batch_row]`` indexes per-request state (last sampled token, next prefill
 token, cached count, draft_tokens rows).
