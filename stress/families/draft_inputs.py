@@ -9,18 +9,18 @@ test and seq_lens must look at live slots only.
 import numpy as np
 import torch
 
-from stress.families.common import BLOCK_SIZES, SENTINEL, distinct_blocks, int32, int64, pick, slots_for
+from stress.families.common import BLOCK_SIZES, SENTINEL, big, distinct_blocks, int32, int64, pick, slots_for
 from stress.types import Case
 
 POISON = -999_999
 
 
-def _rows(rng, batch_rows, k, *, prefill, reject):
-    """Per batch row: (target rows, num_sampled, num_rejected)."""
+def _rows(rng, batch_rows, k, *, prefill, reject, chunk):
+    """Per batch row: (target rows, num_sampled, num_rejected); prefill chunks have 1..chunk-1 rows."""
     rows = []
     for _ in range(batch_rows):
         if rng.random() < prefill:  # a prefill chunk: 0 sampled means the chunk ends mid-prompt
-            rows.append((int(rng.integers(1, 10)), int(rng.integers(0, 2)), 0))
+            rows.append((int(rng.integers(1, chunk)), int(rng.integers(0, 2)), 0))
             continue
         n_ctx = 1 + int(rng.integers(0, k + 1))  # bonus + drafts verified last step
         accepted = int(rng.integers(1, n_ctx + 1)) if rng.random() < reject else n_ctx
@@ -34,20 +34,21 @@ def _cached_count(rng, first_pos, block_size, unaligned):
 
 
 def draft_case(rng, *, batch_rows, k=None, anchor_first=None, block_size=None, pad_rows=0, pad_tokens=0,
-               prefill=0.2, reject=0.3, null_frac=0.0, unaligned=False, near_max=False, note="") -> Case:
+               prefill=0.2, reject=0.3, chunk=10, null_frac=0.0, unaligned=False, near_max=False,
+               note="") -> Case:
     """A batch of ``batch_rows`` requests; ``unaligned`` gives one live slot a partial cached block."""
     anchor_first = bool(rng.integers(2)) if anchor_first is None else anchor_first
     k = int(rng.integers(1, 5)) if k is None else k
     q = k if anchor_first else 1 + k
     bs = pick(rng, BLOCK_SIZES) if block_size is None else block_size
-    width = int(rng.integers(1, 7))
+    width = int(rng.integers(1, 7)) + chunk // bs
     idx_mapping, num_slots = slots_for(rng, batch_rows, int(rng.integers(0, 3)))
     cached = np.zeros(num_slots, dtype=np.int64)
     idle = np.setdiff1d(np.arange(num_slots), idx_mapping.numpy())
     cached[idle] = rng.integers(0, 40, idle.size) * bs + (1 if bs > 1 else 0)
     victim = int(rng.integers(batch_rows)) if unaligned else -1
 
-    rows = _rows(rng, batch_rows, k, prefill=prefill, reject=reject)
+    rows = _rows(rng, batch_rows, k, prefill=prefill, reject=reject, chunk=chunk)
     positions, last_positions = [], []
     for batch_row, (n_ctx, _, rejected) in enumerate(rows):
         first = int(rng.integers(0, width * bs + 2))
@@ -95,36 +96,41 @@ def draft_case(rng, *, batch_rows, k=None, anchor_first=None, block_size=None, p
     return Case(inputs=inputs, note=f"{layout} K={k} bs={bs} B={batch_rows}+{pad_rows} {note}".strip())
 
 
+def _batch(rng, device, cpu_max):
+    """Live batch rows: a handful under the interpreter, up to 64 on the GPU."""
+    return int(rng.integers(1, (64 if big(device) else cpu_max) + 1))
+
+
 def _padding(rng):
     return {"pad_rows": int(rng.integers(0, 2)), "pad_tokens": int(rng.integers(0, 3))}
 
 
 def decode(rng, device, launch):
-    return draft_case(rng, batch_rows=int(rng.integers(1, 4)), **_padding(rng))
+    return draft_case(rng, batch_rows=_batch(rng, device, 3), **_padding(rng))
 
 
 def padded(rng, device, launch):
     """Live batch smaller than every buffer, as under a CUDA-graph replay: the tail must become inert."""
-    return draft_case(rng, batch_rows=int(rng.integers(1, 3)), pad_rows=int(rng.integers(1, 4)),
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), pad_rows=int(rng.integers(1, 4)),
                       pad_tokens=int(rng.integers(1, 12)), note="padded")
 
 
 def prefix_cache(rng, device, launch):
     """Aligned cached prefixes shorten seq_lens; one unaligned live slot refuses the batch."""
     unaligned = bool(rng.integers(2))
-    return draft_case(rng, batch_rows=int(rng.integers(1, 4)), block_size=pick(rng, BLOCK_SIZES[1:]),
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), block_size=pick(rng, BLOCK_SIZES[1:]),
                       unaligned=unaligned, **_padding(rng), note="unaligned" if unaligned else "aligned")
 
 
 def rejected_suffix(rng, device, launch):
     """Decode rows whose trailing draft rows were rejected: position 0 / PAD, queries after the accepted ones."""
-    return draft_case(rng, batch_rows=int(rng.integers(1, 4)), prefill=0.0, reject=1.0, **_padding(rng),
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), prefill=0.0, reject=1.0, **_padding(rng),
                       note="rejections")
 
 
 def chunked_prefill(rng, device, launch):
     """Prefill chunks: long context spans, the bonus is the next prompt token when nothing was sampled."""
-    return draft_case(rng, batch_rows=int(rng.integers(1, 3)), prefill=1.0, **_padding(rng), note="prefill")
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), prefill=1.0, **_padding(rng), note="prefill")
 
 
 def zero_width(rng, device, launch):
@@ -132,20 +138,26 @@ def zero_width(rng, device, launch):
     if rng.integers(2):
         return draft_case(rng, batch_rows=0, pad_rows=int(rng.integers(0, 3)), pad_tokens=int(rng.integers(0, 5)),
                           note="no requests")
-    return draft_case(rng, batch_rows=int(rng.integers(1, 3)), k=0, anchor_first=False, **_padding(rng),
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), k=0, anchor_first=False, **_padding(rng),
                       note="depth 0")
 
 
 def max_model_len(rng, device, launch):
     """Query positions run past max_model_len - 1 and are clamped (slots and sample_pos are not)."""
-    return draft_case(rng, batch_rows=int(rng.integers(1, 4)), near_max=True, **_padding(rng), note="near max len")
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), near_max=True, **_padding(rng), note="near max len")
+
+
+def long_prefill(rng, device, launch):
+    """Prefill chunks longer than one program's block (256 lanes): several token blocks per row."""
+    return draft_case(rng, batch_rows=_batch(rng, device, 1), prefill=1.0, chunk=2048 if big(device) else 400,
+                      **_padding(rng), note="long prefill")
 
 
 def null_block(rng, device, launch):
     """Null blocks (id 0) in the table: those rows get PAD, never slot 0 * bs + offset."""
-    return draft_case(rng, batch_rows=int(rng.integers(1, 4)), null_frac=0.4, **_padding(rng), note="null blocks")
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), null_frac=0.4, **_padding(rng), note="null blocks")
 
 
 FAMILIES = {"decode": decode, "padded": padded, "prefix_cache": prefix_cache, "rejected_suffix": rejected_suffix,
             "chunked_prefill": chunked_prefill, "zero_width": zero_width, "max_model_len": max_model_len,
-            "null_block": null_block}
+            "null_block": null_block, "long_prefill": long_prefill}
