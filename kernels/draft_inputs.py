@@ -128,7 +128,7 @@ def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_position
                          num_draft_tokens: int, anchor_first: bool, mask_token_id: int, max_model_len: int,
                          context_positions, context_slot_mapping, input_ids, positions, query_slot_mapping,
                          sample_indices, sample_pos, sample_idx_mapping, query_start_loc, seq_lens,
-                         draft_tokens) -> bool:
+                         draft_tokens, block: int | None = None, num_warps: int | None = None) -> bool:
     """Prepare the draft inputs of the live batch and clear every buffer past it; False if refused.
 
     A batch in which some live slot's cached count is not a multiple of ``block_size`` is refused
@@ -143,6 +143,7 @@ def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_position
     positions / query_slot_mapping int64 [>= B*Q], sample_indices / sample_pos int64 and
     sample_idx_mapping int32 [>= B*K], query_start_loc int32 [>= B+1], seq_lens int32 [>= B],
     draft_tokens int64 [>= B, K]. Every live row needs at least one non-rejected target row.
+    ``block`` (lanes per program) and ``num_warps`` are launch knobs for stress sweeps.
     """
     i32, i64 = torch.int32, torch.int64
     for name, t, dtype in (("idx_mapping", idx_mapping, i32), ("target_query_start_loc", target_query_start_loc, i32),
@@ -169,6 +170,9 @@ def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_position
         seq_lens=seq_lens, draft_tokens=draft_tokens)
     validate.positive_int("block_size", block_size)
     validate.positive_int("max_model_len", max_model_len)
+    for name, knob in (("block", block), ("num_warps", num_warps)):
+        if knob is not None:
+            validate.power_of_two(name, knob)
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
         raise ValueError(f"num_draft_tokens: expected an int >= 0, got {num_draft_tokens!r}")
     if anchor_first and num_draft_tokens == 0:
@@ -213,8 +217,10 @@ def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_position
         return False
     max_target_rows = int((target_starts[1:num_batch_rows + 1] - target_starts[:num_batch_rows]).max()) \
         if num_batch_rows else 0
-    block = min(MAX_BLOCK, triton.next_power_of_2(max(1, max_target_rows + q)))
-    grid = (num_batch_rows + 1, triton.cdiv(max(1, max_target_rows + q), block))
+    lanes = max(1, max_target_rows + q)  # context rows and query rows of the longest request
+    block = block or min(MAX_BLOCK, triton.next_power_of_2(lanes))
+    grid = (num_batch_rows + 1, triton.cdiv(lanes, block))
+    extra = {} if num_warps is None else {"num_warps": num_warps}
     _prepare_draft_inputs_kernel[grid](
         idx_mapping, target_query_start_loc, target_positions, num_sampled, num_rejected, last_sampled,
         next_prefill_tokens, num_cached_tokens, block_table, block_table.stride(0), block_table.shape[1], block_size,
@@ -222,7 +228,7 @@ def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_position
         context_positions, context_slot_mapping, context_positions.numel(),
         input_ids, positions, query_slot_mapping, input_ids.numel(),
         sample_indices, sample_pos, sample_idx_mapping, sample_indices.numel(),
-        query_start_loc, query_start_loc.numel(), seq_lens, seq_lens.numel(), num_batch_rows, BLOCK=block)
+        query_start_loc, query_start_loc.numel(), seq_lens, seq_lens.numel(), num_batch_rows, BLOCK=block, **extra)
     return True
 
 

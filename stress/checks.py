@@ -95,6 +95,7 @@ DRAFT_INPUT_CHECKS = (
         reference=reference.draft_inputs.prepare_draft_inputs,
         families=di_families.FAMILIES,
         outputs=(RETURN, *reference.draft_inputs.OUTPUTS),
+        sweep=di_families.sweep,
         mutants=(
             Mutant("stale-padded-queries", "spec fix 3 (pre-fix): padded query rows get PAD slots but keep stale "
                    "input ids and positions",

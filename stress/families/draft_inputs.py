@@ -9,10 +9,18 @@ test and seq_lens must look at live slots only.
 import numpy as np
 import torch
 
+from kernels.draft_inputs import MAX_BLOCK
 from stress.families.common import BLOCK_SIZES, SENTINEL, big, distinct_blocks, int32, int64, pick, slots_for
 from stress.types import Case
 
 POISON = -999_999
+
+
+def sweep(device: str) -> list[dict]:
+    """Launch shapes: small blocks split a request over several programs; default picks one block."""
+    if device == "cuda":
+        return [{}] + [{"block": b, "num_warps": w} for b in (16, 64, 256) for w in (1, 4, 8)]
+    return [{}, {"block": 16}]
 
 
 def _rows(rng, batch_rows, k, *, prefill, reject, chunk):
@@ -148,8 +156,9 @@ def max_model_len(rng, device, launch):
 
 
 def long_prefill(rng, device, launch):
-    """Prefill chunks longer than one program's block (256 lanes): several token blocks per row."""
-    return draft_case(rng, batch_rows=_batch(rng, device, 1), prefill=1.0, chunk=2048 if big(device) else 400,
+    """Prefill chunks up to two and a bit program blocks long: several token blocks per row."""
+    chunk = 2048 if big(device) else 2 * launch.get("block", MAX_BLOCK) + 2
+    return draft_case(rng, batch_rows=_batch(rng, device, 1), prefill=1.0, chunk=chunk,
                       **_padding(rng), note="long prefill")
 
 
