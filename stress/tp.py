@@ -63,7 +63,7 @@ def _draft_inputs(state, step_index: int, seed: int, device: torch.device) -> di
     for req_id, n in zip(live, lens, strict=True):
         first = int(state.num_cached_tokens[state.slot_of[req_id]]) + int(rng.integers(0, 8))
         positions += range(first, first + n)
-    max_tokens = num_slots * max(q, k + 1)
+    max_tokens = num_slots * q  # a request verifies at most K drafts + the bonus: K + 1 = Q target rows
 
     def t(values, dtype):
         return torch.tensor(values, dtype=dtype, device=device)
