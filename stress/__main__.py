@@ -1,4 +1,4 @@
-"""specsan command line: run, repro, trace, list, mutants.
+"""specsan command line: run, repro, trace, list, mutants, tp.
 
 The device is chosen before any kernel module is imported (kernels.runtime decides between
 compiled Triton and the interpreter at import time), so this module imports lazily.
@@ -59,6 +59,13 @@ def _parser() -> argparse.ArgumentParser:
     mut.add_argument("--jobs", type=int, help="worker processes (default as for run); 0 = in process")
     mut.add_argument("--json", action="store_true", help="print the matrix as JSON")
     mut.add_argument("--report", help="also write the matrix to DIR/mutants.json")
+
+    tp = sub.add_parser("tp", help="TP determinism: N rank processes replay one schedule and compare every step")
+    common(tp)
+    tp.add_argument("--ranks", type=int, default=2, help="rank processes (default 2)")
+    tp.add_argument("--mutant", action="append",
+                    help="apply this planted bug inside every rank, which must then diverge (repeatable)")
+    tp.add_argument("--steps", type=int, default=8, help="schedule steps (default 8)")
     return p
 
 
@@ -246,10 +253,23 @@ def cmd_mutants(args) -> int:
     return 0 if killed == len(checkable) else 1
 
 
+def cmd_tp(args) -> int:
+    _select_device(args)
+    from stress import tp
+
+    scenarios = tuple(args.mutant or (None,))
+    outcomes = tp.run_ranks(args.ranks, mutants=scenarios, seed=args.seed, num_steps=args.steps)
+    for name, outcome in outcomes.items():
+        print(f"{name or 'production code'}: {outcome.message}")
+    print(f"{args.ranks} ranks in {next(iter(outcomes.values())).seconds:.1f} s")
+    return 0 if all(o.agreed for o in outcomes.values()) else 1
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        commands = {"run": cmd_run, "repro": cmd_repro, "trace": cmd_trace, "list": cmd_list, "mutants": cmd_mutants}
+        commands = {"run": cmd_run, "repro": cmd_repro, "trace": cmd_trace, "list": cmd_list, "mutants": cmd_mutants,
+                    "tp": cmd_tp}
         return commands[args.command](args)
     except ValueError as exc:
         print(f"specsan: {exc}", file=sys.stderr)

@@ -1,8 +1,15 @@
 """The registry: one Check per kernel. Runner, tests, tracer and mutant matrix all iterate it."""
 
 import kernels.block_table
+import kernels.draft_inputs
+import kernels.spec.slots
 import reference.block_table
+import reference.draft_inputs
+import reference.spec.slots
+import stress.schedule
 from stress.families import block_table as bt_families
+from stress.families import draft_inputs as di_families
+from stress.families import slots as slot_families
 from stress.types import RETURN, Check, Mutant, Patch
 
 _BT = "kernels.block_table"
@@ -84,7 +91,66 @@ BLOCK_TABLE_CHECKS = (
     ),
 )
 
-REGISTRY: tuple[Check, ...] = BLOCK_TABLE_CHECKS
+_DI = "kernels.draft_inputs:_prepare_draft_inputs_kernel"
+_EVERYWHERE = {"cpu": "divergence", "cuda": "divergence"}
+
+DRAFT_INPUT_CHECKS = (
+    Check(
+        name="draft_inputs.prepare",
+        kernel=kernels.draft_inputs.prepare_draft_inputs,
+        reference=reference.draft_inputs.prepare_draft_inputs,
+        families=di_families.FAMILIES,
+        outputs=(RETURN, *reference.draft_inputs.OUTPUTS),
+        sweep=di_families.sweep,
+        mutants=(
+            Mutant("stale-padded-queries", "spec fix 3 (pre-fix): padded query rows get PAD slots but keep stale "
+                   "input ids and positions",
+                   (Patch(_DI, "tl.store(input_ids_ptr + rows, tl.full((BLOCK,), 0, tl.int32), mask=keep)  # cleared "
+                          "query inputs\n            tl.store(positions_ptr + rows, tl.full((BLOCK,), 0, tl.int64), "
+                          "mask=keep)  # (fix 3)", "pass"),),
+                   oracles=_EVERYWHERE, families=("padded", "zero_width")),
+            Mutant("seq-lens-keep-cached", "spec fix 4 (pre-fix): seq_lens are not shortened by the cached blocks",
+                   (Patch(_DI, "(tl.load(num_cached_tokens_ptr + slot) // block_size) * block_size",
+                          "tl.load(num_cached_tokens_ptr + slot) * 0"),),
+                   oracles=_EVERYWHERE, families=("prefix_cache", "decode")),
+            Mutant("unaligned-drafts", "spec fix 4: a batch with a partial cached block is drafted, not refused",
+                   (Patch("kernels.draft_inputs:prepare_draft_inputs",
+                          "if has_unaligned_cached_prefix(num_cached_tokens, slots, (block_size,)):", "if False:"),),
+                   oracles=_EVERYWHERE, families=("prefix_cache",)),
+            Mutant("rejected-keeps-slot", "the rejected suffix keeps its real position and KV slot",
+                   (Patch(_DI, "ctx_valid = lanes < n_valid", "ctx_valid = lanes < n_ctx"),),
+                   oracles=_EVERYWHERE, families=("rejected_suffix",)),
+            Mutant("position-unclamped", "query positions are not clamped to max_model_len - 1",
+                   (Patch(_DI, "tl.minimum(query_pos, max_model_len - 1)", "query_pos + max_model_len * 0"),),
+                   oracles=_EVERYWHERE, families=("max_model_len",)),
+            Mutant("sample-slot-is-batch-row", "sampling rows record the batch row instead of the request slot",
+                   (Patch(_DI, "(lanes * 0 + slot).to(tl.int32)", "(lanes * 0 + batch_row).to(tl.int32)"),),
+                   oracles=_EVERYWHERE),
+        ),
+    ),
+)
+
+_SLOTS = "kernels.spec.slots:RequestSlots"
+
+SLOT_CHECKS = (
+    Check(
+        name="spec.slots",
+        kernel=stress.schedule.replay,  # drives the production kernels.spec.slots.RequestSlots
+        reference=reference.spec.slots.replay,
+        families=slot_families.FAMILIES,
+        outputs=(RETURN,),
+        mutants=(
+            Mutant("set-order-recycling", "spec fix 2B (pre-fix): freed slots are recycled in set order",
+                   (Patch(_SLOTS, "for req_id in sorted(req_ids):", "for req_id in req_ids:"),),
+                   oracles=_EVERYWHERE, families=("mass_finish", "churn")),
+            Mutant("global-rng-seeds", "spec fix 2A (pre-fix): fallback seeds come from the global numpy RNG",
+                   (Patch(_SLOTS, "self._fallback_seed_rng.integers(", "np.random.randint("),),
+                   oracles=_EVERYWHERE, families=("resume", "churn")),
+        ),
+    ),
+)
+
+REGISTRY: tuple[Check, ...] = BLOCK_TABLE_CHECKS + DRAFT_INPUT_CHECKS + SLOT_CHECKS
 BY_NAME = {check.name: check for check in REGISTRY}
 
 

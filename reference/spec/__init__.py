@@ -1,0 +1,1 @@
+"""References for the host-side spec-decode logic."""

@@ -1,0 +1,172 @@
+"""Case families for draft-input preparation: both layouts, padded buffers, prefix-cache hits.
+
+Every output buffer is pre-filled with SENTINEL, so a row the kernel should have written but
+left stale shows as a divergence; unused target positions hold POISON, so reading past a
+request's rows shows too. Slots outside the batch get unaligned cached counts: the fail-closed
+test and seq_lens must look at live slots only.
+"""
+
+import numpy as np
+import torch
+
+from kernels.draft_inputs import MAX_BLOCK
+from stress.families.common import BLOCK_SIZES, SENTINEL, big, distinct_blocks, int32, int64, pick, slots_for
+from stress.types import Case
+
+POISON = -999_999
+
+
+def sweep(device: str) -> list[dict]:
+    """Launch shapes: small blocks split a request over several programs; default picks one block."""
+    if device == "cuda":
+        return [{}] + [{"block": b, "num_warps": w} for b in (16, 64, 256) for w in (1, 4, 8)]
+    return [{}, {"block": 16}]
+
+
+def _rows(rng, batch_rows, k, *, prefill, reject, chunk):
+    """Per batch row: (target rows, num_sampled, num_rejected); prefill chunks have 1..chunk-1 rows."""
+    rows = []
+    for _ in range(batch_rows):
+        if rng.random() < prefill:  # a prefill chunk: 0 sampled means the chunk ends mid-prompt
+            rows.append((int(rng.integers(1, chunk)), int(rng.integers(0, 2)), 0))
+            continue
+        n_ctx = 1 + int(rng.integers(0, k + 1))  # bonus + drafts verified last step
+        accepted = int(rng.integers(1, n_ctx + 1)) if rng.random() < reject else n_ctx
+        rows.append((n_ctx, accepted, n_ctx - accepted))
+    return rows
+
+
+def _cached_count(rng, first_pos, block_size, unaligned):
+    aligned = int(rng.integers(0, first_pos // block_size + 1)) * block_size
+    return aligned + int(rng.integers(1, block_size)) if unaligned else aligned
+
+
+def draft_case(rng, *, batch_rows, k=None, anchor_first=None, block_size=None, pad_rows=0, pad_tokens=0,
+               prefill=0.2, reject=0.3, chunk=10, null_frac=0.0, unaligned=False, near_max=False,
+               note="") -> Case:
+    """A batch of ``batch_rows`` requests; ``unaligned`` gives one live slot a partial cached block."""
+    anchor_first = bool(rng.integers(2)) if anchor_first is None else anchor_first
+    k = int(rng.integers(1, 5)) if k is None else k
+    q = k if anchor_first else 1 + k
+    bs = pick(rng, BLOCK_SIZES) if block_size is None else block_size
+    width = int(rng.integers(1, 7)) + chunk // bs
+    idx_mapping, num_slots = slots_for(rng, batch_rows, int(rng.integers(0, 3)))
+    cached = np.zeros(num_slots, dtype=np.int64)
+    idle = np.setdiff1d(np.arange(num_slots), idx_mapping.numpy())
+    cached[idle] = rng.integers(0, 40, idle.size) * bs + (1 if bs > 1 else 0)
+    victim = int(rng.integers(batch_rows)) if unaligned else -1
+
+    rows = _rows(rng, batch_rows, k, prefill=prefill, reject=reject, chunk=chunk)
+    positions, last_positions = [], []
+    for batch_row, (n_ctx, _, rejected) in enumerate(rows):
+        first = int(rng.integers(0, width * bs + 2))
+        positions.extend(range(first, first + n_ctx))
+        last_positions.append(first + n_ctx - rejected - 1)
+        cached[int(idx_mapping[batch_row])] = _cached_count(rng, first, bs, batch_row == victim)
+    num_target_rows = len(positions)
+    max_model_len = max(last_positions, default=0) + 1 + (int(rng.integers(0, q + 1)) if near_max else 64)
+
+    table = distinct_blocks(rng, batch_rows + pad_rows, width)
+    table[torch.from_numpy(rng.random(table.shape) < null_frac)] = 0
+    num_query_rows = batch_rows * q + pad_tokens
+
+    def sentinel(n, dtype):
+        return torch.full((n,), SENTINEL, dtype=dtype)
+
+    inputs = {
+        "idx_mapping": idx_mapping,
+        "target_query_start_loc": int32(np.concatenate([[0], np.cumsum([r[0] for r in rows], dtype=np.int64)])),
+        "target_positions": int64(positions + [POISON] * pad_tokens),
+        "num_sampled": int32([r[1] for r in rows]),
+        "num_rejected": int32([r[2] for r in rows]),
+        "last_sampled": int64(rng.integers(0, 50_000, num_slots)),
+        "next_prefill_tokens": int32(rng.integers(50_000, 100_000, num_slots)),
+        "num_cached_tokens": int32(cached),
+        "block_table": table,
+        "block_size": bs,
+        "num_draft_tokens": k,
+        "anchor_first": anchor_first,
+        "mask_token_id": int(rng.integers(100_000, 200_000)),
+        "max_model_len": max_model_len,
+        "context_positions": sentinel(num_target_rows + pad_tokens, torch.int64),
+        "context_slot_mapping": sentinel(num_target_rows + pad_tokens, torch.int64),
+        "input_ids": sentinel(num_query_rows, torch.int32),
+        "positions": sentinel(num_query_rows, torch.int64),
+        "query_slot_mapping": sentinel(num_query_rows, torch.int64),
+        "sample_indices": sentinel((batch_rows + pad_rows) * k, torch.int64),
+        "sample_pos": sentinel((batch_rows + pad_rows) * k, torch.int64),
+        "sample_idx_mapping": sentinel((batch_rows + pad_rows) * k, torch.int32),
+        "query_start_loc": sentinel(batch_rows + pad_rows + 1, torch.int32),
+        "seq_lens": sentinel(batch_rows + pad_rows, torch.int32),
+        "draft_tokens": torch.full((batch_rows + pad_rows, k), SENTINEL, dtype=torch.int64),
+    }
+    layout = "dspark" if anchor_first else "dflash"
+    return Case(inputs=inputs, note=f"{layout} K={k} bs={bs} B={batch_rows}+{pad_rows} {note}".strip())
+
+
+def _batch(rng, device, cpu_max):
+    """Live batch rows: a handful under the interpreter, up to 64 on the GPU."""
+    return int(rng.integers(1, (64 if big(device) else cpu_max) + 1))
+
+
+def _padding(rng):
+    return {"pad_rows": int(rng.integers(0, 2)), "pad_tokens": int(rng.integers(0, 3))}
+
+
+def decode(rng, device, launch):
+    return draft_case(rng, batch_rows=_batch(rng, device, 3), **_padding(rng))
+
+
+def padded(rng, device, launch):
+    """Live batch smaller than every buffer, as under a CUDA-graph replay: the tail must become inert."""
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), pad_rows=int(rng.integers(1, 4)),
+                      pad_tokens=int(rng.integers(1, 12)), note="padded")
+
+
+def prefix_cache(rng, device, launch):
+    """Aligned cached prefixes shorten seq_lens; one unaligned live slot refuses the batch."""
+    unaligned = bool(rng.integers(2))
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), block_size=pick(rng, BLOCK_SIZES[1:]),
+                      unaligned=unaligned, **_padding(rng), note="unaligned" if unaligned else "aligned")
+
+
+def rejected_suffix(rng, device, launch):
+    """Decode rows whose trailing draft rows were rejected: position 0 / PAD, queries after the accepted ones."""
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), prefill=0.0, reject=1.0, **_padding(rng),
+                      note="rejections")
+
+
+def chunked_prefill(rng, device, launch):
+    """Prefill chunks: long context spans, the bonus is the next prompt token when nothing was sampled."""
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), prefill=1.0, **_padding(rng), note="prefill")
+
+
+def zero_width(rng, device, launch):
+    """No live request (only padding to clear), or DFlash at depth 0 (a bonus row, no sampling rows)."""
+    if rng.integers(2):
+        return draft_case(rng, batch_rows=0, pad_rows=int(rng.integers(0, 3)), pad_tokens=int(rng.integers(0, 5)),
+                          note="no requests")
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), k=0, anchor_first=False, **_padding(rng),
+                      note="depth 0")
+
+
+def max_model_len(rng, device, launch):
+    """Query positions run past max_model_len - 1 and are clamped (slots and sample_pos are not)."""
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), near_max=True, **_padding(rng), note="near max len")
+
+
+def long_prefill(rng, device, launch):
+    """Prefill chunks up to two and a bit program blocks long: several token blocks per row."""
+    chunk = 2048 if big(device) else 2 * launch.get("block", MAX_BLOCK) + 2
+    return draft_case(rng, batch_rows=_batch(rng, device, 1), prefill=1.0, chunk=chunk,
+                      **_padding(rng), note="long prefill")
+
+
+def null_block(rng, device, launch):
+    """Null blocks (id 0) in the table: those rows get PAD, never slot 0 * bs + offset."""
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), null_frac=0.4, **_padding(rng), note="null blocks")
+
+
+FAMILIES = {"decode": decode, "padded": padded, "prefix_cache": prefix_cache, "rejected_suffix": rejected_suffix,
+            "chunked_prefill": chunked_prefill, "zero_width": zero_width, "max_model_len": max_model_len,
+            "null_block": null_block, "long_prefill": long_prefill}

@@ -1,0 +1,258 @@
+"""TP determinism: N rank processes, each with its own PYTHONHASHSEED and global-RNG state, replay one
+admission schedule and the same kernels, and all-gather a digest of every per-step field.
+
+Upstream runs the scheduler-driven worker loop redundantly on every TP rank, so slot maps, seeds and
+draft metadata must agree bit for bit (spec fix 2). A difference stops every rank at the same step
+(they all see the same gathered digests) and names the first differing field. Ranks talk over gloo
+on CPU, or NCCL when there is a GPU per rank.
+
+Usage: ``run_ranks(world, mutants=(None, "set-order-recycling"))`` (or ``python -m stress tp --ranks N
+[--mutant NAME]``) spawns ``python -m stress.tp --rank R ...`` once per rank; the scenarios (the
+production code, or a mutant applied inside every rank) run one after the other in those processes.
+"""
+
+import argparse
+import datetime
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+CLEAN = "none"  # the scenario name of the production code
+NUM_DRAFT_TOKENS = 3
+BLOCK_SIZE = 4
+TABLE_WIDTH = 8
+
+
+@dataclass
+class Outcome:
+    agreed: bool
+    message: str  # the first divergence, or a summary of the agreement
+    seconds: float
+
+
+# ---------------------------------------------------------------- inside one rank
+
+
+def _digest(value) -> int:
+    data = value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() \
+        if isinstance(value, torch.Tensor) else value
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
+def _draft_inputs(state, step_index: int, seed: int, device: torch.device) -> dict:
+    """Run draft-input preparation on the live batch (sorted by request id) with slot-indexed state.
+
+    Target rows come from a generator keyed by (seed, step), identical on every rank; the block table
+    and last sampled tokens are indexed by slot, so a rank whose slots differ gets different outputs.
+    """
+    from kernels import block_table, draft_inputs
+
+    rng = np.random.default_rng([seed, step_index])
+    live = sorted(state.slot_of)
+    num_slots = len(state.seeds)
+    k, q = NUM_DRAFT_TOKENS, NUM_DRAFT_TOKENS + 1
+    lens = [int(rng.integers(1, k + 2)) for _ in live]
+    positions = []
+    for req_id, n in zip(live, lens, strict=True):
+        first = int(state.num_cached_tokens[state.slot_of[req_id]]) + int(rng.integers(0, 8))
+        positions += range(first, first + n)
+    max_tokens = num_slots * q  # a request verifies at most K drafts + the bonus: K + 1 = Q target rows
+
+    def t(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    persistent = torch.arange(1, num_slots * TABLE_WIDTH + 1, dtype=torch.int32, device=device)
+    batch_table = torch.zeros(max(1, num_slots), TABLE_WIDTH, dtype=torch.int32, device=device)
+    idx_mapping = t([state.slot_of[r] for r in live], torch.int32)
+    block_table.gather_block_tables(persistent.view(num_slots, TABLE_WIDTH), idx_mapping, batch_table)
+    out = {
+        "context_positions": torch.zeros(max_tokens, dtype=torch.int64, device=device),
+        "context_slot_mapping": torch.zeros(max_tokens, dtype=torch.int64, device=device),
+        "input_ids": torch.zeros(num_slots * q, dtype=torch.int32, device=device),
+        "positions": torch.zeros(num_slots * q, dtype=torch.int64, device=device),
+        "query_slot_mapping": torch.zeros(num_slots * q, dtype=torch.int64, device=device),
+        "sample_indices": torch.zeros(num_slots * k, dtype=torch.int64, device=device),
+        "sample_pos": torch.zeros(num_slots * k, dtype=torch.int64, device=device),
+        "sample_idx_mapping": torch.zeros(num_slots * k, dtype=torch.int32, device=device),
+        "query_start_loc": torch.zeros(num_slots + 1, dtype=torch.int32, device=device),
+        "seq_lens": torch.zeros(num_slots, dtype=torch.int32, device=device),
+        "draft_tokens": torch.zeros(num_slots, k, dtype=torch.int64, device=device),
+    }
+    last_sampled = np.zeros(num_slots, dtype=np.int64)
+    for req_id, slot in state.slot_of.items():
+        last_sampled[slot] = zlib.crc32(req_id.encode()) % 50_000  # str hash() is salted per process
+    draft_inputs.prepare_draft_inputs(
+        idx_mapping=idx_mapping, target_query_start_loc=t(np.concatenate([[0], np.cumsum(lens)]), torch.int32),
+        target_positions=t(positions, torch.int64), num_sampled=t([1] * len(live), torch.int32),
+        num_rejected=t([0] * len(live), torch.int32), last_sampled=t(last_sampled, torch.int64),
+        next_prefill_tokens=t(np.zeros(num_slots), torch.int32),
+        num_cached_tokens=t(state.num_cached_tokens, torch.int32), block_table=batch_table, block_size=BLOCK_SIZE,
+        num_draft_tokens=k, anchor_first=False, mask_token_id=7, max_model_len=1 << 20, **out)
+    return out
+
+
+def step_payload(state, step_index: int, seed: int, device: torch.device) -> dict:
+    """Every field the ranks must agree on after a step, by name (same names, same order on all ranks)."""
+    payload = {
+        "slot_map": repr(sorted(state.slot_of.items())).encode(),
+        "free_slots": repr(state.free_slots).encode(),
+        "seeds": torch.from_numpy(state.seeds),
+        "seeds_set": torch.from_numpy(state.seeds_set),
+        "num_cached_tokens": torch.from_numpy(state.num_cached_tokens),
+    }
+    payload.update({f"draft_inputs.{name}": value for name, value in _draft_inputs(state, step_index, seed,
+                                                                                      device).items()})
+    # A sampling kernel adds one line here, e.g. payload["sampled"] = gumbel_sample(...).
+    return payload
+
+
+def _find_mutant(name: str | None):
+    from stress import checks
+
+    if name is None:
+        return None
+    for check in checks.REGISTRY:
+        for mutant in check.mutants:
+            if mutant.name == name:
+                return mutant
+    raise ValueError(f"mutant: no mutant named {name!r}; `python -m stress list` shows them")
+
+
+def _backend(world: int) -> tuple[str, torch.device]:
+    from kernels import runtime
+
+    if runtime.DEVICE == "cuda":
+        return ("nccl" if torch.cuda.device_count() >= world else "gloo"), runtime.device()
+    return "gloo", torch.device("cpu")
+
+
+def _replay(world, steps, seed, max_num_reqs, device, gather_device) -> str:
+    """One replay in lockstep with the other ranks; the first divergence, or the agreement, as a line."""
+    import torch.distributed as dist
+
+    from kernels.spec import slots
+    from stress import schedule
+
+    state = slots.RequestSlots(max_num_reqs, seed)  # looked up now, so an applied mutant is the one used
+    for step_index, step in enumerate(steps):
+        schedule.apply_step(state, step)
+        payload = step_payload(state, step_index, seed, device)
+        local = torch.tensor([_digest(v) for v in payload.values()], dtype=torch.int64, device=gather_device)
+        gathered = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(gathered, local)
+        table = torch.stack(gathered).cpu()
+        for field_index, name in enumerate(payload):
+            column = table[:, field_index]
+            if (column != column[0]).any():
+                other = int((column != column[0]).nonzero()[0])
+                return (f"DIVERGED step {step_index} field {name}: rank 0 digest {int(column[0]):#x}, "
+                        f"rank {other} digest {int(column[other]):#x}")
+    return f"AGREED {len(steps)} steps, {len(payload)} fields"
+
+
+def rank_main(rank: int, world: int, init_file: str, seed: int, num_steps: int, max_num_reqs: int,
+              scenarios: list[str | None]) -> int:
+    """One rank: replay the schedule once per scenario (a mutant name, or None for production code).
+
+    Every scenario starts from the same rank-local global-RNG state; its result is printed as
+    ``RESULT <scenario> <line>``. All ranks see the same gathered digests, so they leave a scenario
+    at the same step and stay in lockstep for the next.
+    """
+    import torch.distributed as dist
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    from stress import mutants, schedule
+
+    backend, device = _backend(world)
+    gather_device = device if backend == "nccl" else torch.device("cpu")
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    steps = schedule.random_schedule(np.random.default_rng(seed), max_num_reqs=max_num_reqs, num_steps=num_steps,
+                                     preempt_p=0.3, block_size=BLOCK_SIZE, unaligned_p=0.05)
+    try:
+        for scenario in scenarios:
+            np.random.seed(1000 + rank)  # a rank-local global-RNG state, as any process has its own
+            with mutants.applied(_find_mutant(scenario)):
+                line = _replay(world, steps, seed, max_num_reqs, device, gather_device)
+            print(f"RESULT {scenario or CLEAN} {line}", flush=True)
+        return 0
+    finally:
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- the launcher
+
+
+def run_ranks(world: int, *, mutants: tuple[str | None, ...] = (None,), seed: int = 0, num_steps: int = 8,
+              max_num_reqs: int = 6, timeout: float = 180) -> dict[str | None, Outcome]:
+    """Spawn ``world`` rank processes (PYTHONHASHSEED = rank + 1); one Outcome per scenario.
+
+    A scenario is a mutant name applied inside every rank, or None for the production code. The
+    scenarios run one after the other in the same processes, which pays the start-up cost once.
+    """
+    import time
+
+    if world < 2:
+        raise ValueError(f"world: TP determinism needs at least 2 ranks, got {world}")
+    for name in mutants:
+        if name == CLEAN:
+            raise ValueError(f"mutants: {CLEAN!r} names the production code; pass None")
+        _find_mutant(name)  # an unknown name fails here, not in every rank
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="specsan-tp-") as tmp:
+        procs = []
+        for rank in range(world):
+            env = {**os.environ, "PYTHONHASHSEED": str(rank + 1), "OMP_NUM_THREADS": "1"}
+            cmd = [sys.executable, "-m", "stress.tp", "--rank", str(rank), "--world", str(world), "--init-file",
+                   os.path.join(tmp, "rendezvous"), "--seed", str(seed), "--steps", str(num_steps),
+                   "--max-num-reqs", str(max_num_reqs), "--mutants", *[m or CLEAN for m in mutants]]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        outputs, codes = [], []
+        for proc in procs:
+            try:
+                out, _ = proc.communicate(timeout=max(1.0, timeout - (time.perf_counter() - start)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+                out += "\n(rank timed out)"
+            outputs.append(out)
+            codes.append(proc.returncode)
+    seconds = time.perf_counter() - start
+    results = dict(line.split(" ", 2)[1:] for line in outputs[0].splitlines() if line.startswith("RESULT "))
+    failure = "\n".join(f"rank {r} (exit {c}):\n{out[-2000:]}"
+                        for r, (c, out) in enumerate(zip(codes, outputs, strict=True)) if c != 0)
+    outcomes = {}
+    for name in mutants:
+        line = results.get(name or CLEAN)
+        if line is None or failure:
+            outcomes[name] = Outcome(False, f"a rank failed before this scenario finished:\n{failure}", seconds)
+        else:
+            outcomes[name] = Outcome(line.startswith("AGREED"), f"{world} ranks: {line}", seconds)
+    return outcomes
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="one TP rank of the determinism test (spawned by run_ranks)")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--init-file", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--max-num-reqs", type=int, default=6)
+    p.add_argument("--mutants", nargs="+", default=[CLEAN], help=f"scenarios in order; {CLEAN!r} = production code")
+    a = p.parse_args(argv)
+    scenarios = [None if m == CLEAN else m for m in a.mutants]
+    return rank_main(a.rank, a.world, a.init_file, a.seed, a.steps, a.max_num_reqs, scenarios)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
