@@ -4,6 +4,7 @@ A case is addressed by (check, family, seed); ``run_case`` rebuilds it from thos
 every failure reproduces from one printed line.
 """
 
+import copy
 import json
 import os
 import signal
@@ -55,7 +56,7 @@ def build_case(check: Check, family: str, seed: int, device: str, launch: dict |
 
 def expected_outputs(check: Check, case: Case) -> dict:
     """The reference's outputs by name, computed on CPU copies (the reference must not mutate)."""
-    inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in case.inputs.items()}
+    inputs = {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in case.inputs.items()}
     ref = check.reference(**inputs)
     values = (ref,) if len(check.outputs) == 1 else tuple(ref)
     return dict(zip(check.outputs, values, strict=True))
@@ -76,7 +77,8 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
     tensors = {k: v for k, v in case.inputs.items() if isinstance(v, torch.Tensor)}
     for repeat in range(check.repeats.get(device, 1)):
         placed = {k: guards.place(k, v, dev) for k, v in tensors.items()}
-        args = {**case.inputs, **{k: g.view for k, g in placed.items()}}
+        args = {**copy.deepcopy({k: v for k, v in case.inputs.items() if k not in placed}),
+                **{k: g.view for k, g in placed.items()}}
         if load is not None:
             load.kick()
         returned = _current(check.kernel)(**args, **case.launch)
