@@ -149,8 +149,9 @@ def cmd_run(args) -> int:
 
         with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
             runner.execute(tasks, device, jobs, on_result, args.timeout, trace=not args.no_trace)
+    report.header["wall_s"] = round(time.perf_counter() - start, 1)
     report.close()
-    print(f"wall time {time.perf_counter() - start:.1f} s; summary in {args.report}/summary.md")
+    print(f"wall time {report.header['wall_s']:.1f} s; summary in {args.report}/summary.md")
     print(report.closing_line())
     return 1 if report.counts()[1] else 0
 
