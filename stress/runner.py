@@ -347,7 +347,5 @@ class Report:
             from stress import telemetry
 
             out += ["", "## GPU telemetry", ""] + [f"- {line}" for line in telemetry.lines(self.telemetry)]
-        if "wall_s" in self.header:
-            out += ["", f"wall time {self.header['wall_s']:.1f} s"]
         out += ["", self.closing_line(), ""]
         return "\n".join(out)
