@@ -10,18 +10,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import runtime, validate
+from kernels import runtime, validate  # noqa: F401  (runtime first: it picks compiled vs interpreted)
 
 PAD = -1
 NULL_BLOCK = 0
-
-
-def _on_kernel_device(**tensors) -> torch.device:
-    dev = validate.same_device(**tensors)
-    if dev.type != runtime.DEVICE:
-        name = next(iter(tensors))
-        raise ValueError(f"{name}: on {dev.type}, but kernels run on {runtime.DEVICE}; move the tensors there")
-    return dev
 
 
 @triton.jit
@@ -46,7 +38,7 @@ def gather_block_tables(persistent: torch.Tensor, idx_mapping: torch.Tensor, out
     validate.tensor("persistent", persistent, dtype=torch.int32, ndim=2)
     validate.tensor("idx_mapping", idx_mapping, dtype=torch.int32, ndim=1)
     validate.tensor("out", out, dtype=torch.int32, ndim=2)
-    _on_kernel_device(persistent=persistent, idx_mapping=idx_mapping, out=out)
+    validate.on_kernel_device(persistent=persistent, idx_mapping=idx_mapping, out=out)
     if out.shape[1] != persistent.shape[1]:
         raise ValueError(f"out: width {out.shape[1]} differs from persistent width {persistent.shape[1]}")
     num_rows = idx_mapping.numel()
@@ -101,7 +93,7 @@ def compute_slot_mappings(block_table: torch.Tensor, query_start_loc: torch.Tens
     validate.tensor("positions", positions, dtype=torch.int64, ndim=1)
     validate.tensor("out", out, dtype=torch.int64, ndim=1)
     validate.positive_int("block_size", block_size)
-    _on_kernel_device(block_table=block_table, query_start_loc=query_start_loc, positions=positions, out=out)
+    validate.on_kernel_device(block_table=block_table, query_start_loc=query_start_loc, positions=positions, out=out)
     num_batch_rows = query_start_loc.numel() - 1
     if num_batch_rows > block_table.shape[0]:
         raise ValueError(f"block_table: {block_table.shape[0]} rows, but query_start_loc describes {num_batch_rows}")
@@ -156,7 +148,7 @@ def shift_block_table_rows(block_table: torch.Tensor, idx_mapping: torch.Tensor,
     validate.power_of_two("chunk", chunk)
     if num_warps is not None:
         validate.power_of_two("num_warps", num_warps)
-    _on_kernel_device(block_table=block_table, idx_mapping=idx_mapping, num_cached_tokens=num_cached_tokens,
+    validate.on_kernel_device(block_table=block_table, idx_mapping=idx_mapping, num_cached_tokens=num_cached_tokens,
                       seq_lens=seq_lens)
     num_batch_rows = idx_mapping.numel()
     if num_batch_rows > block_table.shape[0]:

@@ -2,6 +2,8 @@
 
 import torch
 
+from kernels import runtime
+
 
 def tensor(name: str, t, *, dtype=None, ndim=None, device=None, min_numel=0, unit_stride=True):
     """Check one tensor argument; ``unit_stride`` asks for a stride-1 innermost dimension."""
@@ -33,6 +35,15 @@ def same_device(**tensors) -> torch.device:
         if dev != first:
             raise ValueError(f"{name}: on {dev}, but {next(iter(devices))} is on {first}; put all tensors on one device")
     return first
+
+
+def on_kernel_device(**tensors) -> torch.device:
+    """All tensors on one device, and it is the one kernels run on; returns it."""
+    dev = same_device(**tensors)
+    if dev.type != runtime.DEVICE:
+        name = next(iter(tensors))
+        raise ValueError(f"{name}: on {dev.type}, but kernels run on {runtime.DEVICE}; move the tensors there")
+    return dev
 
 
 def positive_int(name: str, v) -> int:

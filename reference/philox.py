@@ -21,7 +21,7 @@ _UNIFORM_SCALE = np.float32(4.6566127342e-10)
 
 def _words(values, shift: int) -> np.ndarray:
     """32-bit word ``shift`` bits up of each int64 value, as uint64 (two's complement)."""
-    as_u64 = torch.as_tensor(values, dtype=torch.int64).numpy().astype(np.uint64)
+    as_u64 = values.reshape(-1).numpy().astype(np.uint64)
     return (as_u64 >> np.uint64(shift)) & _MASK32
 
 
@@ -45,7 +45,7 @@ def randint(seed, offset) -> torch.Tensor:
             c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
             k0 = (k0 + np.uint64(_KEY_A)) & _MASK32
             k1 = (k1 + np.uint64(_KEY_B)) & _MASK32
-    return torch.from_numpy(c0.astype(np.int64))
+    return torch.from_numpy(c0.astype(np.int64)).reshape(seed_t.shape)
 
 
 def uniform(bits: torch.Tensor) -> torch.Tensor:
@@ -53,7 +53,7 @@ def uniform(bits: torch.Tensor) -> torch.Tensor:
     as_int32 = bits.to(torch.int64)
     as_int32 = torch.where(as_int32 >= 2**31, as_int32 - 2**32, as_int32)
     folded = torch.where(as_int32 < 0, ~as_int32, as_int32)
-    return torch.from_numpy(folded.to(torch.float32).numpy() * _UNIFORM_SCALE)
+    return torch.from_numpy(folded.reshape(-1).to(torch.float32).numpy() * _UNIFORM_SCALE).reshape(bits.shape)
 
 
 def rand(seed, offset) -> torch.Tensor:

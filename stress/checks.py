@@ -1,8 +1,12 @@
 """The registry: one Check per kernel. Runner, tests, tracer and mutant matrix all iterate it."""
 
 import kernels.block_table
+import kernels.sampling
 import reference.block_table
+import reference.sampling
+from stress.compare import exact_unless_near_tie
 from stress.families import block_table as bt_families
+from stress.families import sampling as sampling_families
 from stress.types import RETURN, Check, Mutant, Patch
 
 _BT = "kernels.block_table"
@@ -78,7 +82,37 @@ BLOCK_TABLE_CHECKS = (
     ),
 )
 
-REGISTRY: tuple[Check, ...] = BLOCK_TABLE_CHECKS
+_SAMPLING = "kernels.sampling:_gumbel_sample_kernel"
+
+SAMPLING_CHECKS = (
+    Check(
+        name="sampling.gumbel",
+        kernel=kernels.sampling.gumbel_sample,
+        reference=reference.sampling.gumbel_sample,
+        families=sampling_families.FAMILIES,
+        outputs=(RETURN, "logits_cache"),
+        compare=exact_unless_near_tie,
+        sweep=sampling_families.sampling_sweep,
+        mutants=(
+            Mutant("padded-rows-slot-0", "spec fix 3: padded rows map to slot 0 and write its cached logits",
+                   (Patch(_SAMPLING, "slot = tl.load(idx_mapping_ptr + row)",
+                          "slot = tl.maximum(tl.load(idx_mapping_ptr + row), 0)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",)),
+            Mutant("draft-noise-unsalted", "spec 2.4: drafting reuses the verifier's noise stream (no +2^30)",
+                   (Patch(_SAMPLING, "tl.load(positions_ptr + row) + pos_salt", "tl.load(positions_ptr + row)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),
+            Mutant("cache-after-temperature", "the logits cache stores scaled logits instead of the raw ones",
+                   (Patch(_SAMPLING, "tl.store(cache_row_ptr + tokens, logits,",
+                          "tl.store(cache_row_ptr + tokens, logits / tl.where(temp > 0, temp, 1.0),"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),
+            Mutant("temperature-by-row", "temperature read by batch row instead of request slot",
+                   (Patch(_SAMPLING, "tl.load(temperature_ptr + slot,", "tl.load(temperature_ptr + row,"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),
+        ),
+    ),
+)
+
+REGISTRY: tuple[Check, ...] = BLOCK_TABLE_CHECKS + SAMPLING_CHECKS
 BY_NAME = {check.name: check for check in REGISTRY}
 
 
