@@ -24,15 +24,17 @@ DRAFT_NOISE_SALT = 1 << 30
 
 
 @triton.jit
-def gumbel_scores(logits, temp, gumbel_seed, tokens):
-    """``logits / temp + Gumbel(rand(gumbel_seed, token))``.
-
-    The noise is computed in float64 (an accurate log on every device) and rounded once to
-    float32; the division rounds to nearest (plain ``/`` is approximate on GPUs).
-    """
+def gumbel_noise(gumbel_seed, tokens):
+    """Gumbel noise of each token from ``rand(gumbel_seed, token)``, computed in float64 (an
+    accurate log on every device) and rounded once to float32."""
     u = tl.rand(gumbel_seed, tokens).to(tl.float64)
-    noise = (-tl.log(-tl.log(u + 1e-20) + 1e-20)).to(tl.float32)
-    return tl.math.div_rn(logits, temp) + noise
+    return (-tl.log(-tl.log(u + 1e-20) + 1e-20)).to(tl.float32)
+
+
+@triton.jit
+def gumbel_scores(logits, temp, gumbel_seed, tokens):
+    """``logits / temp + noise``; the division rounds to nearest (plain ``/`` is approximate on GPUs)."""
+    return tl.math.div_rn(logits, temp) + gumbel_noise(gumbel_seed, tokens)
 
 
 @triton.jit

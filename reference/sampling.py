@@ -44,15 +44,18 @@ def noise_tolerance(values: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(values), tol, torch.zeros_like(tol))
 
 
-def argmax_decided(scores: torch.Tensor, tol: torch.Tensor | float = 0.0) -> tuple[int, bool]:
-    """Lowest-index argmax (NaN as -inf), and whether another token's score interval reaches it."""
+def argmax_decided(scores: torch.Tensor, lo: torch.Tensor | None = None,
+                   hi: torch.Tensor | None = None) -> tuple[int, bool]:
+    """Lowest-index argmax (NaN as -inf), and whether it is a near tie: some other token's score
+    interval ``[lo, hi]`` (where the float32 kernel's score may lie) reaches the winner's.
+    Without intervals the scores are exact and equal ones go to the lower index."""
     s = torch.where(torch.isnan(scores), torch.tensor(float("-inf"), dtype=scores.dtype), scores)
-    tol = torch.as_tensor(tol, dtype=s.dtype).expand_as(s)
     best = int(torch.argmax(s))  # first maximal index
-    lo, hi = s - tol, s + tol
+    if lo is None:
+        return best, False
     rivals = hi >= lo[best]
     rivals[best] = False
-    rivals &= ~((tol == 0) & (tol[best] == 0))  # exact scores: equal ones lose to the lower index
+    rivals &= ~((hi == lo) & (hi[best] == lo[best]))  # exact on both sides: the lower index wins
     return best, bool(rivals.any())
 
 
@@ -62,7 +65,8 @@ def sample_row(logits: torch.Tensor, temp: float, seed: int, pos: int) -> tuple[
         return argmax_decided(logits.to(torch.float64))
     values = scaled(logits, temp)
     noise = gumbel_noise(philox.randint(seed, pos), logits.numel())
-    return argmax_decided(values + noise, noise_tolerance(values, noise))
+    scores, tol = values + noise, noise_tolerance(values, noise)
+    return argmax_decided(scores, scores - tol, scores + tol)
 
 
 def gumbel_sample(logits, idx_mapping, temperature, seeds, positions, *, draft=False, logits_cache=None,

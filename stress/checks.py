@@ -1,11 +1,15 @@
 """The registry: one Check per kernel. Runner, tests, tracer and mutant matrix all iterate it."""
 
 import kernels.block_table
+import kernels.rejection
 import kernels.sampling
 import reference.block_table
+import reference.rejection
 import reference.sampling
+from stress import distribution
 from stress.compare import exact_unless_near_tie
 from stress.families import block_table as bt_families
+from stress.families import rejection as rejection_families
 from stress.families import sampling as sampling_families
 from stress.types import RETURN, Check, Mutant, Patch
 
@@ -112,7 +116,51 @@ SAMPLING_CHECKS = (
     ),
 )
 
-REGISTRY: tuple[Check, ...] = BLOCK_TABLE_CHECKS + SAMPLING_CHECKS
+_VERIFY = "kernels.rejection:_verify_kernel"
+_ACCEPT_IGNORES_U = Mutant(
+    "accept-ignores-u", "accepts iff p(x) >= q(x): the uniform is dropped from the accept test",
+    (Patch(_VERIFY, "(p_x >= uint_to_uniform_float(bits) * q_x)", "(p_x >= q_x)"),),
+    oracles={"cpu": "divergence", "cuda": "divergence"})
+_RESAMPLE_FROM_TARGET = Mutant(
+    "resample-from-target", "resamples from p (rejected draft included) instead of the residual max(p - q, 0)",
+    (Patch(_VERIFY, "bits, draft, p_max, p_sum, q_max, q_sum, vocab,\n                                       "
+                    "HAS_DRAFT_LOGITS, BLOCK_V)",
+           "bits, -1, p_max, p_sum, q_max, q_sum, vocab,\n                                       False, BLOCK_V)"),),
+    oracles={"cpu": "divergence", "cuda": "divergence"})
+
+REJECTION_CHECKS = (
+    Check(
+        name="rejection.verify",
+        kernel=kernels.rejection.verify,
+        reference=reference.rejection.verify,
+        families=rejection_families.FAMILIES,
+        outputs=("out_tokens", "num_sampled", "num_rejected"),
+        compare=exact_unless_near_tie,
+        sweep=rejection_families.verify_sweep,
+        mutants=(
+            Mutant("placeholder-accepted", "a -1 draft is tested like a token (as token 0) instead of rejected",
+                   (Patch(_VERIFY, "accepted = valid & (p_x", "accepted = (p_x"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",)),
+            _ACCEPT_IGNORES_U,
+            _RESAMPLE_FROM_TARGET,
+            Mutant("seed-by-row", "the Philox seed is read by batch row instead of request slot",
+                   (Patch(_VERIFY, "tl.load(seeds_ptr + slot,", "tl.load(seeds_ptr + b,"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("probabilistic",)),
+        ),
+    ),
+    Check(
+        name="rejection.distribution",
+        kernel=distribution.verify_trials,
+        reference=distribution.expected_distribution,
+        families=rejection_families.DISTRIBUTION_FAMILIES,
+        outputs=(RETURN,),
+        compare=distribution.judge,
+        sweep=rejection_families.verify_sweep,
+        mutants=(_ACCEPT_IGNORES_U, _RESAMPLE_FROM_TARGET),
+    ),
+)
+
+REGISTRY: tuple[Check, ...] = BLOCK_TABLE_CHECKS + SAMPLING_CHECKS + REJECTION_CHECKS
 BY_NAME = {check.name: check for check in REGISTRY}
 
 

@@ -87,7 +87,7 @@ def nonfinite(rng, device, launch):
 
 def long_vocab(rng, device, launch):
     """Vocabularies of many tiles (128k on the GPU)."""
-    vocab = pick(rng, (32000, 128256, 131072) if big(device) else (700, 1100))
+    vocab = pick(rng, (32000, 128256, 131072) if big(device) else (300, 600))
     return _case(rng, rows=int(rng.integers(1, 5 if big(device) else 2)), vocab=vocab, note=f"vocab {vocab}")
 
 
