@@ -135,7 +135,8 @@ def test_kernel_matches_reference(seed, depth, vocab, with_draft_logits, block_v
     inputs = {
         "target_logits": target,
         "draft_tokens": torch.from_numpy(rng.integers(-1, vocab, (batch, depth))),
-        "idx_mapping": slots, "temperature": torch.from_numpy(rng.choice([0.0, 0.8, 1.5], num_slots).astype(np.float32)),
+        "idx_mapping": slots,
+        "temperature": torch.from_numpy(rng.choice([0.0, 0.8, 1.5], num_slots).astype(np.float32)),
         "seeds": torch.from_numpy(rng.integers(-(2**63), 2**63 - 1, num_slots, dtype=np.int64)),
         "positions": torch.from_numpy(rng.integers(0, 2**40, batch, dtype=np.int64)),
         "out_tokens": torch.full((batch, depth + 1), SENTINEL, dtype=torch.int64),
