@@ -13,9 +13,10 @@ by ``bits``, so a bonus token is exactly what ``gumbel_sample`` gives at that po
 
 Semantics, mirrored by ``reference.rejection``:
 * temperature not > 0: greedy. Accept while the draft equals the target argmax, then emit it.
-* probabilities are softmax of ``logits / temp`` (float32 IEEE division) with NaN and -inf
-  clamped to -FLT_MAX and +inf to FLT_MAX: +inf entries share all mass, and a row of
-  NaN/-inf is uniform. q is one-hot on the draft when no draft logits are given.
+* probabilities are softmax of ``logits / temp`` (float32 IEEE division) clamped to
+  [-2^126, 2^126], NaN to -2^126: +inf entries share all mass, and a row of NaN/-inf is
+  uniform (2^126 keeps differences of clamped scores finite in float32). q is one-hot on
+  the draft when no draft logits are given.
 * accept draft x iff ``0 <= x < V`` and ``p(x) >= u * q(x)``; resample from ``max(p - q, 0)``
   (with one-hot q: the target distribution without x) by Gumbel-max.
 * NaN scores never win an argmax; ties go to the lowest token; all -inf gives token 0.
@@ -30,21 +31,21 @@ from triton.language.random import uint_to_uniform_float
 from kernels import runtime, validate  # noqa: F401  (runtime first: it picks compiled vs interpreted)
 from kernels.sampling import final_best, gumbel_noise, gumbel_scores, running_best
 
-FLT_MAX = 3.4028234663852886e38
+CLAMP = 2.0**126
 
 
 @triton.jit
 def _clamped(logits, temp):
-    """``logits / temp`` with NaN and -inf at -FLT_MAX and +inf at FLT_MAX (finite softmax inputs)."""
+    """``logits / temp`` clamped to [-CLAMP, CLAMP], NaN to -CLAMP: finite softmax inputs."""
     s = tl.math.div_rn(logits, temp)
-    s = tl.where(s == s, s, -FLT_MAX)
-    return tl.where(s > FLT_MAX, FLT_MAX, tl.where(s < -FLT_MAX, -FLT_MAX, s))
+    s = tl.where(s == s, s, -CLAMP)
+    return tl.where(s > CLAMP, CLAMP, tl.where(s < -CLAMP, -CLAMP, s))
 
 
 @triton.jit
 def _softmax_stats(row_ptr, temp, vocab, BLOCK_V: tl.constexpr):
     """Max and sum of exp of the clamped scaled row, online per lane, then combined."""
-    lane_max = tl.full((BLOCK_V,), -FLT_MAX, tl.float32)
+    lane_max = tl.full((BLOCK_V,), -CLAMP, tl.float32)
     lane_sum = tl.zeros((BLOCK_V,), tl.float32)
     for v0 in range(0, vocab, BLOCK_V):
         tokens = v0 + tl.arange(0, BLOCK_V)

@@ -10,7 +10,7 @@ import torch
 from reference import philox
 from reference.sampling import EPS, Decided, argmax_decided, gumbel_noise, noise_tolerance, sample_row, scaled
 
-FLT_MAX = 3.4028234663852886e38
+CLAMP = 2.0**126  # as kernels.rejection: a quarter of the float32 range
 # float32 softmax error bound: relative (sum over many tiles, approximate exp on GPUs) plus the
 # exponent's rounding, which grows with the distance from the row max; absolute below 2^-100.
 SOFTMAX_REL = 2.0**-14
@@ -20,7 +20,7 @@ LOG_ABS = 2.0**-20  # approximate float32 log on GPUs
 
 def softmax(logits: torch.Tensor, temp: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Probabilities of the clamped scaled row (float64) and their float32 error bound."""
-    c = scaled(logits, temp).nan_to_num(nan=-FLT_MAX, posinf=FLT_MAX, neginf=-FLT_MAX)
+    c = scaled(logits, temp).nan_to_num(nan=-CLAMP).clamp(-CLAMP, CLAMP)
     shifted = c - c.max()
     e = torch.exp(shifted)
     p = e / e.sum()
