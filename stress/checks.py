@@ -145,7 +145,7 @@ REJECTION_CHECKS = (
             _RESAMPLE_FROM_TARGET,
             Mutant("seed-by-row", "the Philox seed is read by batch row instead of request slot",
                    (Patch(_VERIFY, "tl.load(seeds_ptr + slot,", "tl.load(seeds_ptr + b,"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("probabilistic",)),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),
         ),
     ),
     Check(
