@@ -31,7 +31,7 @@ from triton.language.random import uint_to_uniform_float
 from kernels import runtime, validate  # noqa: F401  (runtime first: it picks compiled vs interpreted)
 from kernels.sampling import final_best, gumbel_noise, gumbel_scores, running_best
 
-CLAMP = 2.0**126
+CLAMP = tl.constexpr(2.0**126)  # a global a kernel reads must be constexpr on the GPU
 
 
 @triton.jit
