@@ -11,9 +11,12 @@ from reference import philox
 from reference.sampling import EPS, Decided, argmax_decided, gumbel_noise, noise_tolerance, sample_row, scaled
 
 CLAMP = 2.0**126  # as kernels.rejection: a quarter of the float32 range
-# float32 softmax error bound: relative (sum over many tiles, approximate exp on GPUs) plus the
-# exponent's rounding, which grows with the distance from the row max; absolute below 2^-100.
+# float32 softmax error bound, relative: a floor (approximate exp and log on GPUs, the lane
+# combine), a term per vocab entry for the sequential sums and max rescales over V/128 tiles
+# (128 is the smallest GPU tile the sweeps use), and the exponent's rounding, which grows with
+# the distance from the row max. Absolute below 2^-100 (underflow, flushed denormals).
 SOFTMAX_REL = 2.0**-14
+SOFTMAX_REL_PER_TOKEN = 2.0**-28
 SOFTMAX_ABS = 2.0**-100
 LOG_ABS = 2.0**-20  # approximate float32 log on GPUs
 
@@ -24,15 +27,16 @@ def softmax(logits: torch.Tensor, temp: float) -> tuple[torch.Tensor, torch.Tens
     shifted = c - c.max()
     e = torch.exp(shifted)
     p = e / e.sum()
-    return p, p * (SOFTMAX_REL + 2.0**-22 * shifted.abs().clamp(max=104)) + SOFTMAX_ABS
+    rel = SOFTMAX_REL + SOFTMAX_REL_PER_TOKEN * c.numel() + 2.0**-22 * shifted.abs().clamp(max=104)
+    return p, p * rel + SOFTMAX_ABS
 
 
-def _log_bound(r: torch.Tensor) -> torch.Tensor:
+def _log_or_neg_inf(r: torch.Tensor) -> torch.Tensor:
     return torch.where(r > 0, torch.log(r.clamp(min=1e-300)), torch.tensor(float("-inf"), dtype=r.dtype))
 
 
-def resample(logits, temp, bits, draft: int, q: tuple | None) -> tuple[int, bool]:
-    """Gumbel-max keyed by ``bits`` over the residual ``max(p - q, 0)`` (one-hot q when None)."""
+def resample(logits, temp, bits, draft: int, q: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[int, bool]:
+    """Gumbel-max keyed by ``bits`` over the residual ``max(p - q, 0)``; q is (probs, bound), one-hot when None."""
     noise = gumbel_noise(bits, logits.numel())
     if q is None:
         values = scaled(logits, temp)
@@ -44,9 +48,11 @@ def resample(logits, temp, bits, draft: int, q: tuple | None) -> tuple[int, bool
     (p, p_tol), (q_p, q_tol) = softmax(logits, temp), q
     r = p - q_p
     r_tol = p_tol + q_tol + EPS * (p + q_p)
-    w = _log_bound(r)
+    w = _log_or_neg_inf(r)
     g_tol = EPS * (torch.where(torch.isfinite(w), w.abs(), 0) + noise.abs()) + LOG_ABS
-    return argmax_decided(w + noise, _log_bound(r - r_tol) + noise - g_tol, _log_bound(r + r_tol) + noise + g_tol)
+    lo = _log_or_neg_inf(r - r_tol) + noise - g_tol
+    hi = _log_or_neg_inf(r + r_tol) + noise + g_tol
+    return argmax_decided(w + noise, lo, hi)
 
 
 def verify_request(target, drafts, temp, seed, pos, draft_logits=None) -> tuple[list[int], bool]:

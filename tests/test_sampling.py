@@ -52,8 +52,8 @@ def test_sampled_rows_follow_the_noise_key():
 
 
 def test_drafting_uses_a_separate_noise_stream():
-    logits = torch.zeros(16, 1000)
-    slots, temps, pos = list(range(16)), [1.0] * 16, list(range(100, 116))
+    logits = torch.zeros(8, 200)
+    slots, temps, pos = list(range(8)), [1.0] * 8, list(range(100, 108))
     verify = _sample(logits, slots, temps, positions=pos)
     draft = _sample(logits, slots, temps, positions=pos, draft=True)
     assert draft != verify
