@@ -80,8 +80,9 @@ def _gumbel_argmax(row_ptr, draft_row_ptr, temp, gumbel_seed, excluded, p_max, p
         in_vocab = tokens < vocab
         logits = tl.load(row_ptr + tokens, mask=in_vocab, other=float("-inf"))
         if RESIDUAL:
+            draft_logits = tl.load(draft_row_ptr + tokens, mask=in_vocab, other=float("-inf"))
             p = tl.exp(_clamped(logits, temp) - p_max) / p_sum
-            q = tl.exp(_clamped(tl.load(draft_row_ptr + tokens, mask=in_vocab, other=0.0), temp) - q_max) / q_sum
+            q = tl.exp(_clamped(draft_logits, temp) - q_max) / q_sum
             keep = in_vocab & (p > q)
             scores = tl.where(keep, tl.log(tl.where(keep, p - q, 1.0)), float("-inf")) + gumbel_noise(gumbel_seed,
                                                                                                       tokens)

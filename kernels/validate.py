@@ -13,7 +13,8 @@ def tensor(name: str, t, *, dtype=None, ndim=None, device=None, min_numel=0, uni
         allowed = dtype if isinstance(dtype, tuple) else (dtype,)
         if t.dtype not in allowed:
             want = " or ".join(str(d).removeprefix("torch.") for d in allowed)
-            raise ValueError(f"{name}: dtype {str(t.dtype).removeprefix('torch.')}, expected {want}; convert with .to({allowed[0]})")
+            got = str(t.dtype).removeprefix("torch.")
+            raise ValueError(f"{name}: dtype {got}, expected {want}; convert with .to({allowed[0]})")
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim}-D, got shape {tuple(t.shape)}")
     if device is not None and t.device != device:
@@ -33,7 +34,8 @@ def same_device(**tensors) -> torch.device:
     first = next(iter(devices.values()))
     for name, dev in devices.items():
         if dev != first:
-            raise ValueError(f"{name}: on {dev}, but {next(iter(devices))} is on {first}; put all tensors on one device")
+            raise ValueError(f"{name}: on {dev}, but {next(iter(devices))} is on {first}; "
+                             "put all tensors on one device")
     return first
 
 

@@ -10,11 +10,12 @@ import signal
 import time
 import traceback
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict
 from multiprocessing import get_context
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
