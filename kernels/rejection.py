@@ -18,7 +18,8 @@ Semantics, mirrored by ``reference.rejection``:
   uniform (2^126 keeps differences of clamped scores finite in float32). q is one-hot on
   the draft when no draft logits are given.
 * accept draft x iff ``0 <= x < V`` and ``p(x) >= u * q(x)``; resample from ``max(p - q, 0)``
-  (with one-hot q: the target distribution without x) by Gumbel-max.
+  (with one-hot q: the target distribution without x) by Gumbel-max. A placeholder is
+  rejected like any other draft and resampled the same way.
 * NaN scores never win an argmax; ties go to the lowest token; all -inf gives token 0.
 * an inert row (slot -1) writes -1 tokens and zero counts.
 """

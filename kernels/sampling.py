@@ -99,7 +99,8 @@ def gumbel_sample(logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: 
     temperature [S] float32 and seeds [S] int64 (by slot); positions [R] int64 (the noise key
     of each row: the position of the predicted token). ``draft`` adds ``DRAFT_NOISE_SALT`` to
     every position. logits_cache [S, K, V] float32 with cache_cols [R] int32: live row r
-    stores its logits, unscaled, at ``logits_cache[idx_mapping[r], cache_cols[r]]``.
+    stores its logits, unscaled, at ``logits_cache[idx_mapping[r], cache_cols[r]]`` (live rows
+    must name distinct (slot, column) pairs; that is not checked, it lives on the device).
     ``block_v`` (vocab tile) and ``num_warps`` are launch knobs for sweeps (powers of two).
     """
     validate.tensor("logits", logits, dtype=torch.float32, ndim=2)
