@@ -2,13 +2,21 @@
 
 import kernels.block_table
 import kernels.draft_inputs
+import kernels.rejection
+import kernels.sampling
 import kernels.spec.slots
 import reference.block_table
 import reference.draft_inputs
+import reference.rejection
+import reference.sampling
 import reference.spec.slots
 import stress.schedule
+from stress import distribution
+from stress.compare import exact_unless_near_tie
 from stress.families import block_table as bt_families
 from stress.families import draft_inputs as di_families
+from stress.families import rejection as rejection_families
+from stress.families import sampling as sampling_families
 from stress.families import slots as slot_families
 from stress.types import RETURN, Check, Mutant, Patch
 
@@ -130,6 +138,36 @@ DRAFT_INPUT_CHECKS = (
     ),
 )
 
+_SAMPLING = "kernels.sampling:_gumbel_sample_kernel"
+
+SAMPLING_CHECKS = (
+    Check(
+        name="sampling.gumbel",
+        kernel=kernels.sampling.gumbel_sample,
+        reference=reference.sampling.gumbel_sample,
+        families=sampling_families.FAMILIES,
+        outputs=(RETURN, "logits_cache"),
+        compare=exact_unless_near_tie,
+        sweep=sampling_families.sampling_sweep,
+        mutants=(
+            Mutant("padded-rows-slot-0", "spec fix 3: padded rows map to slot 0 and write its cached logits",
+                   (Patch(_SAMPLING, "slot = tl.load(idx_mapping_ptr + row)",
+                          "slot = tl.maximum(tl.load(idx_mapping_ptr + row), 0)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",)),
+            Mutant("draft-noise-unsalted", "spec 2.4: drafting reuses the verifier's noise stream (no +2^30)",
+                   (Patch(_SAMPLING, "tl.load(positions_ptr + row) + pos_salt", "tl.load(positions_ptr + row)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),
+            Mutant("cache-after-temperature", "the logits cache stores scaled logits instead of the raw ones",
+                   (Patch(_SAMPLING, "tl.store(cache_row_ptr + tokens, logits,",
+                          "tl.store(cache_row_ptr + tokens, logits / tl.where(temp > 0, temp, 1.0),"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),
+            Mutant("temperature-by-row", "temperature read by batch row instead of request slot",
+                   (Patch(_SAMPLING, "tl.load(temperature_ptr + slot,", "tl.load(temperature_ptr + row,"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),
+        ),
+    ),
+)
+
 _SLOTS = "kernels.spec.slots:RequestSlots"
 
 SLOT_CHECKS = (
@@ -150,7 +188,53 @@ SLOT_CHECKS = (
     ),
 )
 
-REGISTRY: tuple[Check, ...] = BLOCK_TABLE_CHECKS + DRAFT_INPUT_CHECKS + SLOT_CHECKS
+
+_VERIFY = "kernels.rejection:_verify_kernel"
+_ACCEPT_IGNORES_U = Mutant(
+    "accept-ignores-u", "accepts iff p(x) >= q(x): the uniform is dropped from the accept test",
+    (Patch(_VERIFY, "(p_x >= uint_to_uniform_float(bits) * q_x)", "(p_x >= q_x)"),),
+    oracles={"cpu": "divergence", "cuda": "divergence"})
+_RESAMPLE_FROM_TARGET = Mutant(
+    "resample-from-target", "resamples from p (rejected draft included) instead of the residual max(p - q, 0)",
+    (Patch(_VERIFY, "bits, draft, p_max, p_sum, q_max, q_sum, vocab,\n                                       "
+                    "HAS_DRAFT_LOGITS, BLOCK_V)",
+           "bits, -1, p_max, p_sum, q_max, q_sum, vocab,\n                                       False, BLOCK_V)"),),
+    oracles={"cpu": "divergence", "cuda": "divergence"})
+
+REJECTION_CHECKS = (
+    Check(
+        name="rejection.verify",
+        kernel=kernels.rejection.verify,
+        reference=reference.rejection.verify,
+        families=rejection_families.FAMILIES,
+        outputs=("out_tokens", "num_sampled", "num_rejected"),
+        compare=exact_unless_near_tie,
+        sweep=rejection_families.verify_sweep,
+        mutants=(
+            Mutant("placeholder-accepted", "a -1 draft is tested like a token (as token 0) instead of rejected",
+                   (Patch(_VERIFY, "accepted = valid & (p_x", "accepted = (p_x"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",)),
+            _ACCEPT_IGNORES_U,
+            _RESAMPLE_FROM_TARGET,
+            Mutant("seed-by-row", "the Philox seed is read by batch row instead of request slot",
+                   (Patch(_VERIFY, "tl.load(seeds_ptr + slot,", "tl.load(seeds_ptr + b,"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),
+        ),
+    ),
+    Check(
+        name="rejection.distribution",
+        kernel=distribution.verify_trials,
+        reference=distribution.expected_distribution,
+        families=rejection_families.DISTRIBUTION_FAMILIES,
+        outputs=(RETURN,),
+        compare=distribution.judge,
+        sweep=rejection_families.verify_sweep,
+        mutants=(_ACCEPT_IGNORES_U, _RESAMPLE_FROM_TARGET),
+    ),
+)
+
+REGISTRY: tuple[Check, ...] = (BLOCK_TABLE_CHECKS + DRAFT_INPUT_CHECKS + SLOT_CHECKS + SAMPLING_CHECKS
+                                 + REJECTION_CHECKS)
 BY_NAME = {check.name: check for check in REGISTRY}
 
 

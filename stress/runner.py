@@ -75,6 +75,7 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
     compare_fn = check.compare or compare.exact
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     tensors = {k: v for k, v in case.inputs.items() if isinstance(v, torch.Tensor)}
+    notes = []  # what a comparator tolerated (and says so) in a passing case
     for repeat in range(check.repeats.get(device, 1)):
         placed = {k: guards.place(k, v, dev) for k, v in tensors.items()}
         args = {**copy.deepcopy({k: v for k, v in case.inputs.items() if k not in placed}),
@@ -92,7 +93,9 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
         for name in check.outputs:
             got = returned if name == RETURN else placed[name].view
             found = compare_fn(name, expected[name], got)
-            if found is not None:
+            if isinstance(found, compare.Tolerated):
+                notes += [tag + line for line in found.lines()]
+            elif found is not None:
                 source = tensors.get(check.provenance.get(name, ""))
                 lines += found.lines(source)
         for name, original in tensors.items():
@@ -100,7 +103,7 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
                 lines += found.lines()
         if lines:
             return "fail:divergence", [tag + line for line in lines]
-    return PASS, []
+    return PASS, notes
 
 
 def trace_case(check: Check, case: Case, seed: int, permute: str = "auto"):

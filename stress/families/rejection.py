@@ -1,0 +1,155 @@
+"""Case families for verification (greedy / one-hot q / draft logits, placeholders, padding,
+nonfinite, long vocab, ties, depth 0), and the statistical family: many trials of one request."""
+
+import numpy as np
+import torch
+
+from stress.families.common import SENTINEL, big, pick, slots_for
+from stress.families.sampling import random_logits, seeds, temperatures
+from stress.types import Case
+
+
+def verify_sweep(device: str) -> list[dict]:
+    if device == "cuda":
+        return [{"block_v": b, "num_warps": w} for b in (128, 1024, 4096) for w in (1, 4, 8)]
+    return [{}, {"block_v": 32}]
+
+
+def _drafts(rng, target: torch.Tensor, placeholder_share: float) -> torch.Tensor:
+    """Drafts a drafter might propose: a Gumbel-perturbed target argmax (often accepted), some -1."""
+    rows = target[:, :-1].to(torch.float64).nan_to_num(nan=-1e30, posinf=1e30, neginf=-1e30)
+    noise = torch.from_numpy(rng.gumbel(size=tuple(rows.shape)) * rng.uniform(0, 2))
+    drafts = (rows + noise).argmax(-1)
+    drafts[torch.from_numpy(rng.random(tuple(drafts.shape)) < placeholder_share)] = -1
+    return drafts
+
+
+def _case(rng, *, batch, depth, vocab, greedy_share=0.3, draft_logits=False, inert_share=0.0, pad_out=0,
+          target=None, placeholder_share=0.05, note="") -> Case:
+    idx_mapping, num_slots = slots_for(rng, batch, int(rng.integers(1, 4)))
+    idx_mapping[torch.from_numpy(rng.random(batch) < inert_share)] = -1
+    target = random_logits(rng, (batch, depth + 1, vocab)) if target is None else target
+    cached = None
+    if draft_logits:
+        # The drafter's logits: near the target's (frequent accepts, residuals of both signs).
+        cached = random_logits(rng, (num_slots, depth, vocab))
+        live = idx_mapping >= 0
+        cached[idx_mapping[live].long()] = target[live, :depth] + random_logits(rng, (int(live.sum()), depth, vocab),
+                                                                                rng.uniform(0, 1.5))
+    rows = batch + pad_out
+    return Case(inputs={
+        "target_logits": target, "draft_tokens": _drafts(rng, target, placeholder_share),
+        "idx_mapping": idx_mapping, "temperature": temperatures(rng, num_slots, greedy_share),
+        "seeds": seeds(rng, num_slots), "positions": torch.from_numpy(rng.integers(0, 2**33, batch, dtype=np.int64)),
+        "out_tokens": torch.full((rows, depth + 1), SENTINEL, dtype=torch.int64),
+        "num_sampled": torch.full((rows,), SENTINEL, dtype=torch.int32),
+        "num_rejected": torch.full((rows,), SENTINEL, dtype=torch.int32),
+        "draft_logits": cached,
+    }, note=note)
+
+
+def _size(rng, device, vocab_cpu=48):
+    """(batch, depth, vocab): small under the interpreter."""
+    if big(device):
+        return int(rng.integers(1, 17)), int(rng.integers(1, 8)), int(rng.integers(2, 4096))
+    return 1, int(rng.integers(1, 3)), int(rng.integers(2, vocab_cpu))
+
+
+def mixed(rng, device, launch):
+    """Greedy, one-hot q (accept with p(x), resample without x) or draft logits from the cache
+    (accept with p/q, resample from max(p - q, 0)), one mode per case."""
+    b, k, v = _size(rng, device)
+    mode = pick(rng, ("greedy", "one-hot q", "draft logits"))
+    return _case(rng, batch=b, depth=k, vocab=v, greedy_share=1.0 if mode == "greedy" else 0.1,
+                 draft_logits=mode == "draft logits", note=mode)
+
+
+def placeholders(rng, device, launch):
+    """-1 drafts (always rejected) in greedy and probabilistic requests."""
+    b, k, v = _size(rng, device)
+    return _case(rng, batch=b, depth=k, vocab=v, greedy_share=0.4, draft_logits=bool(rng.integers(2)),
+                 placeholder_share=0.5, note="placeholders")
+
+
+def padded(rng, device, launch):
+    """Inert requests (slot -1) and output rows past the batch that must keep their sentinels."""
+    b, k, v = _size(rng, device)
+    return _case(rng, batch=b + 1, depth=k, vocab=v, inert_share=0.5, pad_out=int(rng.integers(1, 4)),
+                 note="inert and padded rows")
+
+
+def zero_width(rng, device, launch):
+    """No requests, or depth 0 (only the bonus row)."""
+    if rng.integers(2):
+        return _case(rng, batch=0, depth=int(rng.integers(0, 3)), vocab=8, pad_out=2, note="no requests")
+    b, _, v = _size(rng, device)
+    return _case(rng, batch=b, depth=0, vocab=v, note="depth 0")
+
+
+def nonfinite(rng, device, launch):
+    """NaN and +-inf target and draft logits: every emitted token must be in range."""
+    b, k, v = _size(rng, device, vocab_cpu=24)
+    target = random_logits(rng, (b, k + 1, v))
+    for value in (float("nan"), float("inf"), float("-inf")):
+        target[torch.from_numpy(rng.random(tuple(target.shape)) < 0.1)] = value
+    target[int(rng.integers(b)), int(rng.integers(k + 1))] = pick(rng, (float("-inf"), float("nan"), float("inf")))
+    case = _case(rng, batch=b, depth=k, vocab=v, target=target, draft_logits=bool(rng.integers(2)), note="nonfinite")
+    if case.inputs["draft_logits"] is not None:
+        case.inputs["draft_logits"][torch.from_numpy(rng.random(tuple(case.inputs["draft_logits"].shape)) < 0.1)] = \
+            pick(rng, (float("nan"), float("inf"), float("-inf")))
+    return case
+
+
+def long_vocab(rng, device, launch):
+    """Vocabularies of many tiles (128k on the GPU)."""
+    vocab = pick(rng, (32000, 128256, 131072) if big(device) else (100, 200))
+    return _case(rng, batch=int(rng.integers(1, 5 if big(device) else 2)),
+                 depth=int(rng.integers(1, 3 if big(device) else 2)), vocab=vocab,
+                 draft_logits=bool(rng.integers(2)), note=f"vocab {vocab}")
+
+
+def ties(rng, device, launch):
+    """Logits on a few levels: greedy argmax ties go to the lowest token."""
+    b, k, v = _size(rng, device)
+    target = torch.from_numpy(rng.integers(0, 3, (b, k + 1, v)).astype(np.float32))
+    return _case(rng, batch=b, depth=k, vocab=v, target=target, greedy_share=0.7, note="tied logits")
+
+
+FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
+            "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties}
+
+
+def target_distribution(rng, device, launch):
+    """Many trials of one request (see stress.distribution): greedy, one-hot q, or drawn drafts.
+
+    Under the interpreter a sampled trial costs ~90 ms, so CPU cases are a smoke version: 9 in 10
+    greedy (4 trials), else one-hot q with two equally likely tokens, one draft step and 16
+    trials (8 expected per bin; an accept test that ignores u empties the draft's bin:
+    chi-square 16 > 15.1). Drawn drafts (a second kernel per trial) run on the GPU only; on the
+    CPU the draft-logits path is covered exactly by rejection.verify.
+    """
+    mode = pick(rng, ("greedy", "one_hot", "draft_logits") if big(device) else ("greedy",) * 9 + ("one_hot",))
+    if big(device):
+        trials, depth, vocab = 20000, int(rng.integers(1, 4)), int(rng.integers(2, 64))
+        target = random_logits(rng, (depth + 1, vocab), rng.uniform(0.5, 2.0))
+        temperature = float(pick(rng, (0.6, 1.0)))
+    else:
+        trials, depth, vocab = 4 if mode == "greedy" else 16, 1, 2
+        target = torch.zeros(depth + 1, vocab)
+        target[:, int(rng.integers(2))] = float(mode == "greedy")  # greedy needs an argmax to check
+        temperature = 1.0
+    if mode == "greedy":
+        temperature = 0.0
+    top = target.argmax(-1)[:depth]
+    drafts = torch.where(torch.from_numpy(rng.random(depth) < 0.8), top,
+                         torch.from_numpy(rng.integers(0, vocab, depth)))
+    draft_logits = None
+    if mode == "draft_logits":
+        draft_logits = target[:depth] + random_logits(rng, (depth, vocab), 0.7)
+    return Case(inputs={"target_logits": target, "draft_tokens": drafts, "draft_logits": draft_logits,
+                        "temperature": temperature, "seeds": seeds(rng, trials),
+                        "positions": torch.from_numpy(rng.integers(0, 2**33, trials, dtype=np.int64))},
+                note=f"{mode}, {trials} trials, k={depth}, V={vocab}")
+
+
+DISTRIBUTION_FAMILIES = {"target_distribution": target_distribution}

@@ -1,0 +1,154 @@
+"""kernels.rejection.verify: hand-worked cases, then kernel == reference on random inputs."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kernels import runtime
+from kernels.rejection import verify
+from kernels.sampling import gumbel_sample
+from reference import rejection as ref
+from stress.compare import Tolerated, exact_unless_near_tie
+
+NAN, INF = float("nan"), float("inf")
+SENTINEL = -7777
+
+
+def _verify(target, drafts, temps, slots=None, seeds=None, positions=None, pad=0, draft_logits=None, **knobs):
+    """Run the kernel on small literal inputs; returns (tokens, num_sampled, num_rejected) as lists."""
+    target = torch.as_tensor(target, dtype=torch.float32)
+    batch, rows = target.shape[0], target.shape[1]
+    num_slots = len(temps)
+    inputs = {
+        "target_logits": target, "draft_tokens": torch.as_tensor(drafts, dtype=torch.int64).reshape(batch, rows - 1),
+        "idx_mapping": torch.tensor(slots if slots is not None else list(range(batch)), dtype=torch.int32),
+        "temperature": torch.tensor(temps, dtype=torch.float32),
+        "seeds": torch.tensor(seeds if seeds is not None else [11] * num_slots, dtype=torch.int64),
+        "positions": torch.tensor(positions if positions is not None else [5] * batch, dtype=torch.int64),
+        "out_tokens": torch.full((batch + pad, rows), SENTINEL, dtype=torch.int64),
+        "num_sampled": torch.full((batch + pad,), SENTINEL, dtype=torch.int32),
+        "num_rejected": torch.full((batch + pad,), SENTINEL, dtype=torch.int32),
+        "draft_logits": None if draft_logits is None else torch.as_tensor(draft_logits, dtype=torch.float32),
+    }
+    dev = runtime.device()
+    args = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    verify(**args, **knobs)
+    return [args[k].cpu().tolist() for k in ("out_tokens", "num_sampled", "num_rejected")]
+
+
+def _spikes(*tokens, vocab=6, height=50.0):
+    rows = torch.zeros(len(tokens), vocab)
+    for i, t in enumerate(tokens):
+        rows[i, t] = height
+    return rows
+
+
+def test_greedy_accepts_while_draft_is_argmax():
+    target = _spikes(2, 4, 1)[None]
+    assert _verify(target, [[2, 3]], temps=[0.0]) == [[[2, 4, -1]], [2], [1]]
+    assert _verify(target, [[2, 4]], temps=[0.0]) == [[[2, 4, 1]], [3], [0]]
+    assert _verify(target, [[5, 4]], temps=[0.0]) == [[[2, -1, -1]], [1], [2]]
+
+
+def test_placeholder_draft_token_rejected():
+    """-1 never matches in greedy mode and never passes the accept test when sampling."""
+    target = _spikes(0, 3)[None]
+    assert _verify(target, [[-1]], temps=[0.0]) == [[[0, -1]], [1], [1]]
+    tokens, sampled, _ = _verify(torch.zeros(1, 2, 6), [[-1]], temps=[1.0])
+    assert sampled == [1] and 0 <= tokens[0][0] < 6 and tokens[0][1] == -1
+
+
+def test_probabilistic_accepts_a_certain_draft_and_emits_the_bonus():
+    target = _spikes(3, 1, 4, height=200.0)[None]
+    assert _verify(target, [[3, 1]], temps=[1.0]) == [[[3, 1, 4]], [3], [0]]
+
+
+def test_one_hot_resample_never_emits_the_rejected_draft():
+    """Draft 0 has probability ~e^-20: rejected, and the resample excludes it."""
+    target = torch.zeros(1, 2, 4)
+    target[0, :, 0] = -20.0
+    for seed in range(6):
+        tokens, sampled, _ = _verify(target, [[0]], temps=[1.0], seeds=[seed])
+        assert sampled == [1] and tokens[0][0] in (1, 2, 3)
+
+
+def test_bonus_is_the_gumbel_sample_at_the_same_key():
+    """Depth 0: the bonus token of a request equals gumbel_sample on that row and position."""
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(2))
+    temps, seeds, positions = [1.0, 0.7, 0.0], [3, -9, 4], [10, 2**35, 7]
+    tokens, _, _ = _verify(logits[:, None], torch.zeros(3, 0), temps=temps, seeds=seeds, positions=positions)
+    dev = runtime.device()
+    sampled = gumbel_sample(logits.to(dev), torch.arange(3, dtype=torch.int32, device=dev),
+                            torch.tensor(temps, device=dev), torch.tensor(seeds, device=dev),
+                            torch.tensor(positions, device=dev))
+    assert [t[0] for t in tokens] == sampled.cpu().tolist()
+
+
+def test_inert_and_padded_rows():
+    target = _spikes(1, 2)[None].repeat(2, 1, 1)
+    assert _verify(target, [[1], [1]], temps=[0.0], slots=[0, -1], pad=2) == [
+        [[1, 2], [-1, -1], [SENTINEL] * 2, [SENTINEL] * 2], [2, 0, SENTINEL, SENTINEL], [0, 0, SENTINEL, SENTINEL]]
+
+
+def test_nonfinite_rows_give_in_range_tokens():
+    target = torch.tensor([[[NAN] * 5, [-INF] * 5, [1, INF, NAN, INF, 0]]])
+    for temp in (0.0, 1.0):
+        for draft_logits in (None, torch.full((1, 2, 5), NAN)):
+            tokens, sampled, _ = _verify(target, [[0, 0]], temps=[temp], draft_logits=draft_logits)
+            emitted = tokens[0][:sampled[0]]
+            assert emitted and all(0 <= t < 5 for t in emitted)
+
+
+def test_no_requests():
+    assert _verify(torch.zeros(0, 3, 4), torch.zeros(0, 2), temps=[1.0], pad=1) == [
+        [[SENTINEL] * 3], [SENTINEL], [SENTINEL]]
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"target_logits": torch.zeros(2, 3, 4, dtype=torch.float16)}, "target_logits: dtype"),
+    ({"draft_tokens": torch.zeros(2, 3, dtype=torch.int64)}, "draft_tokens: shape"),
+    ({"idx_mapping": torch.zeros(3, dtype=torch.int32)}, "idx_mapping: 3 entries"),
+    ({"out_tokens": torch.zeros(2, 2, dtype=torch.int64)}, "out_tokens: shape"),
+    ({"num_sampled": torch.zeros(1, dtype=torch.int32)}, "num_sampled: 1 entries"),
+    ({"draft_logits": torch.zeros(2, 1, 4)}, "draft_logits: shape"),
+])
+def test_launcher_names_the_bad_argument(change, message):
+    args = {"target_logits": torch.zeros(2, 3, 4), "draft_tokens": torch.zeros(2, 2, dtype=torch.int64),
+            "idx_mapping": torch.zeros(2, dtype=torch.int32), "temperature": torch.ones(2),
+            "seeds": torch.zeros(2, dtype=torch.int64), "positions": torch.zeros(2, dtype=torch.int64),
+            "out_tokens": torch.zeros(2, 3, dtype=torch.int64), "num_sampled": torch.zeros(2, dtype=torch.int32),
+            "num_rejected": torch.zeros(2, dtype=torch.int32), **change}
+    dev = runtime.device()
+    with pytest.raises(ValueError, match=message):
+        verify(**{k: v.to(dev) for k, v in args.items()})
+
+
+@given(seed=st.integers(0, 2**32 - 1), depth=st.integers(0, 2), vocab=st.integers(1, 24),
+       with_draft_logits=st.booleans(), block_v=st.sampled_from([None, 8]))
+def test_kernel_matches_reference(seed, depth, vocab, with_draft_logits, block_v):
+    rng = np.random.default_rng(seed)
+    batch, num_slots = 2, 3
+    target = torch.from_numpy((rng.standard_normal((batch, depth + 1, vocab)) * 2).astype(np.float32))
+    slots = torch.from_numpy(rng.permutation(num_slots)[:batch].astype(np.int32))
+    inputs = {
+        "target_logits": target,
+        "draft_tokens": torch.from_numpy(rng.integers(-1, vocab, (batch, depth))),
+        "idx_mapping": slots,
+        "temperature": torch.from_numpy(rng.choice([0.0, 0.8, 1.5], num_slots).astype(np.float32)),
+        "seeds": torch.from_numpy(rng.integers(-(2**63), 2**63 - 1, num_slots, dtype=np.int64)),
+        "positions": torch.from_numpy(rng.integers(0, 2**40, batch, dtype=np.int64)),
+        "out_tokens": torch.full((batch, depth + 1), SENTINEL, dtype=torch.int64),
+        "num_sampled": torch.full((batch,), SENTINEL, dtype=torch.int32),
+        "num_rejected": torch.full((batch,), SENTINEL, dtype=torch.int32),
+        "draft_logits": torch.from_numpy((rng.standard_normal((num_slots, depth, vocab)) * 2).astype(np.float32))
+        if with_draft_logits else None,
+    }
+    expected = ref.verify(**inputs)
+    dev = runtime.device()
+    args = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    verify(**args, block_v=block_v)
+    for name, want in zip(("out_tokens", "num_sampled", "num_rejected"), expected, strict=True):
+        verdict = exact_unless_near_tie(name, want, args[name])
+        assert verdict is None or isinstance(verdict, Tolerated), verdict.lines()
