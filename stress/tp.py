@@ -28,6 +28,7 @@ CLEAN = "none"  # the scenario name of the production code
 NUM_DRAFT_TOKENS = 3
 BLOCK_SIZE = 4
 TABLE_WIDTH = 8
+SAMPLE_VOCAB = 97  # draft vocabulary of the sampled rows
 
 
 @dataclass
@@ -98,6 +99,7 @@ def _draft_inputs(state, step_index: int, seed: int, device: torch.device) -> di
     return out
 
 
+
 def step_payload(state, step_index: int, seed: int, device: torch.device) -> dict:
     """Every field the ranks must agree on after a step, by name (same names, same order on all ranks)."""
     payload = {
@@ -107,10 +109,23 @@ def step_payload(state, step_index: int, seed: int, device: torch.device) -> dic
         "seeds_set": torch.from_numpy(state.seeds_set),
         "num_cached_tokens": torch.from_numpy(state.num_cached_tokens),
     }
-    payload.update({f"draft_inputs.{name}": value for name, value in _draft_inputs(state, step_index, seed,
-                                                                                      device).items()})
-    # A sampling kernel adds one line here, e.g. payload["sampled"] = gumbel_sample(...).
+    prepared = _draft_inputs(state, step_index, seed, device)
+    payload.update({f"draft_inputs.{name}": value for name, value in prepared.items()})
+    payload["sampled"] = _draft_samples(state, prepared, step_index, seed, device)
     return payload
+
+
+def _draft_samples(state, prepared: dict, step_index: int, seed: int, device: torch.device) -> torch.Tensor:
+    """Gumbel-sample every draft sampling row (padded rows stay inert) with the slots' seeds."""
+    from kernels import sampling
+
+    rows = prepared["sample_idx_mapping"].numel()
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step_index)  # same logits on every rank
+    logits = torch.randn(rows, SAMPLE_VOCAB, generator=gen).to(device)
+    num_slots = state.seeds.size
+    temperature = torch.where(torch.arange(num_slots) % 2 == 0, 0.7, 0.0).to(torch.float32).to(device)
+    return sampling.gumbel_sample(logits, prepared["sample_idx_mapping"], temperature,
+                                  torch.from_numpy(state.seeds).to(device), prepared["sample_pos"], draft=True)
 
 
 def _find_mutant(name: str | None):
