@@ -55,7 +55,8 @@ def final_best(best_scores, best_tokens, vocab):
     return tl.min(tl.where(best_scores == top, best_tokens, vocab), 0)
 
 
-@triton.jit
+# Vocab-sized sizes and strides change from batch to batch: no variant per alignment.
+@triton.jit(do_not_specialize=["logits_stride", "cache_slot_stride", "cache_col_stride", "vocab"])
 def _gumbel_sample_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperature_ptr, seeds_ptr, positions_ptr,
                           cache_ptr, cache_slot_stride, cache_col_stride, cache_cols_ptr, out_ptr, vocab, pos_salt,
                           HAS_CACHE: tl.constexpr, BLOCK_V: tl.constexpr):

@@ -227,9 +227,13 @@ def _crash_result(task: Task, device: str) -> Result:
 
 
 def default_jobs(device: str) -> int:
+    """CPU: one worker per core. GPU: up to four workers per GPU, as cores allow; they share the
+    device (more concurrent launches) and split the CPU side: references and Triton compiles."""
+    cores = max(1, len(os.sched_getaffinity(0)))
     if device == "cuda":
-        return max(1, torch.cuda.device_count())
-    return max(1, len(os.sched_getaffinity(0)))
+        gpus = max(1, torch.cuda.device_count())
+        return gpus * max(1, min(4, cores // gpus))
+    return cores
 
 
 def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Result], None],
