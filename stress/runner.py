@@ -76,6 +76,7 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     tensors = {k: v for k, v in case.inputs.items() if isinstance(v, torch.Tensor)}
     notes = []  # what a comparator tolerated (and says so) in a passing case
+    unjudged = []  # outputs a comparator could not judge: the case is not_checked
     for repeat in range(check.repeats.get(device, 1)):
         placed = {k: guards.place(k, v, dev) for k, v in tensors.items()}
         args = {**copy.deepcopy({k: v for k, v in case.inputs.items() if k not in placed}),
@@ -93,7 +94,9 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
         for name in check.outputs:
             got = returned if name == RETURN else placed[name].view
             found = compare_fn(name, expected[name], got)
-            if isinstance(found, compare.Tolerated):
+            if isinstance(found, compare.Unjudged):
+                unjudged += [tag + line for line in found.lines()]
+            elif isinstance(found, compare.Tolerated):
                 notes += [tag + line for line in found.lines()]
             elif found is not None:
                 source = tensors.get(check.provenance.get(name, ""))
@@ -103,6 +106,8 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
                 lines += found.lines()
         if lines:
             return "fail:divergence", [tag + line for line in lines]
+    if unjudged:
+        return "not_checked:near ties", unjudged + notes
     return PASS, notes
 
 

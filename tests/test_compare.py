@@ -1,9 +1,9 @@
-"""stress.compare.exact_unless_near_tie: near-tie rows are counted, not judged, and must stay rare."""
+"""stress.compare.exact_unless_near_tie: near-tie rows are counted, not judged; too many leave a case unjudged."""
 
 import torch
 
 from reference.sampling import Decided
-from stress.compare import Divergence, Tolerated, exact_unless_near_tie
+from stress.compare import Divergence, Tolerated, Unjudged, exact_unless_near_tie
 
 
 def _decided(values, near_tie):
@@ -28,7 +28,28 @@ def test_other_rows_are_still_exact():
     assert isinstance(found, Divergence) and found.total == 1
 
 
-def test_a_flood_of_near_ties_is_a_divergence():
+def test_a_flood_of_near_ties_leaves_the_output_unjudged():
+    """The flags come from the inputs, not the kernel: too many means not_checked, never a pass."""
     expected = _decided(list(range(10)), [True] * 3 + [False] * 7)
     found = exact_unless_near_tie("tokens", expected, torch.arange(10))
-    assert isinstance(found, Divergence) and "near ties" in found.problem
+    assert isinstance(found, Unjudged) and "3 of 10 rows are near ties" in found.lines()[0]
+
+
+def test_a_flood_does_not_hide_a_wrong_judged_row():
+    expected = _decided(list(range(10)), [True] * 3 + [False] * 7)
+    found = exact_unless_near_tie("tokens", expected, torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 0]))
+    assert isinstance(found, Divergence) and found.total == 1
+
+
+def test_runner_reports_an_unjudged_case_as_not_checked():
+    from stress import runner
+    from stress.types import RETURN, Case, Check
+
+    def family(rng, device, launch):
+        return Case(inputs={"x": torch.arange(10)})
+
+    check = Check(name="flood", kernel=lambda x: x.clone(), families={"f": family}, outputs=(RETURN,),
+                  reference=lambda x: _decided(x.tolist(), [True] * 3 + [False] * 7), compare=exact_unless_near_tie)
+    case = runner.build_case(check, "f", 1, "cpu")
+    verdict, details = runner.differential(check, case, runner.expected_outputs(check, case), "cpu")
+    assert verdict == "not_checked:near ties" and "too few rows judged" in details[0]
