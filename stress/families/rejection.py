@@ -155,4 +155,25 @@ def target_distribution(rng, device, launch):
                 note=f"{mode}, {trials} trials, k={depth}, V={vocab}")
 
 
-DISTRIBUTION_FAMILIES = {"target_distribution": target_distribution}
+def distribution_long_vocab(rng, device, launch):
+    """The chi-square at a 128k vocabulary (GPU): peaked logits, so merged bins keep real counts;
+    greedy or one-hot q (drawn drafts would need a [trials, k, V] logits cache). The CPU runs a
+    greedy smoke version over a vocabulary of a few hundred."""
+    if big(device):
+        mode = pick(rng, ("greedy", "one_hot", "one_hot"))
+        trials, depth, vocab = 20000, int(rng.integers(1, 3)), 128256
+        target = random_logits(rng, (depth + 1, vocab), rng.uniform(4.0, 8.0))
+        temperature = 0.0 if mode == "greedy" else float(pick(rng, (0.6, 1.0)))
+    else:
+        mode, trials, depth, vocab, temperature = "greedy", 4, 1, int(rng.integers(300, 600)), 0.0
+        target = random_logits(rng, (depth + 1, vocab), 1.0)
+    top = target.argmax(-1)[:depth]
+    drafts = torch.where(torch.from_numpy(rng.random(depth) < 0.8), top,
+                         torch.from_numpy(rng.integers(0, vocab, depth)))
+    return Case(inputs={"target_logits": target, "draft_tokens": drafts, "draft_logits": None,
+                        "temperature": temperature, "seeds": seeds(rng, trials),
+                        "positions": torch.from_numpy(rng.integers(0, 2**33, trials, dtype=np.int64))},
+                note=f"{mode}, {trials} trials, k={depth}, V={vocab}")
+
+
+DISTRIBUTION_FAMILIES = {"target_distribution": target_distribution, "long_vocab": distribution_long_vocab}
