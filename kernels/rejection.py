@@ -32,6 +32,9 @@ from triton.language.random import uint_to_uniform_float
 from kernels import runtime, validate  # noqa: F401  (runtime first: it picks compiled vs interpreted)
 from kernels.sampling import final_best, gumbel_noise, gumbel_scores, running_best
 
+# Emitted tokens live in a BLOCK_K-wide register vector. One width covers every depth up to 15,
+# so a change of depth never compiles a new variant.
+MIN_BLOCK_K = 16
 CLAMP = tl.constexpr(2.0**126)  # a global a kernel reads must be constexpr on the GPU
 
 
@@ -222,5 +225,5 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, idx_mapping:
     _verify_kernel[(batch,)](target_logits, target_logits.stride(0), target_logits.stride(1), draft_tokens,
                              max(1, draft_tokens.stride(0)), idx_mapping, temperature, seeds, positions, *draft_args,
                              out_tokens, out_tokens.stride(0), num_sampled, num_rejected, num_drafts, vocab,
-                             HAS_DRAFT_LOGITS=has_draft_logits, BLOCK_K=triton.next_power_of_2(rows),
+                             HAS_DRAFT_LOGITS=has_draft_logits, BLOCK_K=max(MIN_BLOCK_K, triton.next_power_of_2(rows)),
                              BLOCK_V=block, **extra)
