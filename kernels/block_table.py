@@ -12,8 +12,7 @@ import triton.language as tl
 
 from kernels import runtime, validate  # noqa: F401  (runtime: device choice before any kernel)
 
-PAD = -1
-NULL_BLOCK = 0
+PAD = -1  # a slot-mapping entry that writes nothing
 
 
 @triton.jit

@@ -24,7 +24,6 @@ import triton.language as tl
 from kernels import runtime, validate  # noqa: F401  (runtime: device choice before any kernel)
 from kernels.block_table import has_unaligned_cached_prefix
 
-PAD = -1
 MAX_BLOCK = 256
 
 

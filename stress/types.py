@@ -5,7 +5,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PASS = "pass"
-FAIL_KINDS = ("divergence", "race", "oob", "uninit", "crash", "timeout")
 RETURN = "return"  # output name that stands for the kernel's return value
 
 
