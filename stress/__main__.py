@@ -188,9 +188,7 @@ def cmd_trace(args) -> int:
     check = checks.get(args.check)
     if (args.family is None) != (args.seed is None):
         raise SystemExit("trace: give both FAMILY and SEED, or neither")
-    mutant = next((m for m in check.mutants if m.name == args.mutant), None)
-    if args.mutant and mutant is None:
-        raise SystemExit(f"--mutant {args.mutant}: not one of {check.name}'s")
+    mutant = check.mutant(args.mutant) if args.mutant else None
     if args.family is not None:
         cases = [(args.family, args.seed)]
     else:

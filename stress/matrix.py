@@ -30,7 +30,7 @@ def hunt(check_name: str, mutant_name: str, device: str, oracle: str, max_iters:
     from stress import checks
 
     check = checks.get(check_name)
-    mutant = next(m for m in check.mutants if m.name == mutant_name)
+    mutant = check.mutant(mutant_name)
     families = list(mutant.families or check.families)
     forced = tuple(sorted(launch.items())) if launch else None
     kill = Kill(check.name, mutant.name, device, oracle, "survived", max_iters, launch=launch or {})

@@ -54,10 +54,14 @@ def build_case(check: Check, family: str, seed: int, device: str, launch: dict |
     return case
 
 
+def fresh_inputs(case: Case) -> dict:
+    """Private copies of a case's inputs, so no run can change what the next one sees."""
+    return {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in case.inputs.items()}
+
+
 def expected_outputs(check: Check, case: Case) -> dict:
     """The reference's outputs by name, computed on CPU copies (the reference must not mutate)."""
-    inputs = {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in case.inputs.items()}
-    ref = check.reference(**inputs)
+    ref = check.reference(**fresh_inputs(case))
     values = (ref,) if len(check.outputs) == 1 else tuple(ref)
     return dict(zip(check.outputs, values, strict=True))
 
@@ -115,7 +119,7 @@ def trace_case(check: Check, case: Case, seed: int, permute: str = "auto"):
     """Run the kernel once on plain clones of the inputs under ``stress.trace.tracing``."""
     from stress import trace
 
-    inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in case.inputs.items()}
+    inputs = fresh_inputs(case)
     unwritten = []
     for name, mask in case.unwritten.items():
         if not isinstance(inputs.get(name), torch.Tensor):
@@ -171,11 +175,7 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
         signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
         check = checks.get(task.check)
-        mutant = None
-        if task.mutant:
-            mutant = next((m for m in check.mutants if m.name == task.mutant), None)
-            if mutant is None:
-                raise ValueError(f"mutant {task.mutant!r} is not one of {check.name}'s")
+        mutant = check.mutant(task.mutant) if task.mutant else None
         if device not in check.devices:
             result.verdict = f"not_checked:{check.name} does not run on {device}"
             return result

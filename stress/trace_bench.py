@@ -14,8 +14,7 @@ ROUNDS = 3
 
 
 def _plain(check, case, seed):
-    inputs = {k: v.clone() if hasattr(v, "clone") else v for k, v in case.inputs.items()}
-    check.kernel(**inputs, **case.launch)
+    check.kernel(**runner.fresh_inputs(case), **case.launch)
 
 
 def _traced(check, case, seed):

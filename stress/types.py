@@ -67,6 +67,13 @@ class Check:
     provenance: dict[str, str] = field(default_factory=dict)
     repeats: dict[str, int] = field(default_factory=lambda: {"cpu": 1, "cuda": 3})
 
+    def mutant(self, name: str) -> Mutant:
+        for planted in self.mutants:
+            if planted.name == name:
+                return planted
+        known = ", ".join(m.name for m in self.mutants) or "none"
+        raise ValueError(f"mutant {name!r} is not one of {self.name}'s: {known}")
+
 
 @dataclass
 class Result:

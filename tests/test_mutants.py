@@ -11,7 +11,7 @@ MUTANTS = [(c.name, m.name) for c in checks.REGISTRY for m in c.mutants]
 @pytest.mark.parametrize("check_name,mutant_name", MUTANTS, ids=[f"{c}-{m}" for c, m in MUTANTS])
 def test_mutant_is_killed(check_name, mutant_name):
     check = checks.get(check_name)
-    mutant = next(m for m in check.mutants if m.name == mutant_name)
+    mutant = check.mutant(mutant_name)
     mutants.validate(mutant)  # the patched text still occurs exactly once
     oracle = mutant.oracles.get(runtime.DEVICE)
     if oracle is None:

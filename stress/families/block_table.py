@@ -17,7 +17,7 @@ def shift_sweep(device: str) -> list[dict]:
 
 
 def _shift_case(rng, *, width, block_size, shifts, residuals, seq_lens, table_rows=None, extra_slots=3,
-                note="", launch=None) -> Case:
+                note="") -> Case:
     """Batch row b shifts by ``shifts[b]`` blocks (+ ``residuals[b]`` tokens) with ``seq_lens[b]`` tokens.
 
     Slots not in the batch get random cached counts, so reading the count by batch row instead
@@ -35,7 +35,7 @@ def _shift_case(rng, *, width, block_size, shifts, residuals, seq_lens, table_ro
     return Case(
         inputs={"block_table": table, "idx_mapping": idx_mapping, "num_cached_tokens": int32(cached),
                 "seq_lens": int32(seq), "block_size": block_size},
-        launch=dict(launch or {}), note=note)
+        note=note)
 
 
 def shift_overlap(rng, device, launch):
@@ -48,8 +48,7 @@ def shift_overlap(rng, device, launch):
     rows = int(rng.integers(1, 5 if big(device) else 3))
     bs = pick(rng, BLOCK_SIZES)
     return _shift_case(rng, width=width, block_size=bs, shifts=[shift] * rows, residuals=[0] * rows,
-                       seq_lens=[width * bs] * rows, note=f"shift {shift} vs chunk {chunk}, width {width}",
-                       launch=launch)
+                       seq_lens=[width * bs] * rows, note=f"shift {shift} vs chunk {chunk}, width {width}")
 
 
 def shift_partial_block(rng, device, launch):
@@ -61,7 +60,7 @@ def shift_partial_block(rng, device, launch):
     residuals = [int(rng.integers(1, bs)) for _ in range(rows)]
     seq_lens = [int(rng.integers(1, (width - s) * bs)) for s in shifts]
     return _shift_case(rng, width=width, block_size=bs, shifts=shifts, residuals=residuals, seq_lens=seq_lens,
-                       note="partial blocks, short seq_lens", launch=launch)
+                       note="partial blocks, short seq_lens")
 
 
 def shift_long_row(rng, device, launch):
@@ -70,31 +69,26 @@ def shift_long_row(rng, device, launch):
     rows = int(rng.integers(1, 4))
     shifts = [int(rng.integers(1, 64)) for _ in range(rows)]
     return _shift_case(rng, width=width, block_size=16, shifts=shifts, residuals=[0] * rows,
-                       seq_lens=[width * 16] * rows, note=f"width {width}", launch=launch)
+                       seq_lens=[width * 16] * rows, note=f"width {width}")
 
 
 def shift_zero_shift(rng, device, launch):
     """Every live slot has fewer cached tokens than a block: nothing may be written."""
     bs = pick(rng, BLOCK_SIZES[1:])
     rows = int(rng.integers(1, 6))
-    case = _shift_case(rng, width=int(rng.integers(1, 64)), block_size=bs, shifts=[0] * rows,
+    return _shift_case(rng, width=int(rng.integers(1, 64)), block_size=bs, shifts=[0] * rows,
                        residuals=[int(rng.integers(0, bs)) for _ in range(rows)],
-                       seq_lens=[int(rng.integers(0, 64 * bs)) for _ in range(rows)], note="shift 0", launch=launch)
-    return case
+                       seq_lens=[int(rng.integers(0, 64 * bs)) for _ in range(rows)], note="shift 0")
 
 
 def shift_zero_width(rng, device, launch):
     """No batch rows, or rows of width 0."""
     if rng.integers(2):
-        case = _shift_case(rng, width=int(rng.integers(1, 16)), block_size=16, shifts=[], residuals=[],
-                           seq_lens=[], table_rows=3, launch=launch)
-        case.note = "no batch rows"
-        return case
+        return _shift_case(rng, width=int(rng.integers(1, 16)), block_size=16, shifts=[], residuals=[],
+                           seq_lens=[], table_rows=3, note="no batch rows")
     rows = int(rng.integers(1, 4))
-    case = _shift_case(rng, width=0, block_size=16, shifts=[1] * rows, residuals=[0] * rows,
-                       seq_lens=[32] * rows, launch=launch)
-    case.note = "width 0"
-    return case
+    return _shift_case(rng, width=0, block_size=16, shifts=[1] * rows, residuals=[0] * rows,
+                       seq_lens=[32] * rows, note="width 0")
 
 
 def shift_padded(rng, device, launch):
@@ -104,8 +98,7 @@ def shift_padded(rng, device, launch):
     width = int(rng.integers(4, 512 if big(device) else 64))
     shifts = [int(rng.integers(1, width)) for _ in range(rows)]
     case = _shift_case(rng, width=width, block_size=16, shifts=shifts, residuals=[0] * rows,
-                       seq_lens=[width * 16] * rows, table_rows=rows + pad, note=f"{pad} padded rows",
-                       launch=launch)
+                       seq_lens=[width * 16] * rows, table_rows=rows + pad, note=f"{pad} padded rows")
     case.inputs["block_table"][rows:] = SENTINEL
     return case
 
@@ -115,7 +108,7 @@ def shift_slot_vs_row(rng, device, launch):
     rows = int(rng.integers(3, 9))
     width = int(rng.integers(rows + 2, 256 if big(device) else 48))
     case = _shift_case(rng, width=width, block_size=16, shifts=[0] * rows, residuals=[0] * rows,
-                       seq_lens=[width * 16] * rows, extra_slots=rows, note="slot != batch row", launch=launch)
+                       seq_lens=[width * 16] * rows, extra_slots=rows, note="slot != batch row")
     num_slots = case.inputs["num_cached_tokens"].numel()
     case.inputs["num_cached_tokens"] = int32((rng.permutation(num_slots) % (width - 1) + 1) * 16)
     return case
