@@ -36,7 +36,12 @@ def _kv_slot(row_ptr, pos, live, width, block_size):
     return tl.where(in_row & (block_id != 0), block_id * block_size + pos % block_size, -1)
 
 
-@triton.jit
+# Batch sizes, row counts, depths and token ids change from step to step; specializing on their
+# value (== 1, divisible by 16) would compile a variant per batch shape for a latency-bound kernel.
+@triton.jit(do_not_specialize=[
+    "block_table_stride", "width", "block_size", "num_query_per_req", "num_draft_tokens", "sample_offset",
+    "mask_token_id", "max_model_len", "num_context_rows", "num_query_rows", "num_sample_rows",
+    "num_query_start_loc", "num_seq_lens", "num_batch_rows"])
 def _prepare_draft_inputs_kernel(
         idx_mapping_ptr, target_qsl_ptr, target_positions_ptr, num_sampled_ptr, num_rejected_ptr,
         last_sampled_ptr, next_prefill_tokens_ptr, num_cached_tokens_ptr, block_table_ptr, block_table_stride,

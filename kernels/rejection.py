@@ -101,10 +101,11 @@ def _probability(row_ptr, token, temp, row_max, row_sum):
     return tl.exp(_clamped(tl.load(row_ptr + token), temp) - row_max) / row_sum
 
 
-# Vocab-sized sizes and strides change from batch to batch; specializing on their alignment would
+# Vocab and depth sizes and strides change from batch to batch; specializing on their alignment would
 # compile a new variant for each (stress sweeps meet dozens), for no gain in a latency-bound kernel.
-@triton.jit(do_not_specialize=["target_request_stride", "target_step_stride", "draft_logits_slot_stride",
-                               "draft_logits_step_stride", "num_drafts", "vocab"])
+@triton.jit(do_not_specialize=["target_request_stride", "target_step_stride", "draft_tokens_stride",
+                               "draft_logits_slot_stride", "draft_logits_step_stride", "out_stride", "num_drafts",
+                               "vocab"])
 def _verify_kernel(target_ptr, target_request_stride, target_step_stride, draft_tokens_ptr, draft_tokens_stride,
                    idx_mapping_ptr, temperature_ptr, seeds_ptr, positions_ptr, draft_logits_ptr,
                    draft_logits_slot_stride, draft_logits_step_stride, out_ptr, out_stride, num_sampled_ptr,

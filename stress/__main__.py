@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--family", action="append", help="only this family (repeatable)")
     run.add_argument("--report", default="reports/latest", help="directory for results.jsonl and summary.md")
     run.add_argument("--jobs", type=int,
-                     help="worker processes (default: CPU cores, or up to 4 per GPU); 0 = in process")
+                     help="worker processes (default: CPU cores, or up to 8 per GPU); 0 = in process")
     run.add_argument("--timeout", type=float, default=300, help="seconds per case before fail:timeout (0 = none)")
     run.add_argument("--no-trace", action="store_true", help="skip the CPU tracer (races, out-of-bounds, uninit)")
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 
 from stress import mutants as planted
-from stress.runner import Task, _init_worker, case_seed, run_case
+from stress.runner import Task, _init_worker, case_seed, run_case, worker_threads
 from stress.types import Check
 
 
@@ -74,7 +74,7 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
         return rows
     counter = get_context("spawn").Value("i", 0)
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(device, counter, timeout)) as pool:
+                             initargs=(device, counter, timeout, True, worker_threads(jobs))) as pool:
         futures = {pool.submit(hunt, *args): args for args in hunts}
         for future in as_completed(futures):
             args = futures[future]

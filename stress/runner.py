@@ -210,10 +210,12 @@ _TIMEOUT = 0.0
 _TRACE = True
 
 
-def _init_worker(device: str, counter, timeout: float, trace: bool = True) -> None:
+def _init_worker(device: str, counter, timeout: float, trace: bool = True, threads: int = 0) -> None:
     global _DEVICE, _TIMEOUT, _TRACE
     _DEVICE, _TIMEOUT, _TRACE = device, timeout, trace
     os.environ["SPECSAN_DEVICE"] = device
+    if threads:
+        torch.set_num_threads(threads)  # workers split the cores instead of each taking them all
     if device == "cuda":
         with counter.get_lock():
             index = counter.value
@@ -231,14 +233,24 @@ def _crash_result(task: Task, device: str) -> Result:
                   details=["the worker process died running this case (segfault or abort)"])
 
 
+def _cores() -> int:
+    return max(1, len(os.sched_getaffinity(0)))
+
+
 def default_jobs(device: str) -> int:
-    """CPU: one worker per core. GPU: up to four workers per GPU, as cores allow; they share the
-    device (more concurrent launches) and split the CPU side: references and Triton compiles."""
-    cores = max(1, len(os.sched_getaffinity(0)))
+    """CPU: one worker per core. GPU: up to eight workers per GPU, as cores allow; they share the
+    device (more concurrent launches) and split the CPU side, which dominates a GPU run: Triton
+    compiles (one per new specialization) and the float64 references."""
+    cores = _cores()
     if device == "cuda":
         gpus = max(1, torch.cuda.device_count())
-        return gpus * max(1, min(4, cores // gpus))
+        return gpus * max(1, min(8, cores // gpus))
     return cores
+
+
+def worker_threads(jobs: int) -> int:
+    """Torch CPU threads per worker: the cores divided among the workers."""
+    return max(1, _cores() // max(1, jobs))
 
 
 def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Result], None],
@@ -260,7 +272,7 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
         finished: set[Task] = set()
         broken = restart = False
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                                 initargs=(device, counter, timeout, trace)) as pool:
+                                 initargs=(device, counter, timeout, trace, worker_threads(workers))) as pool:
             futures = {pool.submit(_work, task): task for task in pending}
             try:
                 for future in as_completed(futures):
