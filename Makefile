@@ -17,9 +17,11 @@ env:
 test:
 	$(PY) -m pytest -n auto -q
 
+# The kill matrix runs even when the replay found failures: both halves are reported, either fails the target.
 stress:
-	$(PY) -m stress run $(STRESS_ARGS)
-	$(PY) -m stress mutants $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE)) --report $(REPORT)
+	$(PY) -m stress run $(STRESS_ARGS); rc=$$?; \
+	$(PY) -m stress mutants $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE)) --report $(REPORT) \
+	  || rc=1; exit $$rc
 
 mutants:
 	$(PY) -m stress mutants $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE))
