@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     common(tp)
     tp.add_argument("--ranks", type=int, default=2, help="rank processes (default 2)")
     tp.add_argument("--mutant", action="append",
-                    help="apply this planted bug inside every rank, which must then diverge (repeatable)")
+                    help="also replay with this planted bug in every rank; it must diverge (repeatable)")
     tp.add_argument("--steps", type=int, default=8, help="schedule steps (default 8)")
     return p
 
@@ -257,12 +257,18 @@ def cmd_tp(args) -> int:
     _select_device(args)
     from stress import tp
 
-    scenarios = tuple(args.mutant or (None,))
+    # The production code always runs first: it must agree; each named mutant must diverge.
+    scenarios = (None, *dict.fromkeys(args.mutant or ()))
     outcomes = tp.run_ranks(args.ranks, mutants=scenarios, seed=args.seed, num_steps=args.steps)
+    ok = True
     for name, outcome in outcomes.items():
-        print(f"{name or 'production code'}: {outcome.message}")
+        expected = name is None
+        ok &= outcome.agreed == expected
+        verdict = "as expected" if outcome.agreed == expected else ("UNEXPECTED: must diverge" if name else
+                                                                     "UNEXPECTED: must agree")
+        print(f"{name or 'production code'}: {outcome.message}  [{verdict}]")
     print(f"{args.ranks} ranks in {next(iter(outcomes.values())).seconds:.1f} s")
-    return 0 if all(o.agreed for o in outcomes.values()) else 1
+    return 0 if ok else 1
 
 
 def main(argv=None) -> int:
