@@ -1,5 +1,7 @@
 """The registry: one Check per kernel. Runner, tests, tracer and mutant matrix all iterate it."""
 
+import dataclasses
+
 import kernels.block_table
 import kernels.draft_inputs
 import kernels.rejection
@@ -229,7 +231,12 @@ REJECTION_CHECKS = (
         outputs=(RETURN,),
         compare=distribution.judge,
         sweep=rejection_families.verify_sweep,
-        mutants=(_ACCEPT_IGNORES_U, _RESAMPLE_FROM_TARGET),
+        mutants=(_ACCEPT_IGNORES_U, _RESAMPLE_FROM_TARGET,
+                 # the same bug hunted at a 128k vocabulary only: the positive control of that chi-square
+                 dataclasses.replace(_ACCEPT_IGNORES_U, name="accept-ignores-u-128k", families=("long_vocab",),
+                                     oracles={"cuda": "divergence"},
+                                     why_not="long_vocab is a greedy smoke version on the CPU (no uniform to drop); "
+                                             "target_distribution kills accept-ignores-u here")),
     ),
 )
 
