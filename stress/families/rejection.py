@@ -143,16 +143,11 @@ def target_distribution(rng, device, launch):
         temperature = 1.0
     if mode == "greedy":
         temperature = 0.0
-    top = target.argmax(-1)[:depth]
-    drafts = torch.where(torch.from_numpy(rng.random(depth) < 0.8), top,
-                         torch.from_numpy(rng.integers(0, vocab, depth)))
+    drafts = _drafts_near_argmax(rng, target)
     draft_logits = None
     if mode == "draft_logits":
         draft_logits = target[:depth] + random_logits(rng, (depth, vocab), 0.7)
-    return Case(inputs={"target_logits": target, "draft_tokens": drafts, "draft_logits": draft_logits,
-                        "temperature": temperature, "seeds": seeds(rng, trials),
-                        "positions": torch.from_numpy(rng.integers(0, 2**33, trials, dtype=np.int64))},
-                note=f"{mode}, {trials} trials, k={depth}, V={vocab}")
+    return _trials_case(rng, mode, trials, target, drafts, draft_logits, temperature)
 
 
 def distribution_long_vocab(rng, device, launch):
@@ -167,13 +162,22 @@ def distribution_long_vocab(rng, device, launch):
     else:
         mode, trials, depth, vocab, temperature = "greedy", 4, 1, int(rng.integers(300, 600)), 0.0
         target = random_logits(rng, (depth + 1, vocab), 1.0)
-    top = target.argmax(-1)[:depth]
-    drafts = torch.where(torch.from_numpy(rng.random(depth) < 0.8), top,
-                         torch.from_numpy(rng.integers(0, vocab, depth)))
-    return Case(inputs={"target_logits": target, "draft_tokens": drafts, "draft_logits": None,
+    return _trials_case(rng, mode, trials, target, _drafts_near_argmax(rng, target), None, temperature)
+
+
+def _drafts_near_argmax(rng, target: torch.Tensor) -> torch.Tensor:
+    """One draft per position but the last: the target argmax 4 times in 5 (often accepted), else any token."""
+    depth, vocab = target.shape[0] - 1, target.shape[1]
+    return torch.where(torch.from_numpy(rng.random(depth) < 0.8), target.argmax(-1)[:depth],
+                       torch.from_numpy(rng.integers(0, vocab, depth)))
+
+
+def _trials_case(rng, mode, trials, target, drafts, draft_logits, temperature) -> Case:
+    """``trials`` trials of one request: the same logits and drafts, a seed and a position each."""
+    return Case(inputs={"target_logits": target, "draft_tokens": drafts, "draft_logits": draft_logits,
                         "temperature": temperature, "seeds": seeds(rng, trials),
                         "positions": torch.from_numpy(rng.integers(0, 2**33, trials, dtype=np.int64))},
-                note=f"{mode}, {trials} trials, k={depth}, V={vocab}")
+                note=f"{mode}, {trials} trials, k={target.shape[0] - 1}, V={target.shape[1]}")
 
 
 DISTRIBUTION_FAMILIES = {"target_distribution": target_distribution, "long_vocab": distribution_long_vocab}
