@@ -5,8 +5,8 @@ ITER ?= 100
 SEED ?= 0
 JOBS ?=
 REPORT ?= reports/stress
-STRESS_ARGS = --iters $(ITER) --seed $(SEED) --report $(REPORT) \
-	$(if $(CHECK),--check $(CHECK)) $(if $(FAMILY),--family $(FAMILY)) $(if $(DEVICE),--device $(DEVICE)) \
+SELECT = $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE))
+STRESS_ARGS = --iters $(ITER) --seed $(SEED) --report $(REPORT) $(SELECT) $(if $(FAMILY),--family $(FAMILY)) \
 	$(if $(JOBS),--jobs $(JOBS))
 
 .PHONY: test stress mutants bench lint env
@@ -20,11 +20,10 @@ test:
 # The kill matrix runs even when the replay found failures: both halves are reported, either fails the target.
 stress:
 	$(PY) -m stress run $(STRESS_ARGS); rc=$$?; \
-	$(PY) -m stress mutants $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE)) --report $(REPORT) \
-	  || rc=1; exit $$rc
+	$(PY) -m stress mutants $(SELECT) --report $(REPORT) || rc=1; exit $$rc
 
 mutants:
-	$(PY) -m stress mutants $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE))
+	$(PY) -m stress mutants $(SELECT)
 
 bench:
 	$(if $(DEVICE),SPECSAN_DEVICE=$(DEVICE)) $(PY) -m stress.bench

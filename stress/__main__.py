@@ -262,10 +262,9 @@ def cmd_tp(args) -> int:
     outcomes = tp.run_ranks(args.ranks, mutants=scenarios, seed=args.seed, num_steps=args.steps)
     ok = True
     for name, outcome in outcomes.items():
-        expected = name is None
-        ok &= outcome.agreed == expected
-        verdict = "as expected" if outcome.agreed == expected else ("UNEXPECTED: must diverge" if name else
-                                                                     "UNEXPECTED: must agree")
+        as_expected = outcome.agreed == (name is None)
+        ok &= as_expected
+        verdict = "as expected" if as_expected else f"UNEXPECTED: must {'diverge' if name else 'agree'}"
         print(f"{name or 'production code'}: {outcome.message}  [{verdict}]")
     print(f"{args.ranks} ranks in {next(iter(outcomes.values())).seconds:.1f} s")
     return 0 if ok else 1

@@ -210,12 +210,11 @@ _TIMEOUT = 0.0
 _TRACE = True
 
 
-def _init_worker(device: str, counter, timeout: float, trace: bool = True, threads: int = 0) -> None:
+def _init_worker(device: str, counter, timeout: float, trace: bool, threads: int) -> None:
     global _DEVICE, _TIMEOUT, _TRACE
     _DEVICE, _TIMEOUT, _TRACE = device, timeout, trace
     os.environ["SPECSAN_DEVICE"] = device
-    if threads:
-        torch.set_num_threads(threads)  # workers split the cores instead of each taking them all
+    torch.set_num_threads(threads)  # workers split the cores instead of each taking them all
     if device == "cuda":
         with counter.get_lock():
             index = counter.value

@@ -15,3 +15,20 @@ def test_ranks_agree_and_fix2_mutants_diverge():
         assert "DIVERGED step " in outcome.message, outcome.message
         field = outcome.message.split(" field ")[1].split(":")[0]
         assert field in FIRST_FIELD[mutant], f"{mutant}: first divergence in {field}, expected {FIRST_FIELD[mutant]}"
+
+
+def test_tp_command_runs_production_first_and_judges_each_scenario(monkeypatch, capsys):
+    """Exit 0 only when production agrees and every named mutant diverges; a mutant that agrees fails."""
+    from stress.__main__ import main
+
+    seen = []
+
+    def fake_run_ranks(world, *, mutants, seed, num_steps):
+        seen.append(mutants)
+        return {name: tp.Outcome(agreed=name != "diverges", message="m", seconds=0.0) for name in mutants}
+
+    monkeypatch.setattr(tp, "run_ranks", fake_run_ranks)
+    assert main(["tp", "--mutant", "diverges", "--mutant", "diverges"]) == 0
+    assert seen[-1] == (None, "diverges")  # production first, each mutant once
+    assert main(["tp", "--mutant", "agrees"]) == 1
+    assert "agrees: m  [UNEXPECTED: must diverge]" in capsys.readouterr().out
