@@ -150,28 +150,20 @@ def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_position
     ``block`` (lanes per program) and ``num_warps`` are launch knobs for stress sweeps.
     """
     i32, i64 = torch.int32, torch.int64
-    for name, t, dtype in (("idx_mapping", idx_mapping, i32), ("target_query_start_loc", target_query_start_loc, i32),
-                           ("target_positions", target_positions, i64), ("num_sampled", num_sampled, i32),
-                           ("num_rejected", num_rejected, i32), ("last_sampled", last_sampled, i64),
-                           ("next_prefill_tokens", next_prefill_tokens, i32),
-                           ("num_cached_tokens", num_cached_tokens, i32),
-                           ("context_positions", context_positions, i64),
-                           ("context_slot_mapping", context_slot_mapping, i64), ("input_ids", input_ids, i32),
-                           ("positions", positions, i64), ("query_slot_mapping", query_slot_mapping, i64),
-                           ("sample_indices", sample_indices, i64), ("sample_pos", sample_pos, i64),
-                           ("sample_idx_mapping", sample_idx_mapping, i32), ("query_start_loc", query_start_loc, i32),
-                           ("seq_lens", seq_lens, i32)):
-        validate.tensor(name, t, dtype=dtype, ndim=1)
-    validate.tensor("block_table", block_table, dtype=i32, ndim=2)
-    validate.tensor("draft_tokens", draft_tokens, dtype=i64, ndim=2)
-    validate.on_kernel_device(
-        idx_mapping=idx_mapping, target_query_start_loc=target_query_start_loc, target_positions=target_positions,
-        num_sampled=num_sampled, num_rejected=num_rejected, last_sampled=last_sampled,
-        next_prefill_tokens=next_prefill_tokens, num_cached_tokens=num_cached_tokens, block_table=block_table,
-        context_positions=context_positions, context_slot_mapping=context_slot_mapping, input_ids=input_ids,
-        positions=positions, query_slot_mapping=query_slot_mapping, sample_indices=sample_indices,
-        sample_pos=sample_pos, sample_idx_mapping=sample_idx_mapping, query_start_loc=query_start_loc,
-        seq_lens=seq_lens, draft_tokens=draft_tokens)
+    tensors = {  # name: (tensor, dtype, ndim), in the order errors are looked for
+        "idx_mapping": (idx_mapping, i32, 1), "target_query_start_loc": (target_query_start_loc, i32, 1),
+        "target_positions": (target_positions, i64, 1), "num_sampled": (num_sampled, i32, 1),
+        "num_rejected": (num_rejected, i32, 1), "last_sampled": (last_sampled, i64, 1),
+        "next_prefill_tokens": (next_prefill_tokens, i32, 1), "num_cached_tokens": (num_cached_tokens, i32, 1),
+        "block_table": (block_table, i32, 2), "context_positions": (context_positions, i64, 1),
+        "context_slot_mapping": (context_slot_mapping, i64, 1), "input_ids": (input_ids, i32, 1),
+        "positions": (positions, i64, 1), "query_slot_mapping": (query_slot_mapping, i64, 1),
+        "sample_indices": (sample_indices, i64, 1), "sample_pos": (sample_pos, i64, 1),
+        "sample_idx_mapping": (sample_idx_mapping, i32, 1), "query_start_loc": (query_start_loc, i32, 1),
+        "seq_lens": (seq_lens, i32, 1), "draft_tokens": (draft_tokens, i64, 2)}
+    for name, (t, dtype, ndim) in tensors.items():
+        validate.tensor(name, t, dtype=dtype, ndim=ndim)
+    validate.on_kernel_device(**{name: t for name, (t, _, _) in tensors.items()})
     validate.positive_int("block_size", block_size)
     validate.positive_int("max_model_len", max_model_len)
     for name, knob in (("block", block), ("num_warps", num_warps)):
