@@ -16,20 +16,22 @@ def gather_block_tables(persistent: torch.Tensor, idx_mapping: torch.Tensor, out
     return result
 
 
+def kv_slot(row: list[int], pos: int, block_size: int) -> int:
+    """Physical KV slot of ``pos`` in one batch row's table; PAD before or past the row, or on the null block."""
+    block_idx = pos // block_size
+    if pos < 0 or block_idx >= len(row) or row[block_idx] == 0:
+        return PAD
+    return row[block_idx] * block_size + pos % block_size
+
+
 def compute_slot_mappings(block_table: torch.Tensor, query_start_loc: torch.Tensor, positions: torch.Tensor,
                           block_size: int, out: torch.Tensor) -> torch.Tensor:
     result = torch.full_like(out, PAD)
     starts = query_start_loc.tolist()
-    width = block_table.shape[1]
     for batch_row in range(len(starts) - 1):
+        row = block_table[batch_row].tolist()
         for token in range(starts[batch_row], starts[batch_row + 1]):
-            pos = int(positions[token])
-            block_idx = pos // block_size
-            if pos < 0 or block_idx >= width:
-                continue
-            block_id = int(block_table[batch_row, block_idx])
-            if block_id != 0:
-                result[token] = block_id * block_size + pos % block_size
+            result[token] = kv_slot(row, int(positions[token]), block_size)
     return result
 
 

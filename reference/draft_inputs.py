@@ -1,16 +1,9 @@
 """Reference draft-input preparation: a loop per request and per row, written from spec 2.2 and 2.7."""
 
-PAD = -1
+from reference.block_table import PAD, kv_slot
 
 OUTPUTS = ("context_positions", "context_slot_mapping", "input_ids", "positions", "query_slot_mapping",
            "sample_indices", "sample_pos", "sample_idx_mapping", "query_start_loc", "seq_lens", "draft_tokens")
-
-
-def _kv_slot(row: list[int], pos: int, block_size: int) -> int:
-    block_idx = pos // block_size
-    if block_idx >= len(row) or row[block_idx] == 0:
-        return PAD
-    return row[block_idx] * block_size + pos % block_size
 
 
 def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_positions, num_sampled, num_rejected,
@@ -35,7 +28,7 @@ def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_position
         for i in range(ctx_start, ctx_end):
             if i - ctx_start < n_valid:
                 out["context_positions"][i] = target_pos[i]
-                out["context_slot_mapping"][i] = _kv_slot(row, target_pos[i], block_size)
+                out["context_slot_mapping"][i] = kv_slot(row, target_pos[i], block_size)
             else:  # rejected suffix
                 out["context_positions"][i] = 0
                 out["context_slot_mapping"][i] = PAD
@@ -46,7 +39,7 @@ def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_position
             query_pos = last_pos + 1 + off
             out["input_ids"][query_row] = bonus if off == 0 else mask_token_id
             out["positions"][query_row] = min(query_pos, max_model_len - 1)
-            out["query_slot_mapping"][query_row] = _kv_slot(row, query_pos, block_size)
+            out["query_slot_mapping"][query_row] = kv_slot(row, query_pos, block_size)
             if anchor_first:  # every row predicts the next position
                 sample_row, predicted = batch_row * k + off, query_pos + 1
             elif off > 0:  # mask row off predicts its own position
