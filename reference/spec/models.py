@@ -1,0 +1,87 @@
+"""Reference model: the same architecture as ``kernels.spec.models``, float64, one request at a time,
+over one contiguous KV per request and layer (``kv[layer] = (k, v)``, ``[positions, Hkv, D]``,
+NaN where nothing was written). No paging, no padding, no kernels.
+
+A row's logits are ``x @ head_raw + rms_norm(x) @ head_norm + position_codes[predicted position]``;
+the target row at position i predicts i + 1; draft rows predict the positions they are given.
+"""
+
+import math
+
+import torch
+
+EPS = 1e-6
+
+
+def rms_norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
+
+
+def rope(x: torch.Tensor, positions: list[int], theta: float) -> torch.Tensor:
+    """Rotate-half rotary embedding of ``x [N, heads, D]``; angles from float32 inverse
+    frequencies and positions (as the engine computes them), the rotation in float64."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-torch.arange(half, dtype=torch.float32) / half)
+    angles = (torch.tensor(positions, dtype=torch.float32)[:, None] * freqs[None, :]).to(torch.float64)
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    lo, hi = x[..., :half], x[..., half:]
+    return torch.cat([lo * cos - hi * sin, hi * cos + lo * sin], dim=-1)
+
+
+class Model:
+    def __init__(self, config: dict, weights: dict):
+        self.c = config
+        self.w = {name: t.to(torch.float64) for name, t in weights.items()}
+
+    def empty_kv(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = (length, self.c["kv_heads"], self.c["head_dim"])
+        return [(torch.full(shape, float("nan"), dtype=torch.float64),
+                 torch.full(shape, float("nan"), dtype=torch.float64)) for _ in range(self.c["layers"])]
+
+    def kv_of(self, layer: int, x: torch.Tensor, positions: list[int]):
+        """The key and value a layer stores for rows ``x`` (that layer's input) at ``positions``."""
+        c, w, n = self.c, self.w, rms_norm(x)
+        k = rope((n @ w[f"layer{layer}.wk"]).view(-1, c["kv_heads"], c["head_dim"]), positions, c["rope_theta"])
+        return k, (n @ w[f"layer{layer}.wv"]).view(-1, c["kv_heads"], c["head_dim"])
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, spans: list[range]) -> torch.Tensor:
+        """Softmax attention of query rows ``[N, Hq, D]``, row i over the positions ``spans[i]`` of
+        ``keys`` / ``values`` ``[L, Hkv, D]`` (GQA: head h reads kv head h // (Hq / Hkv)). A NaN that a
+        row sees (never-written KV) makes its output NaN; one it does not see has no effect."""
+        lo, hi = min(s.start for s in spans), max(s.stop for s in spans)
+        group = self.c["heads"] // self.c["kv_heads"]
+        k = keys[lo:hi].repeat_interleave(group, dim=1)
+        v = values[lo:hi].repeat_interleave(group, dim=1)
+        at = torch.arange(lo, hi)
+        seen = torch.stack([(at >= s.start) & (at < s.stop) for s in spans])[:, None, :]  # [N, 1, L]
+        scores = torch.einsum("nhd,lhd->nhl", q, k) / math.sqrt(self.c["head_dim"])
+        weights = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+        out = torch.einsum("nhl,lhd->nhd", weights, v.nan_to_num(0.0))
+        poisoned = (seen & torch.isnan(v).any(-1).T[None]).any(-1)  # [N, Hq]
+        return out.masked_fill(poisoned[..., None], float("nan"))
+
+    def forward(self, token_ids: list[int], positions: list[int], stored_at: list, kv: list,
+                visible) -> tuple[torch.Tensor, list]:
+        """Rows ``token_ids`` at (RoPE) ``positions``: each layer stores row i's KV at ``stored_at[i]`` in
+        ``kv`` (None: nowhere), then row i attends to the positions ``visible(i)`` (a range). Returns
+        the final hidden states and each layer's input (the aux hidden states)."""
+        c, w = self.c, self.w
+        x = w["embed"][torch.tensor(token_ids)]
+        aux = []
+        for layer in range(c["layers"]):
+            aux.append(x)
+            n = rms_norm(x)
+            q = rope((n @ w[f"layer{layer}.wq"]).view(-1, c["heads"], c["head_dim"]), positions, c["rope_theta"])
+            k, v = self.kv_of(layer, x, positions)
+            keys, values = kv[layer]
+            for i, at in enumerate(stored_at):
+                if at is not None:
+                    keys[at], values[at] = k[i], v[i]
+            out = self.attend(q, keys, values, [visible(i) for i in range(len(positions))])
+            x = x + out.reshape(len(positions), -1) @ w[f"layer{layer}.wo"]
+            x = x + torch.tanh(rms_norm(x) @ w[f"layer{layer}.w_up"]) @ w[f"layer{layer}.w_down"]
+        return x, aux
+
+    def logits(self, hidden: torch.Tensor, predicted_positions: list[int]) -> torch.Tensor:
+        w = self.w
+        return hidden @ w["head_raw"] + rms_norm(hidden) @ w["head_norm"] + w["position_codes"][predicted_positions]
