@@ -1,0 +1,353 @@
+"""A small but real spec-decode engine on the project's kernels: the whole step, replayable.
+
+One ``Engine.step()`` runs, as the V2 model runner does (spec 2.1, 2.2): schedule (admission
+with prefix-cache hits, chunked prefill, preemption), free and assign request slots
+(``kernels.spec.slots``), gather block tables, compute slot mappings, the target forward with
+KV writes and paged causal attention, verification, draft-input preparation, the prefix-cache
+shift of the draft block table, the draft forward with paged non-causal attention over the
+visible context, Gumbel draft sampling over every row of the static sampling buffers, and the
+depth limit (DSD bands, adaptive depth). Every buffer a CUDA graph would capture is persistent
+and sized for ``max_num_reqs``, so padded rows hold what the kernels leave there.
+
+``step()`` returns the step's record: every piece of metadata by name (``RECORD_FIELDS``), copied
+to the CPU, which the stress harness compares with ``reference.spec.engine`` and digests
+across TP ranks.
+
+One deliberate difference from the upstream speculator: a batch refused for an unaligned
+restored prefix (fix 4, fail closed) still writes its context rows into the draft KV. Upstream
+returns before the context precompute, so the next drafts of the batch's other requests attend
+to positions whose draft KV was never written.
+"""
+
+import numpy as np
+import torch
+
+from kernels import block_table, draft_inputs, rejection, runtime, sampling
+from kernels.spec import depth, scheduler, slots
+from kernels.spec.models import Model, ModelConfig
+
+PAD = -1
+PREP_OUTPUTS = ("context_positions", "context_slot_mapping", "input_ids", "positions", "query_slot_mapping",
+                "sample_indices", "sample_pos", "sample_idx_mapping", "query_start_loc", "seq_lens", "draft_tokens")
+# Everything a step may record, in record order. Batch-row fields cover the B live rows; persistent
+# buffers are recorded whole (their padded part included). Present only when the step has a batch:
+# idx_mapping onwards; only when the batch was drafted: draft.shifted_block_table .. draft.logits_cache
+# (the cache only with probabilistic drafting).
+RECORD_FIELDS = (
+    "slots.slot_of_request",  # [num requests]: slot of each request, -1 when it holds none
+    "slots.free", "slots.seeds", "slots.num_cached_tokens",  # the free list in order; per-slot state
+    "batch.request", "batch.num_tokens", "idx_mapping",  # per batch row: request number, tokens, slot
+    "target.input_ids", "target.positions", "target.query_start_loc", "target.seq_lens", "target.block_table",
+    "target.slot_mapping", "target.logits",  # logits [B, K+1, V] of the verified rows, NaN elsewhere
+    "verify.out_tokens", "verify.num_sampled", "verify.num_rejected", "verify.num_drafts",
+    "draft.block_table", "draft.prepared", *(f"draft.{name}" for name in PREP_OUTPUTS),
+    "draft.shifted_block_table", "draft.logits", "draft.sampled", "draft.logits_cache",
+    "depth", "draft.tokens",  # the depth this step's drafts are limited to, and those drafts
+)
+
+
+def _snap(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy for the record (``.cpu()`` of a CPU tensor would alias the live buffer)."""
+    return t.detach().to("cpu", copy=True)
+
+
+def _table_width(max_len: int, block_size: int) -> int:
+    return scheduler.ceil_div(max_len, block_size)
+
+
+class Engine:
+    """The engine over one workload. ``config`` and ``requests`` are plain data (see ``replay``)."""
+
+    def __init__(self, config: dict, weights: dict, requests: list[dict], device: torch.device | None = None):
+        self.device = device or runtime.device()
+        self.k = config["num_spec_tokens"]
+        self.anchor_first = config["anchor_first"]
+        self.q = self.k if self.anchor_first else 1 + self.k
+        self.model_config = ModelConfig.from_dict(config["model"])
+        self.model = Model(self.model_config, weights, self.device, getattr(torch, config["dtype"]))
+        sched = dict(config["scheduler"], num_query_per_req=self.q)
+        self.sched_config = scheduler.SchedulerConfig.from_dict(sched)
+        self.requests = [scheduler.Request(r["req_id"], i, r["arrival"], list(r["prompt"]), r["max_new_tokens"],
+                                           r["temperature"], r["seed"]) for i, r in enumerate(requests)]
+        self.scheduler = scheduler.Scheduler(self.sched_config, self.requests)
+        c = self.sched_config
+        self.slots = slots.RequestSlots(c.max_num_reqs, config["seed"])  # looked up now: a mutant applies
+        self.probabilistic = config["draft_probabilistic"]
+        self.schedule = config["dsd_schedule"]
+        if self.schedule is not None:
+            caps = depth.band_lookup(self.schedule, c.max_num_reqs, self.k)
+            self.depth_controller = depth.BandAcceptanceLengthController(caps, config["adaptive_window"])
+        self.step_index = 0
+        self._allocate()
+
+    def _allocate(self) -> None:
+        c, dev, s, k, q = self.sched_config, self.device, self.sched_config.max_num_reqs, self.k, self.q
+        i32, i64 = torch.int32, torch.int64
+        self.width_t = _table_width(c.max_model_len + k, c.target_block_size)
+        self.width_d = _table_width(c.max_model_len + k + q, c.draft_block_size)
+        self.host_table_t = np.zeros((s, self.width_t), dtype=np.int32)
+        self.host_table_d = np.zeros((s, self.width_d), dtype=np.int32)
+        self.table_t = torch.zeros(s, self.width_t, dtype=i32, device=dev)
+        self.table_d = torch.zeros(s, self.width_d, dtype=i32, device=dev)
+        self.batch_table_t = torch.zeros(s, self.width_t, dtype=i32, device=dev)
+        self.batch_table_d = torch.zeros(s, self.width_d, dtype=i32, device=dev)
+        tokens = c.max_num_batched_tokens
+        self.slot_mapping_t = torch.zeros(tokens, dtype=i64, device=dev)
+        self.caches_t = self.model.new_kv_caches(c.target_num_blocks, c.target_block_size)
+        self.caches_d = self.model.new_kv_caches(c.draft_num_blocks, c.draft_block_size)
+        self.temperature = torch.zeros(s, dtype=torch.float32, device=dev)
+        self.last_sampled = torch.zeros(s, dtype=i64, device=dev)
+        self.next_prefill_tokens = torch.zeros(s, dtype=i32, device=dev)
+        self.buffers = {  # the prep kernel's outputs; sample_idx_mapping starts inert (fix 3)
+            "context_positions": torch.zeros(tokens, dtype=i64, device=dev),
+            "context_slot_mapping": torch.zeros(tokens, dtype=i64, device=dev),
+            "input_ids": torch.zeros(s * q, dtype=i32, device=dev),
+            "positions": torch.zeros(s * q, dtype=i64, device=dev),
+            "query_slot_mapping": torch.zeros(s * q, dtype=i64, device=dev),
+            "sample_indices": torch.zeros(s * k, dtype=i64, device=dev),
+            "sample_pos": torch.zeros(s * k, dtype=i64, device=dev),
+            "sample_idx_mapping": torch.full((s * k,), -1, dtype=i32, device=dev),
+            "query_start_loc": torch.zeros(s + 1, dtype=i32, device=dev),
+            "seq_lens": torch.zeros(s, dtype=i32, device=dev),
+            "draft_tokens": torch.zeros(s, k, dtype=i64, device=dev),
+        }
+        self.sample_cols = torch.arange(k, dtype=i32, device=dev).repeat(s)
+        self.draft_logits = (torch.zeros(s, k, self.model_config.vocab, dtype=torch.float32, device=dev)
+                             if self.probabilistic else None)
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self) -> dict:
+        record: dict = {}
+        plan = self.scheduler.schedule(self.step_index)
+        self._poison_freed_draft_blocks()
+        self._assign_slots(plan, record)
+        batch = plan.batch
+        record["batch.request"] = torch.tensor([r.index for r, _ in batch], dtype=torch.int64)
+        record["batch.num_tokens"] = torch.tensor([n for _, n in batch], dtype=torch.int32)
+        if batch:
+            slot_ids = [self.slots.slot_of[r.req_id] for r, _ in batch]
+            idx_mapping = torch.tensor(slot_ids, dtype=torch.int32, device=self.device)
+            record["idx_mapping"] = _snap(idx_mapping)
+            step_depth = self._depth(len(batch))  # chosen at schedule time, from what was observed so far
+            target = self._target_step(batch, idx_mapping, record)
+            verified = self._verify(batch, slot_ids, target, record)
+            self._propose(batch, slot_ids, idx_mapping, target, verified, step_depth, record)
+            if self.schedule is not None:
+                self.depth_controller.observe(len(batch), *verified["acceptance"])
+        self.scheduler.finish_step()
+        self.step_index += 1
+        return record
+
+    def _poison_freed_draft_blocks(self) -> None:
+        """Freed draft blocks hold no valid KV any more; NaN makes a read of them show."""
+        freed = self.scheduler.freed_draft_blocks
+        if freed:
+            index = torch.tensor(freed, dtype=torch.int64, device=self.device)
+            for k_cache, v_cache in self.caches_d:
+                k_cache[index] = float("nan")
+                v_cache[index] = float("nan")
+        self.scheduler.freed_draft_blocks = []
+
+    def _assign_slots(self, plan, record) -> None:
+        self.slots.release(plan.released)
+        for req in plan.admitted:
+            slot = self.slots.admit(req.req_id, req.num_cached, req.seed)
+            self.temperature[slot] = req.temperature
+        for req, _ in plan.batch:
+            slot = self.slots.slot_of[req.req_id]
+            for host, blocks in ((self.host_table_t, req.target_blocks), (self.host_table_d, req.draft_blocks)):
+                host[slot] = 0
+                host[slot, :len(blocks)] = blocks
+        self.table_t.copy_(torch.from_numpy(self.host_table_t))
+        self.table_d.copy_(torch.from_numpy(self.host_table_d))
+        slot_of = np.full(len(self.requests), -1, dtype=np.int64)
+        for req in self.requests:
+            slot_of[req.index] = self.slots.slot_of.get(req.req_id, -1)
+        record["slots.slot_of_request"] = torch.from_numpy(slot_of)
+        record["slots.free"] = torch.tensor(self.slots.free_slots, dtype=torch.int64)
+        record["slots.seeds"] = torch.from_numpy(self.slots.seeds.copy())
+        record["slots.num_cached_tokens"] = torch.from_numpy(self.slots.num_cached_tokens.copy())
+
+    def _target_step(self, batch, idx_mapping, record) -> dict:
+        """Gather, slot mappings, the target forward with KV writes; returns what later stages need."""
+        ids, positions, starts, seq_lens = [], [], [0], []
+        for req, n in batch:
+            first = req.num_computed
+            ids += req.tokens[first:first + n] if req.prefilling else [req.tokens[-1]] + req.drafts
+            positions += range(first, first + n)
+            starts.append(starts[-1] + n)
+            seq_lens.append(first + n)
+        dev = self.device
+        ids_t = torch.tensor(ids, dtype=torch.int64, device=dev)
+        positions_t = torch.tensor(positions, dtype=torch.int64, device=dev)
+        qsl = torch.tensor(starts, dtype=torch.int32, device=dev)
+        seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+        num_rows = len(batch)
+        block_table.gather_block_tables(self.table_t, idx_mapping, self.batch_table_t)
+        block_table.compute_slot_mappings(self.batch_table_t, qsl, positions_t, self.sched_config.target_block_size,
+                                          self.slot_mapping_t)
+        attn = {"block_table": self.batch_table_t[:num_rows], "seq_lens": seq_lens_t, "query_start_loc": qsl,
+                "causal": True}
+        hidden, aux = self.model.target_forward(ids_t, positions_t, self.slot_mapping_t, self.caches_t, attn)
+        record["target.input_ids"] = _snap(ids_t)
+        record["target.positions"] = _snap(positions_t)
+        record["target.query_start_loc"] = _snap(qsl)
+        record["target.seq_lens"] = _snap(seq_lens_t)
+        record["target.block_table"] = _snap(self.batch_table_t[:num_rows])
+        record["target.slot_mapping"] = _snap(self.slot_mapping_t)
+        return {"hidden": hidden, "aux": aux, "positions": positions_t, "query_start_loc": qsl, "starts": starts}
+
+    def _verify(self, batch, slot_ids, target, record) -> dict:
+        """Verify each sampling request's drafts (one launch per draft count: the kernel's k is fixed).
+
+        Decoding requests verify their drafts and take a bonus; a prefill chunk that ends its prompt
+        samples its first token (0 drafts); a chunk that ends mid-prompt samples nothing.
+        """
+        num_rows, k, vocab, dev = len(batch), self.k, self.model_config.vocab, self.device
+        out_tokens = torch.full((num_rows, k + 1), -1, dtype=torch.int64, device=dev)
+        num_sampled = torch.zeros(num_rows, dtype=torch.int32, device=dev)
+        num_rejected = torch.zeros(num_rows, dtype=torch.int32, device=dev)
+        logits_record = torch.full((num_rows, k + 1, vocab), float("nan"), dtype=torch.float32, device=dev)
+        groups: dict[int, list[int]] = {}
+        for b, (req, n) in enumerate(batch):
+            if not req.prefilling:
+                groups.setdefault(n - 1, []).append(b)
+            elif req.num_computed + n == len(req.tokens):
+                groups.setdefault(0, []).append(b)
+        starts = target["starts"]
+        for num_drafts, rows in sorted(groups.items()):
+            # rows of the hidden states verified: the last num_drafts + 1 of each request
+            token_rows = torch.tensor([starts[b + 1] - num_drafts - 1 + i for b in rows for i in range(num_drafts + 1)],
+                                      dtype=torch.int64, device=dev)
+            predicted = target["positions"][token_rows] + 1
+            logits = self.model.logits(target["hidden"][token_rows], predicted).view(len(rows), num_drafts + 1, vocab)
+            drafts = torch.tensor([batch[b][0].drafts for b in rows], dtype=torch.int64,
+                                  device=dev).view(len(rows), num_drafts)
+            rows_t = torch.tensor(rows, dtype=torch.int64, device=dev)
+            group_out = torch.empty(len(rows), num_drafts + 1, dtype=torch.int64, device=dev)
+            group_sampled = torch.empty(len(rows), dtype=torch.int32, device=dev)
+            group_rejected = torch.empty(len(rows), dtype=torch.int32, device=dev)
+            cached_q = self.draft_logits[:, :num_drafts] if self.probabilistic and num_drafts else None
+            rejection.verify(logits, drafts, torch.tensor([slot_ids[b] for b in rows], dtype=torch.int32, device=dev),
+                             self.temperature, self._seeds(), predicted.view(len(rows), -1)[:, 0].contiguous(),
+                             group_out, group_sampled, group_rejected, draft_logits=cached_q)
+            out_tokens[rows_t, :num_drafts + 1] = group_out
+            num_sampled[rows_t] = group_sampled
+            num_rejected[rows_t] = group_rejected
+            logits_record[rows_t, :num_drafts + 1] = logits
+        record["target.logits"] = _snap(logits_record)
+        record["verify.out_tokens"] = _snap(out_tokens)
+        record["verify.num_sampled"] = _snap(num_sampled)
+        record["verify.num_rejected"] = _snap(num_rejected)
+        num_drafts = torch.zeros(num_rows, dtype=torch.int32)
+        for d, rows in groups.items():
+            num_drafts[rows] = d
+        record["verify.num_drafts"] = num_drafts
+        sampled_host = num_sampled.cpu()
+        drafting = [b for d, rows in groups.items() if d for b in rows]
+        acceptance = (len(drafting), sum(len(batch[b][0].drafts) for b in drafting),
+                      sum(int(sampled_host[b]) - 1 for b in drafting))
+        self._advance(batch, slot_ids, out_tokens.cpu(), sampled_host)
+        return {"num_sampled": num_sampled, "num_rejected": num_rejected, "acceptance": acceptance}
+
+    def _advance(self, batch, slot_ids, out_tokens, num_sampled) -> None:
+        """Host bookkeeping after verification: computed counts, emitted tokens, finished requests."""
+        max_len = self.sched_config.max_model_len
+        for b, (req, n) in enumerate(batch):
+            emitted = out_tokens[b, :int(num_sampled[b])].tolist()
+            req.num_computed += len(emitted) if not req.prefilling else n
+            req.tokens += emitted
+            if emitted:
+                self.last_sampled[slot_ids[b]] = emitted[-1]
+            elif req.num_computed < len(req.tokens):
+                self.next_prefill_tokens[slot_ids[b]] = req.tokens[req.num_computed]
+            limit = min(len(req.prompt) + req.max_new_tokens, max_len)
+            if len(req.tokens) >= limit:
+                del req.tokens[limit:]
+                req.num_computed = min(req.num_computed, limit)
+                req.finished = True
+            req.drafts = []
+
+    def _seeds(self) -> torch.Tensor:
+        return torch.from_numpy(self.slots.seeds).to(self.device)
+
+    def _propose(self, batch, slot_ids, idx_mapping, target, verified, step_depth, record) -> None:
+        """The draft step: inputs, context KV, shift, draft forward, sampling, depth limit."""
+        num_rows, k, c, dev = len(batch), self.k, self.sched_config, self.device
+        buf = self.buffers
+        num_sampled = verified["num_sampled"]
+        num_rejected = verified["num_rejected"]
+        block_table.gather_block_tables(self.table_d, idx_mapping, self.batch_table_d)
+        record["draft.block_table"] = _snap(self.batch_table_d[:num_rows])
+        num_cached = torch.from_numpy(self.slots.num_cached_tokens).to(dev)
+        positions = target["positions"]
+        prepared = draft_inputs.prepare_draft_inputs(
+            idx_mapping=idx_mapping, target_query_start_loc=target["query_start_loc"], target_positions=positions,
+            num_sampled=num_sampled, num_rejected=num_rejected, last_sampled=self.last_sampled,
+            next_prefill_tokens=self.next_prefill_tokens, num_cached_tokens=num_cached,
+            block_table=self.batch_table_d, block_size=c.draft_block_size, num_draft_tokens=k,
+            anchor_first=self.anchor_first, mask_token_id=self.model_config.mask_token_id,
+            max_model_len=c.max_model_len, **buf)
+        num_tokens = positions.numel()
+        if not prepared:
+            self._refused_context_rows(target, num_rejected)
+        self.model.write_context_kv(target["aux"], buf["context_positions"][:num_tokens],
+                                    buf["context_slot_mapping"][:num_tokens], self.caches_d)
+        record["draft.prepared"] = torch.tensor(prepared)
+        for name in PREP_OUTPUTS:
+            record[f"draft.{name}"] = _snap(buf[name])
+        if prepared:
+            self._draft(num_rows, idx_mapping, num_cached, record)
+        drafts = depth.limit_draft_tokens(buf["draft_tokens"][:num_rows], step_depth, k)
+        record["depth"] = torch.tensor(step_depth, dtype=torch.int64)
+        record["draft.tokens"] = _snap(drafts)
+        for (req, _), row in zip(batch, drafts.cpu().tolist(), strict=True):
+            if not req.prefilling and not req.finished:
+                room = c.max_model_len - len(req.tokens)
+                req.drafts = [t for t in row if t >= 0][:room]
+
+    def _refused_context_rows(self, target, num_rejected) -> None:
+        """Context rows of a refused batch, as the prep kernel would have written them: valid rows at
+        their position and slot, the rejected suffix at position 0 / PAD, everything past at 0 / PAD."""
+        buf, qsl, positions = self.buffers, target["query_start_loc"], target["positions"]
+        starts = qsl.long()
+        row_of_token = torch.repeat_interleave(torch.arange(starts.numel() - 1, device=self.device),
+                                               starts[1:] - starts[:-1])
+        valid = torch.arange(positions.numel(), device=self.device) < (starts[1:] - num_rejected.long())[row_of_token]
+        buf["context_positions"].zero_()
+        buf["context_positions"][:positions.numel()] = torch.where(valid, positions, 0)
+        block_table.compute_slot_mappings(self.batch_table_d, qsl, torch.where(valid, positions, -1),
+                                          self.sched_config.draft_block_size, buf["context_slot_mapping"])
+
+    def _draft(self, num_rows, idx_mapping, num_cached, record) -> None:
+        buf, q = self.buffers, self.q
+        block_table.shift_block_table_rows(self.batch_table_d, idx_mapping, num_cached, buf["seq_lens"],
+                                           self.sched_config.draft_block_size)
+        record["draft.shifted_block_table"] = _snap(self.batch_table_d[:num_rows])
+        attn = {"block_table": self.batch_table_d[:num_rows], "seq_lens": buf["seq_lens"][:num_rows],
+                "query_start_loc": buf["query_start_loc"][:num_rows + 1], "causal": False}
+        rows = num_rows * q
+        hidden = self.model.draft_forward(buf["input_ids"][:rows], buf["positions"][:rows],
+                                          buf["query_slot_mapping"][:rows], self.caches_d, attn)
+        logits = self.model.logits(hidden[buf["sample_indices"]], buf["sample_pos"])
+        cache = {"logits_cache": self.draft_logits, "cache_cols": self.sample_cols} if self.probabilistic else {}
+        sampled = sampling.gumbel_sample(logits, buf["sample_idx_mapping"], self.temperature, self._seeds(),
+                                         buf["sample_pos"], draft=True, **cache)
+        buf["draft_tokens"].copy_(sampled.view(-1, self.k))
+        record["draft.logits"] = _snap(logits)
+        record["draft.sampled"] = _snap(sampled)
+        if self.probabilistic:
+            record["draft.logits_cache"] = _snap(self.draft_logits)
+
+    def _depth(self, num_rows: int) -> int:
+        """The depth the scheduler chose for this step's drafts (fix 7: 0 stays 0)."""
+        if self.schedule is None:
+            return depth.resolve_num_spec_tokens(None, self.k)
+        return depth.resolve_num_spec_tokens(self.depth_controller.depth_for(num_rows), self.k)
+
+
+def replay(config: dict, weights: dict, requests: list[dict], num_steps: int) -> list[dict]:
+    """Run ``num_steps`` steps of the workload; the records, one per step."""
+    engine = Engine(config, weights, requests)
+    return [engine.step() for _ in range(num_steps)]
