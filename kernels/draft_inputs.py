@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import block_table as tables  # looked up at call time: a patched fail-closed test reaches here
 from kernels import runtime, validate  # noqa: F401  (runtime: device choice before any kernel)
-from kernels.block_table import has_unaligned_cached_prefix
 
 MAX_BLOCK = 256
 
@@ -208,7 +208,7 @@ def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_position
     if draft_tokens.shape[1] != k:
         raise ValueError(f"draft_tokens: {draft_tokens.shape[1]} columns, expected num_draft_tokens = {k}")
 
-    if has_unaligned_cached_prefix(num_cached_tokens, slots, (block_size,)):
+    if tables.has_unaligned_cached_prefix(num_cached_tokens, slots, (block_size,)):
         draft_tokens[:num_batch_rows] = -1
         return False
     max_target_rows = int((target_starts[1:num_batch_rows + 1] - target_starts[:num_batch_rows]).max()) \

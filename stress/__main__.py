@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     common(mut)
     mut.add_argument("--check", action="append", help="only this check (repeatable)")
     mut.add_argument("--max-iters", type=int, default=200, help="cases per mutant before it counts as survived")
+    mut.add_argument("--path-iters", type=int, default=40,
+                     help="cases of the whole-path check (engine.step) per other check's mutant (the path column)")
     mut.add_argument("--by-shape", action="store_true", help="hunt separately in every launch shape of the sweep")
     mut.add_argument("--jobs", type=int, help="worker processes (default as for run); 0 = in process")
     mut.add_argument("--json", action="store_true", help="print the matrix as JSON")
@@ -67,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     tp.add_argument("--mutant", action="append",
                     help="also replay with this planted bug in every rank; it must diverge (repeatable)")
     tp.add_argument("--steps", type=int, default=8, help="schedule steps (default 8)")
+    tp.add_argument("--workload", choices=("slots", "engine", "all"), default="all",
+                    help="slots: an admission schedule through the slots and draft inputs; engine: the whole "
+                         "engine (kernels.spec.engine); all (default): both")
     return p
 
 
@@ -231,7 +236,7 @@ def cmd_mutants(args) -> int:
 
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
     rows = matrix.kill_matrix(_checks(args.check), device, max_iters=args.max_iters, seed=args.seed, jobs=jobs,
-                              by_shape=args.by_shape,
+                              by_shape=args.by_shape, path_iters=args.path_iters,
                               on_row=None if args.json else lambda k: print(f"  {k.mutant}: {k.status}", flush=True))
     if args.report:
         os.makedirs(args.report, exist_ok=True)
@@ -250,7 +255,13 @@ def cmd_mutants(args) -> int:
     killed = sum("killed" in s for s in checkable)
     print(f"{killed} of {len(checkable)} checkable mutants killed on {device}; "
           f"{len(status) - len(checkable)} not checked here")
-    return 0 if killed == len(checkable) else 1
+    path = {k.mutant: k.path for k in rows if k.path != "-"}
+    path_missed = sorted(m for m, p in path.items() if p not in ("killed", "unreachable"))
+    if path:
+        print(f"path column: {sum(p == 'killed' for p in path.values())} killed by the whole step, "
+              f"{sum(p == 'unreachable' for p in path.values())} unreachable (reasons above)"
+              + (f"; NOT killed: {', '.join(path_missed)}" if path_missed else ""))
+    return 0 if killed == len(checkable) and not path_missed else 1
 
 
 def cmd_tp(args) -> int:
@@ -259,14 +270,16 @@ def cmd_tp(args) -> int:
 
     # The production code always runs first: it must agree; each named mutant must diverge.
     scenarios = (None, *dict.fromkeys(args.mutant or ()))
-    outcomes = tp.run_ranks(args.ranks, mutants=scenarios, seed=args.seed, num_steps=args.steps)
     ok = True
-    for name, outcome in outcomes.items():
-        as_expected = outcome.agreed == (name is None)
-        ok &= as_expected
-        verdict = "as expected" if as_expected else f"UNEXPECTED: must {'diverge' if name else 'agree'}"
-        print(f"{name or 'production code'}: {outcome.message}  [{verdict}]")
-    print(f"{args.ranks} ranks in {next(iter(outcomes.values())).seconds:.1f} s")
+    for workload in tp.WORKLOADS if args.workload == "all" else (args.workload,):
+        outcomes = tp.run_ranks(args.ranks, mutants=scenarios, seed=args.seed, num_steps=args.steps,
+                                workload=workload)
+        for name, outcome in outcomes.items():
+            as_expected = outcome.agreed == (name is None)
+            ok &= as_expected
+            verdict = "as expected" if as_expected else f"UNEXPECTED: must {'diverge' if name else 'agree'}"
+            print(f"[{workload}] {name or 'production code'}: {outcome.message}  [{verdict}]")
+        print(f"[{workload}] {args.ranks} ranks in {next(iter(outcomes.values())).seconds:.1f} s")
     return 0 if ok else 1
 
 

@@ -13,10 +13,11 @@ import reference.rejection
 import reference.sampling
 import reference.spec.slots
 import stress.schedule
-from stress import distribution
+from stress import distribution, engine_check
 from stress.compare import exact_unless_near_tie
 from stress.families import block_table as bt_families
 from stress.families import draft_inputs as di_families
+from stress.families import engine as engine_families
 from stress.families import rejection as rejection_families
 from stress.families import sampling as sampling_families
 from stress.families import slots as slot_families
@@ -125,7 +126,8 @@ DRAFT_INPUT_CHECKS = (
                    oracles=_EVERYWHERE, families=("prefix_cache", "decode")),
             Mutant("unaligned-drafts", "spec fix 4: a batch with a partial cached block is drafted, not refused",
                    (Patch("kernels.draft_inputs:prepare_draft_inputs",
-                          "if has_unaligned_cached_prefix(num_cached_tokens, slots, (block_size,)):", "if False:"),),
+                          "if tables.has_unaligned_cached_prefix(num_cached_tokens, slots, (block_size,)):",
+                          "if False:"),),
                    oracles=_EVERYWHERE, families=("prefix_cache",)),
             Mutant("rejected-keeps-slot", "the rejected suffix keeps its real position and KV slot",
                    (Patch(_DI, "ctx_valid = lanes < n_valid", "ctx_valid = lanes < n_ctx"),),
@@ -240,9 +242,49 @@ REJECTION_CHECKS = (
     ),
 )
 
+_ENGINE = "kernels.spec.engine:Engine"
+
+ENGINE_CHECKS = (
+    Check(
+        name="engine.step",
+        kernel=engine_check.run_engine,  # drives the production kernels.spec.engine.Engine step by step
+        reference=engine_check.reference,
+        families=engine_families.FAMILIES,
+        outputs=(RETURN,),
+        compare=engine_check.compare,
+        metrics=engine_check.metrics,
+        repeats={"cpu": 1, "cuda": 2},
+        unreachable=engine_check.UNREACHABLE,
+        path_families=engine_check.PATH_FAMILIES,
+        iteration_share=engine_check.ITERATION_SHARE,
+        mutants=(
+            Mutant("prefix-blocks-visible", "spec fix 4 (pre-fix): no restored counts reach the draft: seq_lens not "
+                   "shortened, no shift, no fail-closed; the draft reads never-written (NaN) KV",
+                   (Patch(_ENGINE, "num_cached = torch.from_numpy(self.slots.num_cached_tokens).to(dev)",
+                          "num_cached = torch.zeros_like(torch.from_numpy(self.slots.num_cached_tokens)).to(dev)"),),
+                   oracles=_EVERYWHERE, families=("shared_prefix", "preempt_resume", "unaligned_prefix")),
+            Mutant("refused-batch-skips-context-kv", "upstream order: a batch refused for an unaligned prefix "
+                   "returns before its context KV is written, so later drafts read never-written KV",
+                   (Patch(_ENGINE, "        self.model.write_context_kv(",
+                          "        prepared and self.model.write_context_kv("),),
+                   oracles=_EVERYWHERE, families=("unaligned_prefix",)),
+        ),
+    ),
+)
+
 REGISTRY: tuple[Check, ...] = (BLOCK_TABLE_CHECKS + DRAFT_INPUT_CHECKS + SLOT_CHECKS + SAMPLING_CHECKS
-                                 + REJECTION_CHECKS)
+                                 + REJECTION_CHECKS + ENGINE_CHECKS)
 BY_NAME = {check.name: check for check in REGISTRY}
+
+
+def find_mutant(name: str, check: Check) -> Mutant:
+    """``check``'s planted bug ``name``; a whole-path check (``unreachable`` set) also takes any other's."""
+    if check.unreachable is None or any(m.name == name for m in check.mutants):
+        return check.mutant(name)
+    for other in REGISTRY:
+        if any(m.name == name for m in other.mutants):
+            return other.mutant(name)
+    raise ValueError(f"mutant {name!r} is not planted in any check; `python -m stress list` shows them")
 
 
 def get(name: str) -> Check:

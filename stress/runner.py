@@ -72,8 +72,11 @@ def _fatal(exc: BaseException) -> bool:
     return "CUDA error" in text or "AcceleratorError" in text or "illegal memory access" in text
 
 
-def differential(check: Check, case: Case, expected: dict, device: str, load=None) -> tuple[str, list[str]]:
-    """Run the kernel ``repeats`` times on guarded copies; compare each run with the reference."""
+def differential(check: Check, case: Case, expected: dict, device: str, load=None,
+                 metrics: dict | None = None) -> tuple[str, list[str]]:
+    """Run the kernel ``repeats`` times on guarded copies; compare each run with the reference.
+
+    ``metrics``, when given, receives the check's metrics of the last run."""
     from stress import compare, guards
 
     compare_fn = check.compare or compare.exact
@@ -95,8 +98,10 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
         if damage:
             return "fail:oob", [tag + d for d in damage]
         lines = []
-        for name in check.outputs:
-            got = returned if name == RETURN else placed[name].view
+        outputs = {name: returned if name == RETURN else placed[name].view for name in check.outputs}
+        if metrics is not None and check.metrics:
+            metrics.update(check.metrics(expected, outputs))
+        for name, got in outputs.items():
             found = compare_fn(name, expected[name], got)
             if isinstance(found, compare.Unjudged):
                 unjudged += [tag + line for line in found.lines()]
@@ -175,7 +180,7 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
         signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
         check = checks.get(task.check)
-        mutant = check.mutant(task.mutant) if task.mutant else None
+        mutant = checks.find_mutant(task.mutant, check) if task.mutant else None
         if device not in check.devices:
             result.verdict = f"not_checked:{check.name} does not run on {device}"
             return result
@@ -183,7 +188,8 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
         result.launch, result.note = case.launch, case.note
         expected = expected_outputs(check, case)
         with mutants.applied(mutant):
-            result.verdict, result.details = differential(check, case, expected, device, _background_load(device))
+            result.verdict, result.details = differential(check, case, expected, device, _background_load(device),
+                                                          result.metrics)
             if trace and device == "cpu" and result.verdict == PASS:
                 result.verdict, result.details = traced(check, case, task.seed)
     except CaseTimeout:
@@ -298,12 +304,19 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
 
 def plan(checks: list[Check], families: list[str] | None, iters: int, seed: int) -> list[Task]:
     """Iteration-major order, so an interrupted run has covered every family evenly."""
+    # A check with an iteration share runs its n cases spread evenly over the iterations.
+    at = {}
+    for check in checks:
+        n = max(1, round(iters * check.iteration_share)) if check.iteration_share < 1 else iters
+        at[check.name] = {j * iters // n: j for j in range(n)}
     tasks = []
     for i in range(iters):
         for check in checks:
+            if i not in at[check.name]:
+                continue
             for family in check.families:
                 if not families or family in families:
-                    tasks.append(Task(check.name, family, case_seed(seed, check.name, family, i)))
+                    tasks.append(Task(check.name, family, case_seed(seed, check.name, family, at[check.name][i])))
     return tasks
 
 
@@ -356,6 +369,7 @@ class Report:
         for (check, family), rs in sorted(rows.items()):
             out.append(f"| {check} | {family} | {sum(r.verdict == PASS for r in rs)} | {sum(r.failed for r in rs)} "
                        f"| {sum(r.not_checked for r in rs)} | {sum(r.seconds for r in rs):.2f} |")
+        out += acceptance_lines(self.results)
         failures = [r for r in self.results if r.failed]
         if failures:
             out += ["", "## Failures", ""]
@@ -372,3 +386,26 @@ class Report:
             out += ["", "## GPU telemetry", ""] + [f"- {line}" for line in telemetry.lines(self.telemetry)]
         out += ["", self.closing_line(), ""]
         return "\n".join(out)
+
+
+def acceptance_lines(results: list[Result]) -> list[str]:
+    """Acceptance per (check, family) over the cases that report it: the engine's accepted drafts per
+    verified draft next to the reference's on the same workloads; a family whose rate falls below
+    the reference's is flagged."""
+    totals: dict[tuple[str, str], list[int]] = {}
+    for r in results:
+        if "drafted" in r.metrics:
+            t = totals.setdefault((r.check, r.family), [0, 0, 0, 0, 0])
+            t[0] += 1
+            for i, key in enumerate(("drafted", "accepted", "expected_drafted", "expected_accepted"), start=1):
+                t[i] += r.metrics[key]
+    if not totals:
+        return []
+    out = ["", "## Acceptance", "", "| check | family | cases | drafts | acceptance | reference | |",
+           "|---|---|---|---|---|---|---|"]
+    for (check, family), (cases, drafted, accepted, ref_drafted, ref_accepted) in sorted(totals.items()):
+        rate = accepted / drafted if drafted else float("nan")
+        ref_rate = ref_accepted / ref_drafted if ref_drafted else float("nan")
+        flag = "**FALLS**" if ref_drafted and (not drafted or rate < ref_rate) else ""
+        out.append(f"| {check} | {family} | {cases} | {drafted} | {rate:.3f} | {ref_rate:.3f} | {flag} |")
+    return out

@@ -1,0 +1,266 @@
+"""Workloads for ``engine.step``: a seeded request stream, engine settings and the model weights.
+
+A case is ``num_steps`` steps of one workload, replayed by ``kernels.spec.engine`` and by
+``reference.spec.engine``. Small on the CPU (the interpreter runs every kernel), bf16 and larger
+on the GPU.
+
+The weights are seeded random matrices with a planted circuit, so that every greedy decision is
+decided by a margin far wider than bf16 rounding and a draft sharing the weights proposes exactly
+what the target emits:
+* class: token v belongs to class ``v % C``. Embeddings carry a one-hot class in the first C
+  coordinates (the mask token none); the value projection and the output projection copy those
+  coordinates through attention, and nothing else writes them. A row's class coordinates hold a
+  positive mix of the classes of what it attends to, and ``head_raw`` adds ``ALPHA`` times that
+  to every token of the class: a request whose prompt is one class continues in that class.
+* position: ``position_codes[t]`` gives one token per class ``BETA`` at predicted position t.
+* content: ``head_norm`` adds at most ``GAMMA`` (its columns' norm bound), so attention still
+  shows in every logit while never flipping a decision (BETA > 2 GAMMA).
+So the target emits, at position t, the class-c token coded for t; the draft, whose mask rows
+attend to the request's visible context and bonus (all class c), proposes the same. A draft that
+reads another request's KV can change class; one that reads never-written (NaN) KV collapses.
+"""
+
+import numpy as np
+import torch
+
+from stress.families.common import big, pick
+from stress.types import Case
+
+ALPHA, BETA, GAMMA = 40.0, 2.0, 0.5
+CLASSES = 4
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    """Round to bf16 and back: the GPU engine's weights are then exactly the reference's."""
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+def model_config(device: str, max_model_len: int, num_spec_tokens: int) -> dict:
+    """Tiny under the interpreter; bf16-sized on the GPU."""
+    if big(device):
+        dims = {"vocab": 256, "hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 32, "ffn": 128}
+    else:
+        dims = {"vocab": 64, "hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "head_dim": 16, "ffn": 32}
+    return {**dims, "rope_theta": 10000.0, "max_position": max_model_len + num_spec_tokens + 2}
+
+
+def model_weights(rng: np.random.Generator, model: dict) -> dict[str, torch.Tensor]:
+    v, h, c = model["vocab"], model["hidden"], CLASSES
+    qd, kvd = model["heads"] * model["head_dim"], model["kv_heads"] * model["head_dim"]
+
+    def normal(*shape, std=1.0):
+        return torch.from_numpy(rng.standard_normal(shape) * std).to(torch.float32)
+
+    w = {}
+    embed = normal(v + 1, h)
+    embed[:, :c] = 0
+    embed[torch.arange(v), torch.arange(v) % c] = 1.0  # row v (the mask token) has no class
+    w["embed"] = embed
+    for layer in range(model["layers"]):
+        wq, wk = normal(h, qd, std=h ** -0.5), normal(h, kvd, std=h ** -0.5)
+        wq[:c], wk[:c] = 0, 0  # attention patterns do not depend on the class
+        wv = normal(h, kvd, std=h ** -0.5)
+        wv[:, :c] = 0
+        wv[:c] = 0
+        wv[torch.arange(c), torch.arange(c)] = 1.0  # value dims 0..C-1 of kv head 0: the class, copied
+        wo = normal(qd, h, std=0.5 * qd ** -0.5)
+        wo[:, :c] = 0
+        wo[:c] = 0
+        wo[torch.arange(c), torch.arange(c)] = 1.0  # query head 0's class dims back into the class coordinates
+        w_up = normal(h, model["ffn"], std=h ** -0.5)
+        w_up[:c] = 0
+        w_down = normal(model["ffn"], h, std=0.5 * model["ffn"] ** -0.5)
+        w_down[:, :c] = 0
+        w.update({f"layer{layer}.wq": wq, f"layer{layer}.wk": wk, f"layer{layer}.wv": wv, f"layer{layer}.wo": wo,
+                  f"layer{layer}.w_up": w_up, f"layer{layer}.w_down": w_down})
+    head_raw = torch.zeros(h, v)
+    head_raw[torch.arange(v) % c, torch.arange(v)] = ALPHA
+    w["head_raw"] = head_raw
+    head_norm = normal(h, v)
+    head_norm[:c] = 0
+    w["head_norm"] = head_norm * (GAMMA / head_norm.norm(dim=0, keepdim=True) / h ** 0.5)
+    codes = torch.zeros(model["max_position"], v)
+    per_class = v // c
+    for cls in range(c):
+        chosen = rng.integers(0, per_class, model["max_position"]) * c + cls
+        codes[torch.arange(model["max_position"]), torch.from_numpy(chosen)] = BETA
+    w["position_codes"] = codes
+    return {name: _bf16(t) for name, t in w.items()}
+
+
+def prompt(rng: np.random.Generator, vocab: int, cls: int, length: int) -> list[int]:
+    return (rng.integers(0, vocab // CLASSES, length) * CLASSES + cls).tolist()
+
+
+def request(rng, req_no: int, *, arrival: int, prompt_tokens: list[int], max_new: int,
+            temperature: float = 0.0) -> dict:
+    """Ids sort in an order unrelated to admission, so sorted and set order both differ from it; about
+    half the requests have no seed and draw a fallback one (spec fix 2A)."""
+    seed = int(rng.integers(-2**40, 2**40)) if rng.random() < 0.5 else None
+    return {"req_id": f"r{int(rng.integers(0, 1000)):03d}-{req_no}", "arrival": arrival, "prompt": prompt_tokens,
+            "max_new_tokens": max_new, "temperature": temperature, "seed": seed}
+
+
+def _sized(device: str, cpu, gpu):
+    return gpu if big(device) else cpu
+
+
+def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, block_sizes, num_blocks=None, k=3,
+                anchor_first=False, probabilistic=False, dsd_schedule=None, max_model_len=None, note="") -> Case:
+    """One case: settings, weights and ``requests_fn(rng, vocab)``'s request stream. ``num_blocks`` None
+    gives every request room at full length at once (no preemption)."""
+    max_model_len = max_model_len or _sized(device, 64, 1024)
+    model = model_config(device, max_model_len, k)
+    weights = model_weights(rng, model)
+    requests = requests_fn(rng, model["vocab"])
+    bs_t, bs_d = block_sizes
+    if num_blocks is None:
+        lengths = [min(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2, max_model_len + k + 2) for r in requests]
+        num_blocks = (sum(-(-n // bs_t) for n in lengths) + 1, sum(-(-(n + k + 1) // bs_d) for n in lengths) + 1)
+    config = {
+        "model": model,
+        "scheduler": {"max_num_reqs": max_num_reqs, "max_num_batched_tokens": budget, "target_block_size": bs_t,
+                      "target_num_blocks": num_blocks[0], "draft_block_size": bs_d, "draft_num_blocks": num_blocks[1],
+                      "max_model_len": max_model_len},
+        "num_spec_tokens": k, "anchor_first": anchor_first, "draft_probabilistic": probabilistic,
+        "dsd_schedule": dsd_schedule, "adaptive_window": 2, "seed": int(rng.integers(0, 2**31)),
+        "dtype": "bfloat16" if big(device) else "float32",
+    }
+    layout = "dspark" if anchor_first else "dflash"
+    return Case(inputs={"config": config, "weights": weights, "requests": requests, "num_steps": num_steps,
+                        "global_seed": int(rng.integers(0, 2**31))},
+                note=f"{layout} K={k} bs={bs_t}/{bs_d} S={max_num_reqs} {len(requests)} requests {note}".strip())
+
+
+def shared_prefix(rng, device, launch):
+    """Requests over one long common prefix, arriving a step apart: each later one restores the prefix
+    from the cache and must draft over its own tokens only (the upstream acceptance collapse). More
+    requests than slots, finishing together, so freed slots are recycled in one go."""
+    n, slots = _sized(device, (5, 3), (24, 12))
+    bs = _sized(device, 4, 16)
+
+    def requests(rng, vocab):
+        cls = int(rng.integers(CLASSES))
+        common = prompt(rng, vocab, cls, int(rng.integers(*_sized(device, (12, 28), (200, 600)))))
+        max_new = int(rng.integers(3, 7))
+        return [request(rng, i, arrival=i * int(rng.integers(0, 2)),
+                        prompt_tokens=common + prompt(rng, vocab, cls, int(rng.integers(1, 2 * bs))), max_new=max_new)
+                for i in range(n)]
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 14), max_num_reqs=slots,
+                       budget=_sized(device, 40, 2048), block_sizes=(bs, bs), note="shared prefix")
+
+
+def unaligned_prefix(rng, device, launch):
+    """The draft block is twice the target's: a prefix hit of an odd number of target blocks leaves a
+    partial draft block restored, and every batch holding that request is refused (fail closed)."""
+    bs = _sized(device, 4, 16)
+    odd = bool(rng.integers(2))
+
+    def requests(rng, vocab):
+        a, b = rng.choice(CLASSES, 2, replace=False).tolist()
+        blocks = 2 * int(rng.integers(1, _sized(device, 4, 20))) + (1 if odd else 0)
+        common = prompt(rng, vocab, b, blocks * bs + int(rng.integers(0, bs)))
+        return [request(rng, 0, arrival=0, prompt_tokens=prompt(rng, vocab, a, int(rng.integers(4, 12))), max_new=12),
+                request(rng, 1, arrival=0, prompt_tokens=common, max_new=2),
+                request(rng, 2, arrival=1, prompt_tokens=common + prompt(rng, vocab, b, int(rng.integers(1, 6))),
+                        max_new=int(rng.integers(1, 4))),
+                request(rng, 3, arrival=2, prompt_tokens=prompt(rng, vocab, a, int(rng.integers(4, 12))), max_new=10)]
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 7, 10), max_num_reqs=4,
+                       budget=_sized(device, 48, 2048), block_sizes=(bs, 2 * bs),
+                       note="odd prefix hit (unaligned)" if odd else "even prefix hit")
+
+
+def preempt_resume(rng, device, launch):
+    """Too few blocks for every running request: the last admitted is preempted, and resumes later from
+    its own blocks still in the prefix cache (a restored prefix to mask, a new slot, a new seed)."""
+    bs = _sized(device, 4, 16)
+    n = _sized(device, 3, 8)
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=0 if i < n - 1 else 1,
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)),
+                                             int(rng.integers(*_sized(device, (6, 14), (100, 300))))),
+                        max_new=int(rng.integers(6, 12))) for i in range(n)]
+
+    probe = requests(np.random.default_rng(rng.integers(2**31)), 64)
+    need = sum(-(-(len(r["prompt"]) + r["max_new_tokens"] + 8) // bs) for r in probe)
+    tight = int(need * 0.75)
+    return engine_case(rng, device, requests, num_steps=_sized(device, 8, 16), max_num_reqs=n,
+                       budget=_sized(device, 40, 2048), block_sizes=(bs, bs), num_blocks=(tight, tight + n),
+                       note="block pressure")
+
+
+def mixed_prefill_decode(rng, device, launch):
+    """A small token budget: prompts are prefilled in chunks (the bonus is the next prompt token) while
+    earlier requests decode with drafts; DFlash or DSpark layout."""
+    bs = _sized(device, 4, 16)
+
+    def requests(rng, vocab):
+        lengths = _sized(device, (6, 20), (300, 900))
+        return [request(rng, i, arrival=i, max_new=int(rng.integers(4, 10)),
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(*lengths))))
+                for i in range(3)]
+
+    k = int(rng.integers(2, 4))
+    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 12), max_num_reqs=3,
+                       budget=_sized(device, int(rng.integers(8, 14)), 512), block_sizes=(bs, bs), k=k,
+                       anchor_first=bool(rng.integers(2)), note="chunked prefill")
+
+
+def dsd_bands(rng, device, launch):
+    """A DSD schedule whose top band disables drafting (K = 0): the batch grows across its edge and
+    shrinks back; adaptive depth per band. DFlash or DSpark (whose K = 0 graph width is 0, fix 1)."""
+    bs = _sized(device, 4, 16)
+    s = _sized(device, 4, 16)
+    edge = int(rng.integers(2, s))
+    schedule = [(1, edge - 1, 3), (edge, s, 0)] if rng.integers(2) else [(1, 1, 3), (2, edge - 1, 1), (edge, s, 0)]
+    schedule = [band for band in schedule if band[0] <= band[1]]
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=int(rng.integers(0, 3)),
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(4, 12))),
+                        max_new=int(rng.integers(3, 10))) for i in range(s)]
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 7, 14), max_num_reqs=s,
+                       budget=_sized(device, 48, 2048), block_sizes=(bs, bs), anchor_first=bool(rng.integers(2)),
+                       dsd_schedule=schedule, note=f"DSD {schedule}")
+
+
+def long_context(rng, device, launch):
+    """Prompts near max_model_len, prefilled over several chunks, decoding up to the length limit (query
+    positions clamped to max_model_len - 1)."""
+    bs = _sized(device, 8, 16)
+    max_len = _sized(device, 128, 8192)
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=i, prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)),
+                                                                max_len - int(rng.integers(6, 30))), max_new=40)
+                for i in range(_sized(device, 2, 4))]
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 5, 10), max_num_reqs=_sized(device, 2, 4),
+                       budget=_sized(device, 64, 4096), block_sizes=(bs, bs), max_model_len=max_len,
+                       note="long context")
+
+
+def seeded_sampling(rng, device, launch):
+    """Temperatures above 0: Gumbel drafts from per-slot seeds (explicit or fallback), probabilistic
+    verification with or without the draft-logits cache; acceptance below 100% by design."""
+    bs = _sized(device, 4, 16)
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=int(rng.integers(0, 2)),
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(4, 14))),
+                        max_new=int(rng.integers(4, 10)), temperature=float(pick(rng, (0.0, 0.7, 1.0, 1.4))))
+                for i in range(_sized(device, 3, 12))]
+
+    probabilistic = bool(rng.integers(2))
+    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 12), max_num_reqs=_sized(device, 3, 12),
+                       budget=_sized(device, 40, 2048), block_sizes=(bs, bs), probabilistic=probabilistic,
+                       note="draft logits cache" if probabilistic else "one-hot q")
+
+
+FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix, "preempt_resume": preempt_resume,
+            "mixed_prefill_decode": mixed_prefill_decode, "dsd_bands": dsd_bands, "long_context": long_context,
+            "seeded_sampling": seeded_sampling}

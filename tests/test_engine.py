@@ -1,0 +1,212 @@
+"""The spec-decode engine in lockstep with the reference engine: scheduling policy, what each workload
+family exercises, acceptance as an observable, the first-divergence report and near-tie following."""
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.spec import scheduler
+from reference.spec import engine as reference_engine
+from reference.spec import scheduler as ref_scheduler
+from stress import checks, engine_check, mutants, runner
+from stress.compare import Divergence, Tolerated
+
+# ---------------------------------------------------------------- scheduling policy, without a model
+
+
+def _workload(rng):
+    """Requests over a few shared prefixes (cache hits), tight pools (preemption, eviction)."""
+    bs_t = int(rng.choice([2, 4]))
+    config = {"max_num_reqs": int(rng.integers(2, 5)), "max_num_batched_tokens": int(rng.integers(6, 24)),
+              "target_block_size": bs_t, "target_num_blocks": int(rng.integers(10, 30)),
+              "draft_block_size": bs_t * int(rng.choice([1, 2])), "draft_num_blocks": int(rng.integers(10, 30)),
+              "max_model_len": 48}
+    prefixes = [rng.integers(0, 5, int(rng.integers(2, 14))).tolist() for _ in range(2)]
+    requests = [{"req_id": f"r{int(rng.integers(100))}-{i}", "arrival": int(rng.integers(0, 6)),
+                 "prompt": prefixes[int(rng.integers(2))] + rng.integers(0, 5, int(rng.integers(1, 6))).tolist(),
+                 "max_new_tokens": int(rng.integers(1, 8)), "temperature": 0.0, "seed": None} for i in range(8)]
+    return config, requests
+
+
+def _emit(rng, req, n, k):
+    """One step's outcome for a scheduled request: chunk computed, tokens accepted and emitted, new drafts."""
+    if req.prefilling:
+        req.num_computed += n
+        if req.num_computed == len(req.tokens):
+            req.tokens.append(int(rng.integers(0, 5)))
+    else:
+        accepted = int(rng.integers(0, len(req.drafts) + 1))
+        req.num_computed += accepted + 1
+        req.tokens += req.drafts[:accepted] + [int(rng.integers(0, 5))]
+    limit = min(len(req.prompt) + req.max_new_tokens, 48)
+    if len(req.tokens) >= limit:
+        del req.tokens[limit:]
+        req.num_computed = min(req.num_computed, limit)
+        req.finished = True
+    req.drafts = [] if req.prefilling or req.finished else rng.integers(0, 5, k).tolist()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_engine_and_reference_schedulers_agree(seed):
+    """Same batches, token counts, blocks, admissions, releases and restored counts at every step."""
+    rng = np.random.default_rng(seed)
+    config, requests = _workload(rng)
+    k = 2
+    ours = scheduler.Scheduler(scheduler.SchedulerConfig.from_dict(dict(config, num_query_per_req=k + 1)),
+                               [scheduler.Request(r["req_id"], i, r["arrival"], r["prompt"], r["max_new_tokens"], 0.0,
+                                                  None) for i, r in enumerate(requests)])
+    theirs_reqs = [dict(r, index=i, tokens=list(r["prompt"]), num_computed=0, num_cached=0, drafts=[],
+                        target_blocks=[], draft_blocks=[], finished=False) for i, r in enumerate(requests)]
+    theirs = ref_scheduler.Scheduler(config, k + 1, theirs_reqs)
+    preempted = hits = 0
+    for step in range(24):
+        plan = ours.schedule(step)
+        batch, admitted, released = theirs.schedule(step)
+        assert [(r.index, n) for r, n in plan.batch] == [(r["index"], n) for r, n in batch], step
+        assert [r.index for r in plan.admitted] == [r["index"] for r in admitted], step
+        assert plan.released == released, step
+        for (req, n), (twin, _) in zip(plan.batch, batch, strict=True):
+            assert (req.target_blocks, req.draft_blocks, req.num_cached) == (
+                twin["target_blocks"], twin["draft_blocks"], twin["num_cached"]), (step, req.index)
+            _emit(rng, req, n, k)
+            twin.update(tokens=list(req.tokens), num_computed=req.num_computed, drafts=list(req.drafts),
+                        finished=req.finished)
+        preempted += len(plan.released - {r.req_id for r in requests_finished(ours)})
+        hits += sum(r.num_cached > 0 for r in plan.admitted)
+        ours.finish_step()
+        theirs.finish_step()
+    assert ours.target_pool.free == dict.fromkeys(theirs.pools.free_t) and list(ours.draft_pool.free) == \
+        theirs.pools.free_d
+
+
+def requests_finished(sched):
+    return [r for r in sched.pending + sched.waiting + sched.running if r.finished]
+
+
+def test_prefix_cache_hits_full_blocks_and_evicts_in_free_order():
+    pool = scheduler.PrefixCachingPool(6, 2)
+    req = scheduler.Request("a", 0, 0, [1, 2, 3, 4, 5], 1, 0.0, None)
+    req.target_blocks = pool.allocate(3)  # blocks 1, 2, 3
+    req.num_computed = 5
+    pool.register(req)  # two full blocks: [1, 2] in block 1, [3, 4] in block 2
+    assert pool.lookup([1, 2, 3, 4, 5, 6]) == [1, 2]
+    assert pool.lookup([1, 2, 3, 4]) == [1], "the last token is never a hit: it must be recomputed"
+    pool.release(req.target_blocks)  # freed in reverse: 3, 2, 1 join the queue's back
+    assert list(pool.free) == [4, 5, 3, 2, 1]
+    assert pool.lookup([1, 2, 3, 4, 9]) == [1, 2], "freed blocks keep their content until reallocated"
+    assert pool.allocate(4) == [4, 5, 3, 2]  # block 2 is evicted as it is handed out
+    assert pool.lookup([1, 2, 3, 4, 9]) == [1]
+
+
+# ---------------------------------------------------------------- the engine against the reference
+
+
+def _run(family, seed, mutant=None):
+    check = checks.get("engine.step")
+    case = runner.build_case(check, family, seed, "cpu")
+    expected = engine_check.reference(**runner.fresh_inputs(case))
+    with mutants.applied(mutant and checks.find_mutant(mutant, check)):
+        got = engine_check.run_engine(**runner.fresh_inputs(case))
+    return case, expected, got
+
+
+def _features(case, records) -> set[str]:
+    """What a replay exercised, from its records."""
+    config, found = case.inputs["config"], set()
+    slots_before, cached = {}, 0
+    for r in records:
+        slot_of = r["slots.slot_of_request"].tolist()
+        for req, slot in enumerate(slot_of):
+            if slots_before.get(req, -1) >= 0 and slot < 0 and r["batch.request"].numel():
+                found.add("released")
+            slots_before[req] = slot
+        if "idx_mapping" not in r:
+            continue
+        live_cached = r["slots.num_cached_tokens"][r["idx_mapping"].long()]
+        cached = max(cached, int(live_cached.max()))
+        if cached:
+            found.add("restored prefix")
+        if not bool(r["draft.prepared"]):
+            found.add("refused")
+        elif bool((r["draft.shifted_block_table"] != r["draft.block_table"]).any()):
+            found.add("shifted")
+        found.add(f"depth {int(r['depth'])}" if int(r["depth"]) == 0 else "drafting")
+        tokens = r["batch.num_tokens"]
+        if (r["verify.num_drafts"] > 0).any() and (r["verify.num_sampled"] == 0).any():
+            found.add("prefill beside decode")
+        if int(r["draft.positions"].max()) == config["scheduler"]["max_model_len"] - 1 and tokens.numel():
+            found.add("clamped")
+        if r["target.logits"].numel() and (r["verify.num_drafts"] == 0).any():
+            found.add("first token")
+    return found
+
+
+WANTED = {"shared_prefix": {"restored prefix", "shifted"}, "unaligned_prefix": {"refused", "shifted"},
+          "preempt_resume": {"restored prefix", "shifted"}, "mixed_prefill_decode": {"prefill beside decode"},
+          "dsd_bands": {"depth 0", "drafting"}, "long_context": {"clamped"}, "seeded_sampling": {"drafting"}}
+
+
+@pytest.mark.parametrize("family", sorted(WANTED))
+def test_family_exercises_what_it_names_and_greedy_accepts_every_draft(family):
+    seen, drafted_total = set(), 0
+    for i in range(3):
+        case, expected, got = _run(family, runner.case_seed(7, "engine.step", family, i))
+        assert engine_check.compare("engine", expected, got) is None, case.note
+        seen |= _features(case, got)
+        drafted, accepted = engine_check.acceptance(got)
+        drafted_total += drafted
+        if family != "seeded_sampling":
+            assert accepted == drafted, f"{family}: greedy drafts from the shared weights were rejected ({case.note})"
+    assert drafted_total > 0
+    assert WANTED[family] <= seen, f"{family} never showed {WANTED[family] - seen}"
+
+
+def test_prefix_masking_mutant_collapses_acceptance_and_names_the_first_divergence():
+    case, expected, got = _run("shared_prefix", runner.case_seed(0, "engine.step", "shared_prefix", 0),
+                               mutant="prefix-blocks-visible")
+    drafted, accepted = engine_check.acceptance(got)
+    ref_drafted, ref_accepted = engine_check.acceptance(expected.trace.records)
+    assert ref_accepted == ref_drafted > 0
+    assert accepted < 0.5 * drafted, f"acceptance {accepted}/{drafted} did not collapse"
+    found = engine_check.compare("engine", expected, got)
+    assert isinstance(found, Divergence)
+    assert "draft.seq_lens" in found.output, found.lines()
+
+
+def _trace(records):
+    return engine_check.Expected(reference_engine.Trace(records, [], [], (1e-5, 1e-4)), {})
+
+
+def test_first_divergence_reports_step_field_index_expected_got():
+    want = [{"a": torch.tensor([1, 2]), "x": torch.tensor([[1.0, 2.0]])},
+            {"a": torch.tensor([3, 4]), "x": torch.tensor([[float("nan"), 10.0]])}]
+    got = [{k: v.clone() for k, v in r.items()} for r in want]
+    assert engine_check.compare("engine", _trace(want), got) is None
+    got[1]["x"][0, 1] += 1e-4  # within rtol * max|row| + atol
+    assert engine_check.compare("engine", _trace(want), got) is None
+    got[1]["a"][1] = 7
+    got[1]["x"][0, 0] = 0.0  # NaN expected: a number is a divergence; but "a" comes first in record order
+    found = engine_check.compare("engine", _trace(want), got)
+    assert found.lines() == ["step 1 a: 1 element(s) differ", "  step 1 a[1]: expected 4, got 7"]
+    got[1]["a"][1] = 4
+    assert engine_check.compare("engine", _trace(want), got).lines()[1] == "  step 1 x[0, 0]: expected nan, got 0.0"
+    del got[0]["x"]
+    assert engine_check.compare("engine", _trace(want), got).lines() == [
+        "step 0 x: missing from the engine's record"]
+
+
+def test_near_ties_follow_the_engine(monkeypatch):
+    """An inert padded row's draft token changed by hand: a divergence; once the reference deems every
+    sampling decision undecidable, it takes the engine's token and the case is tolerated, not failed."""
+    case, expected, got = _run("seeded_sampling", runner.case_seed(0, "engine.step", "seeded_sampling", 0))
+    step = next(i for i, r in enumerate(got) if "draft.sampled" in r and int((r["draft.sample_idx_mapping"] < 0)
+                                                                               .sum()))
+    row = int((got[step]["draft.sample_idx_mapping"] < 0).nonzero()[0])
+    got[step]["draft.sampled"][row] = (got[step]["draft.sampled"][row] + 1) % 64
+    found = engine_check.compare("engine", expected, got)
+    assert isinstance(found, Divergence) and f"step {step} draft.sampled" in found.output
+    monkeypatch.setitem(reference_engine.LOGIT_TOLERANCE, "float32", (1.0, 50.0))
+    loose = engine_check.reference(**runner.fresh_inputs(case))
+    monkeypatch.setattr(engine_check, "NEAR_TIE_SHARE", 1.0)
+    tolerated = engine_check.compare("engine", loose, got)
+    assert isinstance(tolerated, Tolerated) and "took the engine's" in tolerated.note
