@@ -1,5 +1,6 @@
 """TP determinism: N rank processes, each with its own PYTHONHASHSEED and global-RNG state, replay one
-admission schedule and the same kernels, and all-gather a digest of every per-step field.
+workload and all-gather a digest of every per-step field: an admission schedule through the slots and
+the draft-input kernel, or a request stream through the whole engine (``kernels.spec.engine``).
 
 Upstream runs the scheduler-driven worker loop redundantly on every TP rank, so slot maps, seeds and
 draft metadata must agree bit for bit (spec fix 2). A difference stops every rank at the same step
@@ -42,7 +43,7 @@ class Outcome:
 
 
 def _digest(value) -> int:
-    data = value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() \
+    data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() \
         if isinstance(value, torch.Tensor) else value
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
@@ -148,10 +149,26 @@ def _backend(world: int) -> tuple[str, torch.device]:
     return "gloo", torch.device("cpu")
 
 
-def _replay(world, steps, seed, max_num_reqs, device, gather_device) -> str:
-    """One replay in lockstep with the other ranks; the first divergence, or the agreement, as a line."""
+def _disagreement(world, step_index, payload, gather_device) -> str | None:
+    """All-gather the digest of every field (same names, same order on every rank); the first field the
+    ranks disagree on, as a line, or None."""
     import torch.distributed as dist
 
+    local = torch.tensor([_digest(v) for v in payload.values()], dtype=torch.int64, device=gather_device)
+    gathered = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(gathered, local)
+    table = torch.stack(gathered).cpu()
+    for field_index, name in enumerate(payload):
+        column = table[:, field_index]
+        if (column != column[0]).any():
+            other = int((column != column[0]).nonzero()[0])
+            return (f"DIVERGED step {step_index} field {name}: rank 0 digest {int(column[0]):#x}, "
+                    f"rank {other} digest {int(column[other]):#x}")
+    return None
+
+
+def _replay(world, steps, seed, max_num_reqs, device, gather_device) -> str:
+    """One replay in lockstep with the other ranks; the first divergence, or the agreement, as a line."""
     from kernels.spec import slots
     from stress import schedule
 
@@ -159,22 +176,36 @@ def _replay(world, steps, seed, max_num_reqs, device, gather_device) -> str:
     for step_index, step in enumerate(steps):
         schedule.apply_step(state, step)
         payload = step_payload(state, step_index, seed, device)
-        local = torch.tensor([_digest(v) for v in payload.values()], dtype=torch.int64, device=gather_device)
-        gathered = [torch.empty_like(local) for _ in range(world)]
-        dist.all_gather(gathered, local)
-        table = torch.stack(gathered).cpu()
-        for field_index, name in enumerate(payload):
-            column = table[:, field_index]
-            if (column != column[0]).any():
-                other = int((column != column[0]).nonzero()[0])
-                return (f"DIVERGED step {step_index} field {name}: rank 0 digest {int(column[0]):#x}, "
-                        f"rank {other} digest {int(column[other]):#x}")
+        if (line := _disagreement(world, step_index, payload, gather_device)) is not None:
+            return line
     return f"AGREED {len(steps)} steps, {len(payload)} fields"
 
 
+def _replay_engine(world, seed, num_steps, device, gather_device) -> str:
+    """The whole engine over one workload (``stress.families.engine.shared_prefix``: shared prefixes,
+    more requests than slots, groups finishing together, fallback seeds), every record field digested
+    after every step."""
+    from kernels.spec import engine
+    from stress.families import engine as workloads
+
+    case = workloads.shared_prefix(np.random.default_rng(seed), device.type, {})
+    inputs = case.inputs
+    replay = engine.Engine(inputs["config"], inputs["weights"], inputs["requests"], device=device)
+    for step_index in range(num_steps):
+        np.random.random(step_index + 1)  # a rank-local consumer of the global RNG
+        record = replay.step()
+        payload = {name: record.get(name, b"absent") for name in engine.RECORD_FIELDS}
+        if (line := _disagreement(world, step_index, payload, gather_device)) is not None:
+            return line
+    return f"AGREED {num_steps} steps, {len(engine.RECORD_FIELDS)} fields"
+
+
 def rank_main(rank: int, world: int, init_file: str, seed: int, num_steps: int, max_num_reqs: int,
-              scenarios: list[str | None]) -> int:
-    """One rank: replay the schedule once per scenario (a mutant name, or None for production code).
+              scenarios: list[str | None], workload: str = "slots") -> int:
+    """One rank: replay the workload once per scenario (a mutant name, or None for production code).
+
+    ``workload``: "slots" replays an admission schedule through the slots and the draft-input kernel;
+    "engine" replays a request stream through the whole engine.
 
     Every scenario starts from the same rank-local global-RNG state; its result is printed as
     ``RESULT <scenario> <line>``. All ranks see the same gathered digests, so they leave a scenario
@@ -196,7 +227,10 @@ def rank_main(rank: int, world: int, init_file: str, seed: int, num_steps: int, 
         for scenario in scenarios:
             np.random.seed(1000 + rank)  # a rank-local global-RNG state, as any process has its own
             with mutants.applied(_find_mutant(scenario)):
-                line = _replay(world, steps, seed, max_num_reqs, device, gather_device)
+                if workload == "engine":
+                    line = _replay_engine(world, seed, num_steps, device, gather_device)
+                else:
+                    line = _replay(world, steps, seed, max_num_reqs, device, gather_device)
             print(f"RESULT {scenario or CLEAN} {line}", flush=True)
         return 0
     finally:
@@ -206,8 +240,11 @@ def rank_main(rank: int, world: int, init_file: str, seed: int, num_steps: int, 
 # ---------------------------------------------------------------- the launcher
 
 
+WORKLOADS = ("slots", "engine")
+
+
 def run_ranks(world: int, *, mutants: tuple[str | None, ...] = (None,), seed: int = 0, num_steps: int = 8,
-              max_num_reqs: int = 6, timeout: float = 180) -> dict[str | None, Outcome]:
+              max_num_reqs: int = 6, timeout: float = 180, workload: str = "slots") -> dict[str | None, Outcome]:
     """Spawn ``world`` rank processes (PYTHONHASHSEED = rank + 1); one Outcome per scenario.
 
     A scenario is a mutant name applied inside every rank, or None for the production code. The
@@ -217,6 +254,8 @@ def run_ranks(world: int, *, mutants: tuple[str | None, ...] = (None,), seed: in
 
     if world < 2:
         raise ValueError(f"world: TP determinism needs at least 2 ranks, got {world}")
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload: {workload!r} is not one of {WORKLOADS}")
     for name in mutants:
         if name == CLEAN:
             raise ValueError(f"mutants: {CLEAN!r} names the production code; pass None")
@@ -228,7 +267,8 @@ def run_ranks(world: int, *, mutants: tuple[str | None, ...] = (None,), seed: in
             env = {**os.environ, "PYTHONHASHSEED": str(rank + 1), "OMP_NUM_THREADS": "1"}
             cmd = [sys.executable, "-m", "stress.tp", "--rank", str(rank), "--world", str(world), "--init-file",
                    os.path.join(tmp, "rendezvous"), "--seed", str(seed), "--steps", str(num_steps),
-                   "--max-num-reqs", str(max_num_reqs), "--mutants", *[m or CLEAN for m in mutants]]
+                   "--max-num-reqs", str(max_num_reqs), "--workload", workload,
+                   "--mutants", *[m or CLEAN for m in mutants]]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         outputs, codes = [], []
@@ -263,10 +303,11 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--max-num-reqs", type=int, default=6)
+    p.add_argument("--workload", choices=WORKLOADS, default="slots")
     p.add_argument("--mutants", nargs="+", default=[CLEAN], help=f"scenarios in order; {CLEAN!r} = production code")
     a = p.parse_args(argv)
     scenarios = [None if m == CLEAN else m for m in a.mutants]
-    return rank_main(a.rank, a.world, a.init_file, a.seed, a.steps, a.max_num_reqs, scenarios)
+    return rank_main(a.rank, a.world, a.init_file, a.seed, a.steps, a.max_num_reqs, scenarios, a.workload)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,12 @@ def test_tp_command_runs_production_first_and_judges_each_scenario(monkeypatch, 
 
     seen = []
 
-    def fake_run_ranks(world, *, mutants, seed, num_steps):
+    def fake_run_ranks(world, *, mutants, seed, num_steps, workload):
         seen.append(mutants)
         return {name: tp.Outcome(agreed=name != "diverges", message="m", seconds=0.0) for name in mutants}
 
     monkeypatch.setattr(tp, "run_ranks", fake_run_ranks)
-    assert main(["tp", "--mutant", "diverges", "--mutant", "diverges"]) == 0
+    assert main(["tp", "--workload", "slots", "--mutant", "diverges", "--mutant", "diverges"]) == 0
     assert seen[-1] == (None, "diverges")  # production first, each mutant once
     assert main(["tp", "--mutant", "agrees"]) == 1
-    assert "agrees: m  [UNEXPECTED: must diverge]" in capsys.readouterr().out
+    assert "[engine] agrees: m  [UNEXPECTED: must diverge]" in capsys.readouterr().out
