@@ -15,6 +15,7 @@ from kernels.spec.depth import (
     resolve_num_spec_tokens,
     spec_token_placeholders,
 )
+from reference.spec import depth as ref
 
 
 @pytest.mark.parametrize("value,expected", [(None, 5), (2, 2), (0, 0)])
@@ -178,3 +179,18 @@ def test_controller_stays_in_range_and_rises_at_most_one_per_window(max_depth, w
         assert 1 <= controller.depth <= max_depth
         assert controller.depth <= before + 1
         assert closed or controller.depth == before
+
+
+@pytest.mark.parametrize("impl", [pytest.param(None, id="production"), pytest.param(ref, id="reference")])
+def test_the_spec_controller_cases_hold_for_both_implementations(impl):
+    make = AcceptanceLengthController if impl is None else impl.AcceptanceLengthController
+    windowed = make(5, 2)
+    windowed.observe(2, 10, 2)
+    windowed.observe(2, 10, 2)
+    rejected = make(5, 1)
+    rejected.observe(1, 5, 0)
+    creeping = make(5, 1)
+    creeping.observe(100, 500, 237)
+    after_drop = creeping.depth
+    creeping.observe(10, 30, 28)
+    assert (windowed.depth, rejected.depth, after_drop, creeping.depth) == (2, 1, 3, 4)

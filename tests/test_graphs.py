@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kernels.spec.graphs import BatchDescriptor, Mode, build_candidates, decode_widths, dispatch
+from reference.spec import graphs as ref
 
 
 def full(num_tokens, num_reqs, uniform=None, max_req_tokens=None):
@@ -27,6 +28,14 @@ def test_zero_draft_band_gets_no_graph_for_an_anchor_first_draft():
     candidates = build_candidates(every_size(128, 5), 128, 5, 5, schedule)
     assert {d.uniform for d in candidates.full} == {5, 3, 1}
     assert candidates.widths == (1, 3, 5)
+
+
+def test_the_reference_agrees_on_the_upstream_widths():
+    schedule = [(1, 32, 5), (33, 64, 3), (65, 96, 1), (97, 128, 0)]
+    assert {d.uniform for d in ref.build_candidates(every_size(128, 5), 128, 5, 5, schedule).full} == {5, 3, 1}
+    assert ref.decode_widths(8, 7, [(1, 32, 4), (32, 128, 3)]) == [4, 5]
+    candidates = ref.build_candidates(every_size(64, 7), 64, 8, 7)
+    assert ref.dispatch(candidates, 8, 64, 8, has_prefill=True) == ref.Descriptor("PIECEWISE", 64)
 
 
 def test_zero_draft_band_keeps_a_width_one_graph_for_the_target():
