@@ -175,6 +175,7 @@ def test_descriptors_are_hashable_keys():
     (dict(schedule=[(1, 4)]), "schedule"),
     (dict(max_capture_size=4), "max_capture_size"),
     (dict(small_grid=-1), "small_grid"),
+    (dict(varlen=1), "varlen"),
 ])
 def test_build_arguments_are_validated(kwargs, name):
     args = dict(capture_sizes=[4, 8], max_num_reqs=4, decode_query_len=4, max_spec_tokens=3) | kwargs

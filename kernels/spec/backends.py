@@ -92,8 +92,7 @@ def _causal(layer: int, types: tuple[str, ...], causal_override: bool | None) ->
 
 def _check_device(capability_major, non_causal) -> None:
     validate.positive_int("capability_major", capability_major)
-    if not isinstance(non_causal, bool):
-        raise ValueError(f"non_causal: expected a bool, got {non_causal!r}")
+    validate.flag("non_causal", non_causal)
 
 
 def _check_layers(num_layers, layer_types, causal_override) -> tuple[str, ...]:

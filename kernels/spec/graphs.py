@@ -49,7 +49,7 @@ class Candidates:
     """
 
     max_num_reqs: int
-    widths: tuple[int, ...]  # uniform query widths that get FULL decode graphs
+    widths: tuple[int, ...]  # uniform decode widths (depth + n_new) staged for; varlen graphs take any
     full: tuple[BatchDescriptor, ...]
     piecewise: tuple[BatchDescriptor, ...]
 
@@ -93,6 +93,8 @@ def build_candidates(capture_sizes: Iterable[int], max_num_reqs: int, decode_que
     validate.positive_int("decode_query_len", decode_query_len)
     validate.non_negative_int("max_spec_tokens", max_spec_tokens)
     validate.non_negative_int("small_grid", small_grid)
+    validate.flag("adaptive", adaptive)
+    validate.flag("varlen", varlen)
     _check_schedule(schedule)
     if (schedule is not None or adaptive) and max_spec_tokens == 0:
         raise ValueError("max_spec_tokens: a DSD schedule or adaptive depth needs a maximum depth >= 1")
@@ -135,6 +137,7 @@ def dispatch(candidates: Candidates, num_reqs: int, num_tokens: int, uniform: in
     the longest request's query tokens, if the caller tracks it (varlen graphs need it).
     """
     _check_batch(candidates, num_reqs, num_tokens, uniform, max_req_tokens)
+    validate.flag("has_prefill", has_prefill)
     if has_prefill:
         # A prompt chunk of exactly a decode width makes the batch look like spec decode; a decode
         # graph would run it as one (upstream vllm#49918).
