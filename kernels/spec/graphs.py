@@ -106,11 +106,10 @@ def build_candidates(capture_sizes: Iterable[int], max_num_reqs: int, decode_que
     if not sizes:
         return Candidates(max_num_reqs, widths, (), ())
 
-    max_tokens = max_num_reqs * decode_query_len
     full = set()
     for c in sizes:
         if varlen:
-            if c <= max_tokens:
+            if c <= max_num_reqs * decode_query_len:
                 most = min(c, max_num_reqs)
                 for num_reqs in {-(-c // decode_query_len), (most + 1) // 2, (3 * most + 3) // 4, most}:
                     full.add(BatchDescriptor(Mode.FULL, c, num_reqs, max_req_tokens=decode_query_len))
@@ -118,7 +117,8 @@ def build_candidates(capture_sizes: Iterable[int], max_num_reqs: int, decode_que
         for w in widths:
             num_tokens = _round_up(c, w)
             num_reqs = num_tokens // w
-            if num_tokens <= max_tokens and num_tokens <= max_capture_size and num_reqs <= max_num_reqs:
+            # no width exceeds decode_query_len: num_tokens <= max_num_reqs * decode_query_len follows
+            if num_tokens <= max_capture_size and num_reqs <= max_num_reqs:
                 full.add(BatchDescriptor(Mode.FULL, num_tokens, num_reqs, w))
     if not varlen:
         for w in widths:

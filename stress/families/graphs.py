@@ -115,8 +115,9 @@ def dsd_schedule(rng, device, launch):
 
 
 def adaptive(rng, device, launch):
-    """Acceptance-length adaptation: depths 1..Kmax, or 0..max cap under a schedule."""
-    config = _config(rng, n_new=int(rng.integers(2)), schedule=bool(rng.random() < 0.5), adaptive=True)
+    """Acceptance-length adaptation: depths 1..Kmax, or 0..max cap under a schedule (often with a 0 cap)."""
+    config = _config(rng, n_new=int(rng.integers(2)), schedule=bool(rng.random() < 0.5),
+                     zero_band=bool(rng.random() < 0.5), adaptive=True)
     return _case(rng, config, "adaptive depth")
 
 
