@@ -194,3 +194,10 @@ def test_the_spec_controller_cases_hold_for_both_implementations(impl):
     after_drop = creeping.depth
     creeping.observe(10, 30, 28)
     assert (windowed.depth, rejected.depth, after_drop, creeping.depth) == (2, 1, 3, 4)
+
+
+def test_the_band_caps_the_depth_and_the_placeholders():
+    """Upstream: Kmax 3 with the schedule [(1, 4, 2)] schedules depth 2, and the async scheduler reserves 2."""
+    depth = BandAcceptanceLengthController(band_lookup([(1, 4, 2)], 4, 3), window=1).depth_for(1)
+    assert depth == 2
+    assert spec_token_placeholders(depth, 3) == [PLACEHOLDER] * 2
