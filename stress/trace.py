@@ -17,7 +17,8 @@ construct the interpreter cannot run (inline asm, libdevice) ends the block with
 ``not_checked`` report naming it and its source line.
 """
 
-import gc  # noqa: I001  (kernels.runtime must choose the interpreter before triton loads)
+import functools  # noqa: I001  (kernels.runtime must choose the interpreter before triton loads)
+import gc
 import inspect
 import linecache
 import os
@@ -102,6 +103,8 @@ class Report:
     order_dependent: list[Finding] = field(default_factory=list)
     not_checked: str | None = None
     expected_order_dependence: str | None = None
+    runs: int = 0  # rows of the access log: runs of consecutive lanes at consecutive elements
+    lanes: int = 0  # active lanes of every load, store and atomic
 
     @property
     def ok(self) -> bool:
@@ -118,6 +121,8 @@ class Report:
 
     def lines(self) -> list[str]:
         head = f"{self.kernel} grid {self.grid}: {self.verdict}"
+        if self.runs:
+            head += f" ({self.lanes} lane accesses logged as {self.runs} runs)"
         if self.order_dependent and self.expected_order_dependence is not None:
             head += f" (order dependence expected: {self.expected_order_dependence})"
         found = self.oob + self.races + self.uninit + self.order_dependent
@@ -268,7 +273,8 @@ class _Launch:
         if self.live is None:
             found = {}
             for obj in gc.get_objects():
-                if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and obj.layout == torch.strided:
+                # type(), not isinstance(): some module objects warn when their __class__ is read
+                if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu" and obj.layout == torch.strided:
                     s = obj.untyped_storage()
                     if s.nbytes():
                         found.setdefault(s.data_ptr(), s)
@@ -453,15 +459,18 @@ def _libdevice_unavailable(*args, **kwargs):
 _UNAVAILABLE = _libdevice_unavailable.__code__
 
 
-def _libdevice_stubs() -> list:
-    """The generic ``libdevice`` functions: empty stubs that the compiler maps to a backend's
-    library and that return None in the interpreter, so a kernel fails later and elsewhere.
-    While tracing, their code raises at the call instead (every import style shares the object)."""
+@functools.cache
+def _libdevice_stubs() -> tuple:
+    """(stub, raising code) for each generic ``libdevice`` function: empty stubs that the compiler
+    maps to a backend's library and that return None in the interpreter, so a kernel fails later
+    and elsewhere. While tracing, their code raises at the call instead (every import style
+    shares the function object)."""
     try:
         from triton.language.extra import libdevice
     except ImportError:
-        return []
-    return [f for f in vars(libdevice).values() if inspect.isfunction(f) and f.__module__ == libdevice.__name__]
+        return ()
+    return tuple((f, _UNAVAILABLE.replace(co_name=f.__name__)) for f in vars(libdevice).values()
+                 if inspect.isfunction(f) and f.__module__ == libdevice.__name__)
 
 
 def _refusal(exc: BaseException) -> str | None:
@@ -549,7 +558,7 @@ class _Tracer:
         report.not_checked = self.unsupported or (
             f"{off_cpu} is on another device; the tracer follows host pointers of CPU tensors" if off_cpu else None)
         if report.not_checked:
-            return call(executor, *args, **kwargs)
+            return _refusing(report, lambda: call(executor, *args, **kwargs))
         storages = {}
         for name, t in tensors:
             s = t.untyped_storage()
@@ -557,14 +566,7 @@ class _Tracer:
                 storages[s.data_ptr()] = _snapshot(s.data_ptr(), name, s)
         launch = self.launch = _Launch(list(storages.values()))
         try:
-            try:
-                returned = call(executor, *args, **kwargs)
-            except Exception as exc:
-                reason = _refusal(exc)
-                if reason is None:
-                    raise
-                report.not_checked = reason
-                raise Refused(reason) from exc
+            returned = _refusing(report, lambda: call(executor, *args, **kwargs))
             launch.recording = False
             report.grid = launch.grid
             self._judge(launch, report)
@@ -600,8 +602,10 @@ class _Tracer:
             report.not_checked = (f"the program-id hook saw {launch.programs_run} of {int(np.prod(launch.grid))} "
                                   "programs; the interpreter's grid loop is not what the tracer expects")
             return
+        log = launch.accesses()
+        report.runs, report.lanes = len(log), int(log.count.sum())
         try:
-            found = tc.analyze(launch.accesses(), self.unwritten)
+            found = tc.analyze(log, self.unwritten)
         except tc.TooManyPairs as exc:
             report.not_checked = str(exc)
             return
@@ -612,17 +616,30 @@ class _Tracer:
             return
         if launch.unresolved and launch.oob:
             site, addr = next(iter(launch.unresolved.items()))
-            _, first_addr, _ = launch.oob[0]
+            index, first_addr, _ = launch.oob[0]
             report.not_checked = (f"a pointer made at {launch.site_name(site)} from loaded bits holds {addr:#x}, "
                                   "inside no live tensor's storage, and accesses fall outside every storage the "
-                                  f"tracer knows (first at {launch.where(int(first_addr[0]))}): they cannot be "
-                                  "judged")
+                                  f"tracer knows (first {int(first_addr[0]):#x} at "
+                                  f"{launch.site_name(launch.ops[index][3])}): they cannot be judged")
             return
         launch.shared_written = found.shared_written
         self.unwritten = self.unwritten[~found.written.contains(self.unwritten)]
         report.races = _race_findings(launch, found.lanes, found.pairs)
         report.oob = _oob_findings(launch)
         report.uninit = _uninit_findings(launch, found.lanes, found.uninit)
+
+
+def _refusing(report: Report, launch):
+    """Run the launch; a construct the interpreter cannot run makes the report not_checked and
+    raises ``Refused`` (which ``tracing()`` swallows); any other error propagates as it is."""
+    try:
+        return launch()
+    except Exception as exc:
+        reason = _refusal(exc)
+        if reason is None:
+            raise
+        report.not_checked = reason
+        raise Refused(reason) from exc
 
 
 def _tensor_args(fn, args, kwargs) -> list[tuple[str, torch.Tensor]]:
@@ -769,7 +786,7 @@ def _hooks(interpreter):
     plan += [(builder, name, atomic_scope) for name in ("create_atomic_load", "create_atomic_store",
                                                          "create_atomic_poll") if hasattr(builder, name)]
     hooks = [(owner, name, make(getattr(owner, name))) for owner, name, make in plan]
-    hooks += [(stub, "__code__", _UNAVAILABLE.replace(co_name=stub.__name__)) for stub in _libdevice_stubs()]
+    hooks += [(stub, "__code__", code) for stub, code in _libdevice_stubs()]
     return hooks + [(interpreter, "_interpreter", _Memory(memory))]
 
 
@@ -827,6 +844,18 @@ def tracing(unwritten=(), seed: int = 0, permute: str = "auto", expected_order_d
                 setattr(owner, name, original)
 
 
+def unwritten_pairs(fn, args: tuple, kwargs: dict, unwritten: dict) -> list:
+    """``tracing()``'s ``unwritten`` from a map of ``fn``'s argument names to bool masks."""
+    params = inspect.signature(fn).parameters
+    bound = inspect.signature(fn).bind_partial(*args, **{k: v for k, v in kwargs.items() if k in params})
+    pairs = []
+    for name, mask in unwritten.items():
+        if not isinstance(bound.arguments.get(name), torch.Tensor):
+            raise ValueError(f"unwritten: {name!r} is not a tensor argument of {fn.__name__}")
+        pairs.append((bound.arguments[name], mask))
+    return pairs
+
+
 def trace(kernel, grid, *args, unwritten=None, seed: int = 0, permute: str = "auto",
           expected_order_dependence: str | None = None, **kwargs) -> Report:
     """Launch ``kernel[grid](*args, **kwargs)`` once under the tracer and return its Report.
@@ -837,13 +866,7 @@ def trace(kernel, grid, *args, unwritten=None, seed: int = 0, permute: str = "au
     fn = getattr(kernel, "fn", None)
     if fn is None or not hasattr(kernel, "__getitem__"):
         raise ValueError(f"kernel: expected a @triton.jit function, got {type(kernel).__name__}")
-    bound = inspect.signature(fn).bind_partial(*args, **{k: v for k, v in kwargs.items()
-                                                          if k in inspect.signature(fn).parameters})
-    pairs = []
-    for name, mask in (unwritten or {}).items():
-        if not isinstance(bound.arguments.get(name), torch.Tensor):
-            raise ValueError(f"unwritten: {name!r} is not a tensor argument of {fn.__name__}")
-        pairs.append((bound.arguments[name], mask))
+    pairs = unwritten_pairs(fn, args, kwargs, unwritten or {})
     with tracing(pairs, seed=seed, permute=permute, expected_order_dependence=expected_order_dependence) as recording:
         kernel[grid](*args, **kwargs)
     if recording.unsupported:
