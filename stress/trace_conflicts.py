@@ -112,7 +112,9 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
 
 def _conflict_rows(acc: Accesses, starts: np.ndarray, ends: np.ndarray, unwritten) -> np.ndarray:
     """Rows in a cluster of overlapping runs that holds a write and another run, or a read of a
-    declared-unwritten byte: every pair and every uninit read lies inside such a cluster."""
+    declared-unwritten byte: every pair and every uninit read lies inside such a cluster. A
+    cluster where one program's same lanes touch the same elements in every run (a tile loaded
+    and stored back in place) holds only same-thread pairs, which are ordered: it is skipped."""
     n = len(acc)
     if n == 0:
         return np.zeros(0, np.int64)
@@ -123,7 +125,11 @@ def _conflict_rows(acc: Accesses, starts: np.ndarray, ends: np.ndarray, unwritte
     first = np.flatnonzero(new)
     cluster = np.cumsum(new) - 1
     size = np.diff(np.append(first, n))
-    need = (size > 1) & np.logical_or.reduceat(acc.writes[order], first)
+    lane_zero = (acc.addr - (acc.lane * acc.size).astype(np.uint64)).view(np.int64)  # where lane 0 would touch
+    one_thread = np.ones(len(first), bool)
+    for key in (acc.prog, acc.shape, acc.size, lane_zero):
+        one_thread &= np.minimum.reduceat(key[order], first) == np.maximum.reduceat(key[order], first)
+    need = (size > 1) & np.logical_or.reduceat(acc.writes[order], first) & ~one_thread
     if unwritten is not None and len(unwritten):
         marked = np.searchsorted(unwritten, e) > np.searchsorted(unwritten, s)
         need |= np.logical_or.reduceat(marked & acc.reads[order], first)

@@ -91,3 +91,13 @@ def test_analysis_of_runs_matches_the_pairwise_loop_over_lanes(ops, unwritten):
                      for b in range(int(lanes.addr[r]), int(lanes.addr[r] + lanes.size[r]))}
     probe = np.arange(40, dtype=np.uint64)
     assert set(probe[result.written.contains(probe)].tolist()) == every_written
+
+
+def test_a_tile_loaded_and_stored_back_in_place_expands_nothing_and_a_shifted_one_races():
+    def tile(addr, seq, kind, lane=0):
+        return (addr, 4, 0, lane, 0, 0, seq, *KINDS[kind], 256)
+
+    in_place = tc.analyze(_table([tile(1000, 0, 0), tile(1000, 1, 1)]))
+    assert len(in_place.lanes) == 0 and len(in_place.pairs.first) == 0
+    shifted = tc.analyze(_table([tile(1004, 0, 0), tile(1000, 1, 1)]))  # x[i] = x[i + 1], no barrier
+    assert len(shifted.lanes) == 512 and set(shifted.pairs.kind) == {tc.WAR}
