@@ -52,13 +52,16 @@ class Check:
     outputs (one value, or a tuple in ``outputs`` order) and mutates nothing.
     ``families[name](rng, device, launch)`` builds a Case; ``sweep(device)`` lists the launch
     shapes a case may draw. ``provenance`` names, per output, the input its values are copied
-    from, so a divergence can say where a wrong value came from. ``metrics(expected, outputs)``
-    (dicts by output name) gives numbers recorded with every case (the engine's acceptance). A whole-path check sets
-    ``unreachable``: it also hunts every other check's planted bugs (the kill matrix's path
-    column), and this maps each bug it cannot reach to, per device, the reason; ``path_families``
-    names, per bug, the families that reach it (its hunt tries them first).
-    ``iteration_share``: the fraction of ``--iters`` a run gives each family (at least one case),
-    for checks whose one case replays many steps of many kernels.
+    from, so a divergence can say where a wrong value came from. ``expected_order_dependence``
+    is the reason a kernel may produce another valid output when its programs run in another
+    order (positions handed out by atomic tickets); None (the default): the CPU tracer's
+    reorder reruns must reproduce the output, else ``fail:order-dependent``.
+    ``metrics(expected, outputs)`` (dicts by output name) gives numbers recorded with every case
+    (the engine's acceptance). A whole-path check sets ``unreachable``: it also hunts every other
+    check's planted bugs (the kill matrix's path column), and this maps each bug it cannot reach
+    to, per device, the reason; ``path_families`` names, per bug, the families that reach it (its
+    hunt tries them first). ``iteration_share``: the fraction of ``--iters`` a run gives each
+    family (at least one case), for checks whose one case replays many steps of many kernels.
     """
 
     name: str
@@ -72,6 +75,7 @@ class Check:
     sweep: Callable[[str], list[dict]] | None = None
     provenance: dict[str, str] = field(default_factory=dict)
     repeats: dict[str, int] = field(default_factory=lambda: {"cpu": 1, "cuda": 3})
+    expected_order_dependence: str | None = None
     metrics: Callable | None = None
     unreachable: dict[str, dict[str, str]] | None = None
     path_families: dict[str, tuple[str, ...]] = field(default_factory=dict)
