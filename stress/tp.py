@@ -182,13 +182,12 @@ def _replay(world, steps, seed, max_num_reqs, device, gather_device) -> str:
 
 
 def _replay_engine(world, seed, num_steps, device, gather_device) -> str:
-    """The whole engine over one workload (``stress.families.engine.shared_prefix``: shared prefixes,
-    more requests than slots, groups finishing together, fallback seeds), every record field digested
-    after every step."""
+    """The whole engine over ``stress.families.engine.slot_churn`` (a full batch replaced at once, half
+    the requests without a seed), every record field digested after every step."""
     from kernels.spec import engine
     from stress.families import engine as workloads
 
-    case = workloads.shared_prefix(np.random.default_rng(seed), device.type, {})
+    case = workloads.slot_churn(np.random.default_rng(seed), device.type, {})
     inputs = case.inputs
     replay = engine.Engine(inputs["config"], inputs["weights"], inputs["requests"], device=device)
     for step_index in range(num_steps):

@@ -198,15 +198,29 @@ def test_first_divergence_reports_step_field_index_expected_got():
 def test_near_ties_follow_the_engine(monkeypatch):
     """An inert padded row's draft token changed by hand: a divergence; once the reference deems every
     sampling decision undecidable, it takes the engine's token and the case is tolerated, not failed."""
-    case, expected, got = _run("seeded_sampling", runner.case_seed(0, "engine.step", "seeded_sampling", 0))
-    step = next(i for i, r in enumerate(got) if "draft.sampled" in r and int((r["draft.sample_idx_mapping"] < 0)
-                                                                               .sum()))
+    case, _, got = _run("seeded_sampling", runner.case_seed(0, "engine.step", "seeded_sampling", 0))
+    step = next(i for i, r in enumerate(got) if "draft.sampled" in r and (r["draft.sample_idx_mapping"] < 0).any())
     row = int((got[step]["draft.sample_idx_mapping"] < 0).nonzero()[0])
+    got = got[:step + 1]  # the case ends there, so the changed token shows nowhere later
     got[step]["draft.sampled"][row] = (got[step]["draft.sampled"][row] + 1) % 64
-    found = engine_check.compare("engine", expected, got)
+    inputs = dict(runner.fresh_inputs(case), num_steps=step + 1)
+    found = engine_check.compare("engine", engine_check.reference(**inputs), got)
     assert isinstance(found, Divergence) and f"step {step} draft.sampled" in found.output
     monkeypatch.setitem(reference_engine.LOGIT_TOLERANCE, "float32", (1.0, 50.0))
-    loose = engine_check.reference(**runner.fresh_inputs(case))
     monkeypatch.setattr(engine_check, "NEAR_TIE_SHARE", 1.0)
-    tolerated = engine_check.compare("engine", loose, got)
+    tolerated = engine_check.compare("engine", engine_check.reference(**inputs), got)
     assert isinstance(tolerated, Tolerated) and "took the engine's" in tolerated.note
+
+
+def test_tp_ranks_agree_on_the_engine_and_diverge_under_the_fix2_mutants():
+    """Ranks with different PYTHONHASHSEED and global-RNG state replay one request stream through the whole
+    engine: they agree on every record field at every step, and each fix-2 bug splits them at its field."""
+    from stress import tp
+
+    first_field = {"set-order-recycling": ("slots.slot_of_request", "slots.free"),
+                   "global-rng-seeds": ("slots.seeds",)}
+    outcomes = tp.run_ranks(2, mutants=(None, *first_field), workload="engine", num_steps=6)
+    assert outcomes.pop(None).agreed
+    for mutant, outcome in outcomes.items():
+        assert not outcome.agreed and "DIVERGED step " in outcome.message, outcome.message
+        assert outcome.message.split(" field ")[1].split(":")[0] in first_field[mutant], outcome.message

@@ -105,18 +105,18 @@ def _sized(device: str, cpu, gpu):
     return gpu if big(device) else cpu
 
 
-def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, block_sizes, num_blocks=None, k=3,
+def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, block_sizes, block_share=1.0, k=3,
                 anchor_first=False, probabilistic=False, dsd_schedule=None, max_model_len=None, note="") -> Case:
-    """One case: settings, weights and ``requests_fn(rng, vocab)``'s request stream. ``num_blocks`` None
-    gives every request room at full length at once (no preemption)."""
+    """One case: settings, weights and ``requests_fn(rng, vocab)``'s request stream. Each pool holds
+    ``block_share`` of the blocks every request needs at full length at once (1: no preemption)."""
     max_model_len = max_model_len or _sized(device, 64, 1024)
     model = model_config(device, max_model_len, k)
     weights = model_weights(rng, model)
     requests = requests_fn(rng, model["vocab"])
     bs_t, bs_d = block_sizes
-    if num_blocks is None:
-        lengths = [min(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2, max_model_len + k + 2) for r in requests]
-        num_blocks = (sum(-(-n // bs_t) for n in lengths) + 1, sum(-(-(n + k + 1) // bs_d) for n in lengths) + 1)
+    lengths = [min(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2, max_model_len + k + 2) for r in requests]
+    need = (sum(-(-n // bs_t) for n in lengths), sum(-(-(n + k + 1) // bs_d) for n in lengths))
+    num_blocks = tuple(int(n * block_share) + 1 for n in need)
     config = {
         "model": model,
         "scheduler": {"max_num_reqs": max_num_reqs, "max_num_batched_tokens": budget, "target_block_size": bs_t,
@@ -182,14 +182,10 @@ def preempt_resume(rng, device, launch):
         return [request(rng, i, arrival=0 if i < n - 1 else 1,
                         prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)),
                                              int(rng.integers(*_sized(device, (6, 14), (100, 300))))),
-                        max_new=int(rng.integers(6, 12))) for i in range(n)]
+                        max_new=int(rng.integers(*_sized(device, (12, 20), (40, 80))))) for i in range(n)]
 
-    probe = requests(np.random.default_rng(rng.integers(2**31)), 64)
-    need = sum(-(-(len(r["prompt"]) + r["max_new_tokens"] + 8) // bs) for r in probe)
-    tight = int(need * 0.75)
     return engine_case(rng, device, requests, num_steps=_sized(device, 8, 16), max_num_reqs=n,
-                       budget=_sized(device, 40, 2048), block_sizes=(bs, bs), num_blocks=(tight, tight + n),
-                       note="block pressure")
+                       budget=_sized(device, 40, 2048), block_sizes=(bs, bs), block_share=0.6, note="block pressure")
 
 
 def mixed_prefill_decode(rng, device, launch):
@@ -259,6 +255,22 @@ def seeded_sampling(rng, device, launch):
     return engine_case(rng, device, requests, num_steps=_sized(device, 6, 12), max_num_reqs=_sized(device, 3, 12),
                        budget=_sized(device, 40, 2048), block_sizes=(bs, bs), probabilistic=probabilistic,
                        note="draft logits cache" if probabilistic else "one-hot q")
+
+
+def slot_churn(rng, device, launch):
+    """The TP workload: a full batch that finishes in one step and is replaced at once (freed slots are
+    recycled in one go, spec fix 2B), every other request without a seed (fallback seeds, fix 2A)."""
+    slots = _sized(device, 3, 8)
+
+    def requests(rng, vocab):
+        made = [request(rng, i, arrival=0, prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), 8),
+                        max_new=4) for i in range(2 * slots)]
+        for r in made[::2]:
+            r["seed"] = None
+        return made
+
+    return engine_case(rng, device, requests, num_steps=6, max_num_reqs=slots, budget=_sized(device, 64, 512),
+                       block_sizes=(4, 4), note="slot churn")
 
 
 FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix, "preempt_resume": preempt_resume,
