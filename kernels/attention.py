@@ -28,7 +28,7 @@ LOG2E = math.log2(math.e)
 
 # Values that change per step or per model are not specialized: one compile serves every batch.
 _RUNTIME_INTS = ["causal", "group", "queries_per_chunk", "num_q_heads", "head_dim", "num_splits", "block_size",
-                 "table_width"]
+                 "table_width", "table_stride"]
 
 
 # Row reductions go through tl.reduce with Triton's own combine functions: compiled, that is exactly

@@ -17,19 +17,21 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, sca
     Query head h reads KV head ``h // (H_q / H_kv)``. Causal: query i sees keys ``j <= L - Q + i``.
     A query that sees no key gets zeros. Returns ``[Q, H_q, D]`` in ``precision``.
     """
-    num_queries, num_q_heads, _ = query.shape
+    num_queries, num_q_heads, dim = query.shape
     length, num_kv_heads, _ = keys.shape
     group = num_q_heads // num_kv_heads
-    q = query.to(precision).transpose(0, 1)  # [H_q, Q, D]
-    k = keys.to(precision).repeat_interleave(group, dim=1).transpose(0, 1)  # [H_q, L, D]
-    v = values.to(precision).repeat_interleave(group, dim=1).transpose(0, 1)
-    scores = (q @ k.transpose(1, 2)) * scale  # [H_q, Q, L]
+    # Rows of KV head k: its `group` query heads times the queries, (head, query) order.
+    q = query.to(precision).permute(1, 0, 2).reshape(num_kv_heads, group * num_queries, dim)
+    k = keys.to(precision).transpose(0, 1)  # [H_kv, L, D]
+    v = values.to(precision).transpose(0, 1)
     visible = torch.ones(num_queries, length, dtype=torch.bool)
     if causal:
         visible = torch.arange(length)[None, :] <= (length - num_queries + torch.arange(num_queries))[:, None]
-    scores = scores.masked_fill(~visible, float("-inf"))
+    visible = visible.repeat(group, 1)  # row g * Q + i is query i
+    scores = (q @ k.transpose(1, 2) * scale).masked_fill(~visible, float("-inf"))
     weights = torch.softmax(scores, dim=-1).masked_fill(~visible.any(-1)[:, None], 0.0)  # no visible key: zeros
-    return (weights @ v).transpose(0, 1)
+    out = weights @ v  # [H_kv, group * Q, D]
+    return out.view(num_q_heads, num_queries, dim).transpose(0, 1)
 
 
 def gather_kv(cache: torch.Tensor, table_row: torch.Tensor, length: int) -> torch.Tensor:

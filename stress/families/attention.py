@@ -106,18 +106,18 @@ def _batch(rng, device, cpu_max=2, gpu_max=16) -> int:
 
 def decode(rng, device, launch):
     """One query per request, causal or not, GQA 1/4/8."""
-    query_lens = [1] * _batch(rng, device, gpu_max=32)
+    query_lens = [1] * _batch(rng, device, gpu_max=16)
     return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens,
-                                                                         4096 if big(device) else 60),
+                                                                         2048 if big(device) else 60),
                           causal=bool(rng.integers(2)), **_shape(rng, device))
 
 
 def multi_query(rng, device, launch):
     """Draft blocks of up to 16 queries: non-causal (DFlash / DSpark full-attention layers) sees every key of
     the request, causal (sliding-window layers) stops each query at its own position."""
-    query_lens = [int(rng.integers(2, 17 if big(device) else 9)) for _ in range(_batch(rng, device))]
+    query_lens = [int(rng.integers(2, 17 if big(device) else 9)) for _ in range(_batch(rng, device, gpu_max=8))]
     return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens,
-                                                                         4096 if big(device) else 40),
+                                                                         2048 if big(device) else 40),
                           causal=bool(rng.integers(2)), **_shape(rng, device))
 
 
@@ -135,11 +135,11 @@ def edges(rng, device, launch):
 
 def long(rng, device, launch):
     """Long contexts (8k to 33k on the GPU): many tiles per split, splits of uneven length."""
-    query_lens = [pick(rng, (1, 4, 16) if big(device) else (1, 3)) for _ in range(_batch(rng, device, 1, 4))]
+    query_lens = [pick(rng, (1, 4, 16) if big(device) else (1, 3)) for _ in range(_batch(rng, device, 1, 2))]
     shortest, longest = (8192, 33_000) if big(device) else (64, 160)
     seq_lens = [int(rng.integers(shortest, longest + 1)) for _ in query_lens]
     return attention_case(rng, query_lens=query_lens, seq_lens=seq_lens, causal=bool(rng.integers(2)),
-                          note="long", **_shape(rng, device, groups=(1, 8)))
+                          note="long", **_shape(rng, device, groups=(1, 8), kv_heads=int(rng.integers(1, 3))))
 
 
 def gqa(rng, device, launch):
@@ -204,7 +204,7 @@ def prefix_masked_draft(*, idx_mapping, num_cached_tokens, target_query_start_lo
                     out=out, **launch)
 
 
-def prefix_case(rng, device, *, batch_rows, pad_rows=0, max_cached_blocks, max_history, max_context,
+def prefix_case(rng, device, *, batch_rows, pad_rows=0, max_cached_tokens, max_history, max_context,
                 note="") -> Case:
     """Requests whose first ``nc`` tokens (whole blocks) were restored from the prefix cache and never got
     draft KV (NaN), then ``history`` tokens computed in earlier steps, then this step's target rows
@@ -218,7 +218,7 @@ def prefix_case(rng, device, *, batch_rows, pad_rows=0, max_cached_blocks, max_h
     cached = rng.integers(0, 40, num_slots) * bs + 1  # slots outside the batch: unaligned, must not matter
     requests = []  # (restored, first target position, target rows, rejected)
     for batch_row in range(batch_rows):
-        restored = int(rng.integers(0, max_cached_blocks + 1)) * bs
+        restored = int(rng.integers(0, max_cached_tokens // bs + 1)) * bs
         cached[int(idx_mapping[batch_row])] = restored
         n_ctx = int(rng.integers(1, max_context + 1))
         rejected = int(rng.integers(0, n_ctx)) if rng.random() < 0.5 else 0
@@ -257,13 +257,13 @@ def prefix_restored(rng, device, launch):
     """Whole restored blocks before the computed tokens (some requests with none); under CUDA-graph padding
     the batch rows past the live ones get no KV, no shift and no output."""
     return prefix_case(rng, device, batch_rows=_batch(rng, device, 2, 8), pad_rows=int(rng.integers(0, 3)),
-                       max_cached_blocks=40 if big(device) else 3, max_history=300 if big(device) else 20,
+                       max_cached_tokens=640 if big(device) else 48, max_history=300 if big(device) else 20,
                        max_context=40 if big(device) else 6)
 
 
 def prefix_long(rng, device, launch):
     """Long restored prefixes (up to 8k tokens on the GPU) ahead of a short computed tail."""
-    return prefix_case(rng, device, batch_rows=_batch(rng, device, 1, 4), max_cached_blocks=512 if big(device) else 6,
+    return prefix_case(rng, device, batch_rows=_batch(rng, device, 1, 2), max_cached_tokens=8192 if big(device) else 96,
                        max_history=2000 if big(device) else 40, max_context=16 if big(device) else 4, note="long")
 
 

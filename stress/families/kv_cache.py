@@ -73,7 +73,7 @@ def partial_block(rng, device, launch):
     """Requests' consecutive positions through shuffled block-table rows: runs start and end mid-block."""
     bs = pick(rng, (16, 32, 64))
     rows = int(rng.integers(1, 4))
-    width = 4 if not big(device) else 64
+    width = 16 if big(device) else 4
     table = rng.permutation(rows * width) + 1
     slots = []
     for row in range(rows):
