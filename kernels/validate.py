@@ -59,3 +59,15 @@ def power_of_two(name: str, v) -> int:
     if v & (v - 1):
         raise ValueError(f"{name}: expected a power of two, got {v}")
     return v
+
+
+def non_negative_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+    return v
+
+
+def flag(name: str, v) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{name}: expected a bool, got {v!r}")
+    return v

@@ -173,8 +173,8 @@ def main() -> None:
         return
     from stress import trace_bench
 
-    for line in trace_bench.report():
-        print(line)
+    print("\n".join(trace_bench.report()), flush=True)
+    print("\n".join(trace_bench.sampler_rows()[0]))
 
 
 if __name__ == "__main__":

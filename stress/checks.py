@@ -1,6 +1,7 @@
 """The registry: one Check per kernel. Runner, tests, tracer and mutant matrix all iterate it."""
 
 import dataclasses
+import functools
 
 import kernels.attention
 import kernels.block_table
@@ -15,13 +16,19 @@ import reference.draft_inputs
 import reference.kv_cache
 import reference.rejection
 import reference.sampling
+import reference.spec.backends
+import reference.spec.depth
+import reference.spec.graphs
 import reference.spec.slots
 import stress.schedule
-from stress import distribution
+from stress import distribution, host
 from stress.compare import exact_chunked, exact_unless_near_tie, within_float32_baseline
 from stress.families import attention as attention_families
+from stress.families import backends as backend_families
 from stress.families import block_table as bt_families
+from stress.families import depth as depth_families
 from stress.families import draft_inputs as di_families
+from stress.families import graphs as graph_families
 from stress.families import kv_cache as kv_families
 from stress.families import rejection as rejection_families
 from stress.families import sampling as sampling_families
@@ -246,6 +253,89 @@ REJECTION_CHECKS = (
     ),
 )
 
+_GRAPHS = "kernels.spec.graphs"
+_DEPTH = "kernels.spec.depth"
+_BACKENDS = "kernels.spec.backends"
+# Fix 6 (pre-fix): FlashInfer and our host-planned backend claim full-graph support for non-causal
+# attention too, so the draft captures launches whose host-side plan only fits the capture batch.
+# The graph replay check hunts the same patch on the GPU.
+NON_CAUSAL_CLAIMS_FULL = Mutant(
+    "non-causal-claims-full", "spec fix 6 (pre-fix): non-causal attention claims UNIFORM_BATCH graph support",
+    (Patch(f"{_BACKENDS}:graph_support",
+           "CGSupport.UNIFORM_SINGLE_TOKEN_DECODE if non_causal else CGSupport.UNIFORM_BATCH",
+           "CGSupport.UNIFORM_BATCH"),),
+    oracles=_EVERYWHERE, families=("sm100_non_causal",))
+
+
+def _host_check(name: str, driver, impl, families: dict, compare, mutants: tuple[Mutant, ...]) -> Check:
+    """A host-logic check: ``driver`` (stress.host) runs the production module by default, and the
+    reference module ``impl`` of the same names for the expected records."""
+    return Check(name=name, kernel=driver, reference=functools.partial(driver, impl=impl), families=families,
+                 outputs=(RETURN,), compare=compare, mutants=mutants)
+
+
+HOST_CHECKS = (
+    _host_check(
+        "spec.graph_candidates", host.graph_outcomes, reference.spec.graphs, graph_families.FAMILIES,
+        host.graph_outcomes_agree,
+        (
+            Mutant("zero-width-candidates", "spec fix 1 (pre-fix): no zero-width filter, so a depth-0 band of an "
+                   "n_new = 0 draft rounds capture sizes up to a multiple of 0: candidate building raises "
+                   "ZeroDivisionError on a valid configuration, as the upstream engine did at start-up",
+                   (Patch(f"{_GRAPHS}:decode_widths", "{d + n_new for d in depths if d + n_new > 0}",
+                          "{d + n_new for d in depths}"),),
+                   oracles={"cpu": "crash", "cuda": "crash"}, families=("zero_width_band",)),
+            Mutant("dispatch-fewer-requests", "the request test of dispatch is flipped (<=): a varlen graph with "
+                   "fewer requests than the batch is replayed",
+                   (Patch(f"{_GRAPHS}:_fits", "desc.num_reqs >= num_reqs", "desc.num_reqs <= num_reqs"),),
+                   oracles=_EVERYWHERE, families=("varlen", "dsd_schedule")),
+            Mutant("prefill-replays-decode-graph", "a batch still prefilling keeps its uniform width, so prompt "
+                   "chunks shaped like decode replay a FULL decode graph (upstream vllm#49918)",
+                   (Patch(f"{_GRAPHS}:dispatch", "if has_prefill:", "if False:"),),
+                   oracles=_EVERYWHERE, families=("prefill",)),
+            Mutant("capture-size-rounded-down", "capture sizes rounded down to whole requests: graphs smaller "
+                   "than the size, and 0-request graphs below one width",
+                   (Patch(f"{_GRAPHS}:_round_up", "(n + multiple - 1) // multiple * multiple",
+                          "n // multiple * multiple"),),
+                   oracles=_EVERYWHERE, families=("basic", "dsd_schedule")),
+        ),
+    ),
+    _host_check(
+        "spec.depth", host.depth_outcomes, reference.spec.depth, depth_families.FAMILIES, host.records_agree,
+        (
+            Mutant("depth-or-default", "spec fix 7 (pre-fix): the depth is resolved as `value or default`, so a "
+                   "scheduled 0 becomes K",
+                   (Patch(f"{_DEPTH}:resolve_num_spec_tokens", "default if value is None else value",
+                          "value or default"),),
+                   oracles=_EVERYWHERE, families=("resolve", "disable_drafting")),
+            Mutant("limit-refuses-zero", "spec fix 7 (pre-fix): limit_draft_tokens has no depth-0 branch and "
+                   "refuses 0 like any depth outside 1..k_max",
+                   (Patch(f"{_DEPTH}:limit_draft_tokens", "if n == 0:", "if False:"),),
+                   oracles=_EVERYWHERE, families=("limit", "disable_drafting")),
+            Mutant("rises-to-target", "the controller jumps straight up to a higher target instead of one step per "
+                   "window",
+                   (Patch(f"{_DEPTH}:AcceptanceLengthController", "self.depth += 1", "self.depth = target"),),
+                   oracles=_EVERYWHERE, families=("controller", "bands")),
+        ),
+    ),
+    _host_check(
+        "spec.backends", host.backend_outcomes, reference.spec.backends, backend_families.FAMILIES,
+        host.records_agree,
+        (
+            NON_CAUSAL_CLAIMS_FULL,
+            Mutant("sm100-non-causal-prefers-flashinfer", "spec fix 6 (pre-fix): SM100 puts FlashInfer first "
+                   "whatever the causality, so non-causal drafts auto-select its cutlass path",
+                   (Patch(f"{_BACKENDS}:backend_priorities", "if capability_major == 10 and not non_causal:",
+                          "if capability_major == 10:"),),
+                   oracles=_EVERYWHERE, families=("sm100_non_causal",)),
+            Mutant("no-layer-types-causal", "a DFlash config without layer types is taken as causal, so its "
+                   "non-causal draft claims FlashInfer's full graphs",
+                   (Patch(f"{_BACKENDS}:_causal", "bool(types) and types[layer]", "not types or types[layer]"),),
+                   oracles=_EVERYWHERE),
+        ),
+    ),
+)
+
 _KV = "kernels.kv_cache:_write_kv_kernel"
 
 KV_CACHE_CHECKS = (
@@ -317,7 +407,7 @@ ATTENTION_CHECKS = (
 )
 
 REGISTRY: tuple[Check, ...] = (BLOCK_TABLE_CHECKS + DRAFT_INPUT_CHECKS + SLOT_CHECKS + SAMPLING_CHECKS
-                                 + REJECTION_CHECKS + KV_CACHE_CHECKS + ATTENTION_CHECKS)
+                                 + REJECTION_CHECKS + HOST_CHECKS + KV_CACHE_CHECKS + ATTENTION_CHECKS)
 BY_NAME = {check.name: check for check in REGISTRY}
 
 

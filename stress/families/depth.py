@@ -1,0 +1,110 @@
+"""Case families for the per-step depth: explicit zeros among resolved depths (fix 7), draft views of
+every width including 0, acceptance traces that collapse and recover, DSD band tables (with gaps,
+caps above Kmax and refused schedules), and a scheduler loop through a band that disables drafting."""
+
+import numpy as np
+import torch
+
+from stress.families.common import pick
+from stress.types import Case
+
+
+def _case(kind: str, params: dict, note: str, draft: torch.Tensor | None = None) -> Case:
+    inputs = {"kind": kind, "params": params}
+    if draft is not None:
+        inputs["draft"] = draft
+    return Case(inputs=inputs, note=note)
+
+
+def _draft(rng, rows: int, columns: int) -> torch.Tensor:
+    """Distinct token ids, so a wrong column or row shows which one it came from."""
+    return torch.from_numpy(rng.permutation(rows * columns + 1)[: rows * columns].astype(np.int64)).view(rows, columns)
+
+
+def resolve(rng, device, launch):
+    """Scheduler depths None, 0 or K against defaults, a few negative (refused)."""
+    def depth(none_p):
+        roll = rng.random()
+        return None if roll < none_p else 0 if roll < none_p + 0.3 else int(rng.integers(-1 if roll > 0.95 else 1, 9))
+    pairs = [(depth(0.3), int(rng.integers(-1 if rng.random() < 0.05 else 0, 9))) for _ in range(20)]
+    return _case("resolve", {"pairs": pairs}, f"{sum(v == 0 for v, _ in pairs)} explicit zeros")
+
+
+def limit(rng, device, launch):
+    """A draft of 0..k_max columns (sometimes one too many) cut to n in -1..k_max+1, 0 included."""
+    k_max = int(rng.integers(1, 7))
+    columns = int(rng.integers(0, k_max + 1)) if rng.random() < 0.9 else k_max + 1
+    draft = _draft(rng, int(rng.integers(0, 5)), columns)
+    ns = [0] + [int(n) for n in rng.integers(-1, k_max + 2, size=6)]
+    return _case("limit", {"k_max": k_max, "ns": ns}, f"draft {tuple(draft.shape)}, k_max {k_max}", draft)
+
+
+def _steps(rng, max_depth: int, count: int) -> list[tuple[int, int, int]]:
+    """(num_drafts, num_draft_tokens, num_accepted_tokens) in phases: everything rejected, everything
+    accepted, random; some empty steps and a few the controller must refuse."""
+    steps = []
+    while len(steps) < count:
+        phase, length = rng.random(), int(rng.integers(1, 6))
+        for _ in range(length):
+            drafts = int(rng.integers(0, 6))
+            tokens = drafts * int(rng.integers(1, max_depth + 1))
+            accepted = 0 if phase < 0.3 else tokens if phase < 0.6 else int(rng.integers(0, tokens + 1))
+            if rng.random() < 0.04:
+                drafts, tokens, accepted = pick(rng, ((drafts + 1, tokens, tokens + 1), (0, tokens + 1, 0)))
+            steps.append((drafts, tokens, accepted))
+    return steps[:count]
+
+
+def controller(rng, device, launch):
+    """One controller over a trace that collapses and recovers."""
+    max_depth, window = int(rng.integers(1, 9)), int(rng.integers(1, 5))
+    initial = None if rng.random() < 0.5 else int(rng.integers(1, max_depth + 1))
+    params = {"max_depth": max_depth, "window": window, "initial_depth": initial,
+              "steps": _steps(rng, max_depth, int(rng.integers(5, 41)))}
+    return _case("controller", params, f"Kmax {max_depth}, window {window}")
+
+
+def _band_schedule(rng, max_batch_size: int, max_depth: int, zero_band: bool) -> list[tuple[int, int, int]]:
+    """Valid bands from 1 with gaps between them, caps 0..Kmax+2, in any order."""
+    bands, start = [], 1
+    for _ in range(int(rng.integers(1, 5))):
+        end = start + int(rng.integers(0, max(1, max_batch_size // 2)))
+        bands.append((start, end, int(rng.integers(0, max_depth + 3))))
+        start = end + 1 + int(rng.integers(0, 3))
+    if zero_band:
+        i = int(rng.integers(len(bands)))
+        bands[i] = (*bands[i][:2], 0)
+    return [bands[i] for i in rng.permutation(len(bands))]
+
+
+def bands(rng, device, launch):
+    """A DSD table with one controller per band, observed at random batch sizes; some schedules are
+    refused (bands that overlap, or none starting at 1)."""
+    max_batch_size, max_depth = int(rng.integers(1, 17)), int(rng.integers(1, 7))
+    schedule = _band_schedule(rng, max_batch_size, max_depth, zero_band=bool(rng.random() < 0.5))
+    if rng.random() < 0.15:
+        start, end, depth = schedule[0]
+        schedule = pick(rng, ([(start + 1, end + 1, depth)] + schedule[1:],
+                              schedule + [(end, end + 2, depth)]))  # no band at 1, or an overlap
+    steps = [(int(rng.integers(1, max_batch_size + 1)), *step) for step in _steps(rng, max_depth, 25)]
+    initial = None if rng.random() < 0.5 else int(rng.integers(1, 7))
+    params = {"schedule": schedule, "max_batch_size": max_batch_size, "max_depth": max_depth,
+              "window": int(rng.integers(1, 4)), "initial_depth": initial, "steps": steps}
+    return _case("bands", params, f"S={max_batch_size} Kmax={max_depth} schedule={schedule}")
+
+
+def disable_drafting(rng, device, launch):
+    """Fix 7 end to end: a scheduler loop through a band with depth 0 (and synthetic steps with no
+    depth): resolved depth, placeholders, the limited draft, acceptance fed back."""
+    max_batch_size, max_depth = int(rng.integers(2, 13)), int(rng.integers(1, 7))
+    schedule = _band_schedule(rng, max_batch_size, max_depth, zero_band=True)
+    steps = [(int(rng.integers(1, max_batch_size + 1)), bool(rng.random() < 0.1), int(rng.integers(0, max_depth + 1)))
+             for _ in range(int(rng.integers(5, 30)))]
+    params = {"schedule": schedule, "max_batch_size": max_batch_size, "max_depth": max_depth,
+              "window": int(rng.integers(1, 3)), "initial_depth": None, "steps": steps}
+    return _case("disable_drafting", params, f"S={max_batch_size} Kmax={max_depth} schedule={schedule}",
+                 _draft(rng, max_batch_size, max_depth))
+
+
+FAMILIES = {"resolve": resolve, "limit": limit, "controller": controller, "bands": bands,
+            "disable_drafting": disable_drafting}
