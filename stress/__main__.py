@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="worker processes (default: CPU cores, or up to 8 per GPU); 0 = in process")
     run.add_argument("--timeout", type=float, default=300, help="seconds per case before fail:timeout (0 = none)")
     run.add_argument("--no-trace", action="store_true", help="skip the CPU tracer (races, out-of-bounds, uninit)")
+    run.add_argument("--mutant", help="apply this planted bug in every case, in the checks that plant it or hunt "
+                                      "every bug (engine.step): what it does to the verdicts and the acceptance")
 
     repro = sub.add_parser("repro", help="rerun one case and print its first divergences")
     common(repro, seed=False)
@@ -142,13 +144,18 @@ def cmd_run(args) -> int:
     if args.iters < 1:
         raise SystemExit("--iters: must be at least 1")
     selected = _checks(args.check)
+    if args.mutant:
+        selected = [c for c in selected if c.unreachable is not None or any(m.name == args.mutant for m in c.mutants)]
+        if not selected:
+            raise SystemExit(f"--mutant {args.mutant}: no selected check plants it or hunts every bug")
     known = {f for c in selected for f in c.families}
     for family in args.family or ():
         if family not in known:
             raise SystemExit(f"--family {family}: no selected check has it; known: {', '.join(sorted(known))}")
-    tasks = runner.plan(selected, args.family, args.iters, args.seed)
+    tasks = runner.plan(selected, args.family, args.iters, args.seed, args.mutant)
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
     header = {"device": device, "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
+              **({"mutant": args.mutant} if args.mutant else {}),
               "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     report = runner.Report(args.report, header)
     print(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}", flush=True)

@@ -303,7 +303,8 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
 # ---------------------------------------------------------------- the run command
 
 
-def plan(checks: list[Check], families: list[str] | None, iters: int, seed: int) -> list[Task]:
+def plan(checks: list[Check], families: list[str] | None, iters: int, seed: int,
+         mutant: str | None = None) -> list[Task]:
     """Iteration-major order, so an interrupted run has covered every family evenly."""
     # A check with an iteration share runs its n cases spread evenly over the iterations.
     at = {}
@@ -317,7 +318,8 @@ def plan(checks: list[Check], families: list[str] | None, iters: int, seed: int)
                 continue
             for family in check.families:
                 if not families or family in families:
-                    tasks.append(Task(check.name, family, case_seed(seed, check.name, family, at[check.name][i])))
+                    tasks.append(Task(check.name, family, case_seed(seed, check.name, family, at[check.name][i]),
+                                      mutant))
     return tasks
 
 

@@ -35,12 +35,14 @@ def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).to(torch.float32)
 
 
-def model_config(device: str, max_model_len: int, num_spec_tokens: int) -> dict:
-    """Tiny under the interpreter; bf16-sized on the GPU."""
+def model_config(rng, device: str, max_model_len: int, num_spec_tokens: int) -> dict:
+    """Tiny under the interpreter (one layer in most cases: each layer adds three KV writes and two
+    attention launches per step), bf16-sized on the GPU."""
     if big(device):
         dims = {"vocab": 256, "hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 32, "ffn": 128}
     else:
-        dims = {"vocab": 64, "hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "head_dim": 16, "ffn": 32}
+        dims = {"vocab": 64, "hidden": 32, "layers": 1 + int(rng.random() < 0.3), "heads": 2, "kv_heads": 1,
+                "head_dim": 16, "ffn": 32}
     return {**dims, "rope_theta": 10000.0, "max_position": max_model_len + num_spec_tokens + 2}
 
 
@@ -110,7 +112,7 @@ def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, bl
     """One case: settings, weights and ``requests_fn(rng, vocab)``'s request stream. Each pool holds
     ``block_share`` of the blocks every request needs at full length at once (1: no preemption)."""
     max_model_len = max_model_len or _sized(device, 64, 1024)
-    model = model_config(device, max_model_len, k)
+    model = model_config(rng, device, max_model_len, k)
     weights = model_weights(rng, model)
     requests = requests_fn(rng, model["vocab"])
     bs_t, bs_d = block_sizes
@@ -129,7 +131,8 @@ def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, bl
     layout = "dspark" if anchor_first else "dflash"
     return Case(inputs={"config": config, "weights": weights, "requests": requests, "num_steps": num_steps,
                         "global_seed": int(rng.integers(0, 2**31))},
-                note=f"{layout} K={k} bs={bs_t}/{bs_d} S={max_num_reqs} {len(requests)} requests {note}".strip())
+                note=f"{layout} K={k} L={model['layers']} bs={bs_t}/{bs_d} S={max_num_reqs} {len(requests)} requests "
+                     f"{note}".strip())
 
 
 def shared_prefix(rng, device, launch):
@@ -184,7 +187,7 @@ def preempt_resume(rng, device, launch):
                                              int(rng.integers(*_sized(device, (6, 14), (100, 300))))),
                         max_new=int(rng.integers(*_sized(device, (12, 20), (40, 80))))) for i in range(n)]
 
-    return engine_case(rng, device, requests, num_steps=_sized(device, 8, 16), max_num_reqs=n,
+    return engine_case(rng, device, requests, num_steps=_sized(device, 7, 16), max_num_reqs=n,
                        budget=_sized(device, 40, 2048), block_sizes=(bs, bs), block_share=0.6, note="block pressure")
 
 
@@ -209,9 +212,10 @@ def dsd_bands(rng, device, launch):
     """A DSD schedule whose top band disables drafting (K = 0): the batch grows across its edge and
     shrinks back; adaptive depth per band. DFlash or DSpark (whose K = 0 graph width is 0, fix 1)."""
     bs = _sized(device, 4, 16)
-    s = _sized(device, 4, 16)
-    edge = int(rng.integers(2, s))
-    schedule = [(1, edge - 1, 3), (edge, s, 0)] if rng.integers(2) else [(1, 1, 3), (2, edge - 1, 1), (edge, s, 0)]
+    s = _sized(device, 3, 16)
+    edge = int(rng.integers(2, s + 1))
+    top = _sized(device, 2, 4)
+    schedule = [(1, edge - 1, top), (edge, s, 0)] if rng.integers(2) else [(1, 1, top), (2, edge - 1, 1), (edge, s, 0)]
     schedule = [band for band in schedule if band[0] <= band[1]]
 
     def requests(rng, vocab):
@@ -219,9 +223,9 @@ def dsd_bands(rng, device, launch):
                         prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(4, 12))),
                         max_new=int(rng.integers(3, 10))) for i in range(s)]
 
-    return engine_case(rng, device, requests, num_steps=_sized(device, 7, 14), max_num_reqs=s,
-                       budget=_sized(device, 48, 2048), block_sizes=(bs, bs), anchor_first=bool(rng.integers(2)),
-                       dsd_schedule=schedule, note=f"DSD {schedule}")
+    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 14), max_num_reqs=s,
+                       budget=_sized(device, 48, 2048), block_sizes=(bs, bs), k=_sized(device, 2, 4),
+                       anchor_first=bool(rng.integers(2)), dsd_schedule=schedule, note=f"DSD {schedule}")
 
 
 def long_context(rng, device, launch):
@@ -252,24 +256,25 @@ def seeded_sampling(rng, device, launch):
                 for i in range(_sized(device, 3, 12))]
 
     probabilistic = bool(rng.integers(2))
-    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 12), max_num_reqs=_sized(device, 3, 12),
-                       budget=_sized(device, 40, 2048), block_sizes=(bs, bs), probabilistic=probabilistic,
+    return engine_case(rng, device, requests, num_steps=_sized(device, 5, 12), max_num_reqs=_sized(device, 3, 12),
+                       budget=_sized(device, 40, 2048), block_sizes=(bs, bs), k=_sized(device, 2, 4),
+                       probabilistic=probabilistic,
                        note="draft logits cache" if probabilistic else "one-hot q")
 
 
 def slot_churn(rng, device, launch):
-    """The TP workload: a full batch that finishes in one step and is replaced at once (freed slots are
-    recycled in one go, spec fix 2B), every other request without a seed (fallback seeds, fix 2A)."""
-    slots = _sized(device, 3, 8)
+    """The TP workload: full batches that finish in one step and are replaced at once, twice (freed slots
+    are recycled in one go, spec fix 2B), every other request without a seed (fallback seeds, fix 2A)."""
+    slots = _sized(device, 5, 8)
 
     def requests(rng, vocab):
         made = [request(rng, i, arrival=0, prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), 8),
-                        max_new=4) for i in range(2 * slots)]
+                        max_new=4) for i in range(3 * slots)]
         for r in made[::2]:
             r["seed"] = None
         return made
 
-    return engine_case(rng, device, requests, num_steps=6, max_num_reqs=slots, budget=_sized(device, 64, 512),
+    return engine_case(rng, device, requests, num_steps=7, max_num_reqs=slots, budget=_sized(device, 64, 512),
                        block_sizes=(4, 4), note="slot churn")
 
 
