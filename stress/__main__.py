@@ -69,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     mut.add_argument("--max-iters", type=int, default=200, help="cases per mutant before it counts as survived")
     mut.add_argument("--path-iters", type=int, default=40,
                      help="cases of the whole-path check (engine.step) per other check's mutant (the path column)")
+    mut.add_argument("--path-only", action="store_true", help="hunt the path column alone")
     mut.add_argument("--by-shape", action="store_true", help="hunt separately in every launch shape of the sweep")
     mut.add_argument("--jobs", type=int, help="worker processes (default as for run); 0 = in process")
     mut.add_argument("--json", action="store_true", help="print the matrix as JSON")
@@ -277,7 +278,7 @@ def cmd_mutants(args) -> int:
 
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
     rows = matrix.kill_matrix(_checks(args.check), device, max_iters=args.max_iters, seed=args.seed, jobs=jobs,
-                              by_shape=args.by_shape, path_iters=args.path_iters,
+                              by_shape=args.by_shape, path_iters=args.path_iters, path_only=args.path_only,
                               on_row=None if args.json else lambda k: print(f"  {k.mutant}: {k.status}", flush=True))
     if args.report:
         os.makedirs(args.report, exist_ok=True)
@@ -292,7 +293,7 @@ def cmd_mutants(args) -> int:
     status: dict[tuple[str, str], set[str]] = {}
     for k in rows:
         status.setdefault((k.check, k.mutant), set()).add(k.status)
-    checkable = [s for s in status.values() if s != {"not_checked"}]
+    checkable = [s for s in status.values() if s != {"not_checked"} and s != {"not_hunted"}]
     killed = sum("killed" in s for s in checkable)
     print(f"{killed} of {len(checkable)} checkable mutants killed on {device}; "
           f"{len(status) - len(checkable)} not checked here")

@@ -82,9 +82,11 @@ def _path_hunts(checks: list[Check], device: str, max_iters: int, seed: int, tim
 
 
 def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, jobs: int,
-                by_shape: bool = False, timeout: float = 0, on_row=None, path_iters: int = 40) -> list[Kill]:
+                by_shape: bool = False, timeout: float = 0, on_row=None, path_iters: int = 40,
+                path_only: bool = False) -> list[Kill]:
     """One row per mutant (per launch shape with ``by_shape``); hunts run in worker processes. Each row
-    also carries the path column: the whole-path check's hunt of the same bug (``path_iters`` cases)."""
+    also carries the path column: the whole-path check's hunt of the same bug (``path_iters`` cases).
+    ``path_only`` hunts the path column alone (the rows' own status is then "not_hunted")."""
     rows, hunts = [], []
     for check in checks:
         for mutant in check.mutants:
@@ -96,6 +98,9 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
                 planted.validate(mutant)
             except planted.StaleMutant as exc:
                 rows.append(Kill(check.name, mutant.name, device, oracle, "stale", reason=str(exc)))
+                continue
+            if path_only:
+                rows.append(Kill(check.name, mutant.name, device, oracle, "not_hunted"))
                 continue
             for launch in (check.sweep(device) if by_shape and check.sweep else [None]):
                 hunts.append((check.name, mutant.name, device, oracle, max_iters, seed, launch, timeout))

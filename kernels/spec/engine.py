@@ -3,11 +3,13 @@
 One ``Engine.step()`` runs, as the V2 model runner does (spec 2.1, 2.2): schedule (admission
 with prefix-cache hits, chunked prefill, preemption), free and assign request slots
 (``kernels.spec.slots``), gather block tables, compute slot mappings, the target forward with
-KV writes and paged causal attention, verification, draft-input preparation, the prefix-cache
-shift of the draft block table, the draft forward with paged non-causal attention over the
-visible context, Gumbel draft sampling over every row of the static sampling buffers, and the
-depth limit (DSD bands, adaptive depth). Every buffer a CUDA graph would capture is persistent
-and sized for ``max_num_reqs``, so padded rows hold what the kernels leave there.
+KV writes and paged causal attention, verification, then the draft at the depth the scheduler
+chose (DSD bands, adaptive depth; fix 7: 0 drafts nothing): draft-input preparation, the
+prefix-cache shift of the draft block table, the draft forward with paged non-causal attention
+over the visible context at the size its graph dispatch pads to (fixes 1 and 6 decide which
+graphs exist and whether the draft may be captured), Gumbel draft sampling over every row of
+the static sampling buffers, and the depth limit. Every buffer a CUDA graph would capture is
+persistent and sized for ``max_num_reqs``, so padded rows hold what the kernels leave there.
 
 ``step()`` returns the step's record: every piece of metadata by name (``RECORD_FIELDS``), copied
 to the CPU, which the stress harness compares with ``reference.spec.engine`` and digests
@@ -23,7 +25,8 @@ import numpy as np
 import torch
 
 from kernels import block_table, draft_inputs, rejection, runtime, sampling
-from kernels.spec import depth, scheduler, slots
+from kernels.spec import backends, depth, graphs, scheduler, slots
+from kernels.spec.graphs import Mode
 from kernels.spec.models import Model, ModelConfig
 
 PAD = -1
@@ -31,24 +34,33 @@ PREP_OUTPUTS = ("context_positions", "context_slot_mapping", "input_ids", "posit
                 "sample_indices", "sample_pos", "sample_idx_mapping", "query_start_loc", "seq_lens", "draft_tokens")
 # Everything a step may record, in record order. Batch-row fields cover the B live rows; persistent
 # buffers are recorded whole (their padded part included). Present only when the step has a batch:
-# idx_mapping onwards; only when the batch was drafted: draft.shifted_block_table .. draft.logits_cache
-# (the cache only with probabilistic drafting).
+# idx_mapping onwards; only at a depth above 0: draft.graph; only when the batch was drafted:
+# draft.shifted_block_table .. draft.logits_cache (the cache only with probabilistic drafting).
 RECORD_FIELDS = (
     "slots.slot_of_request",  # [num requests]: slot of each request, -1 when it holds none
     "slots.free", "slots.seeds", "slots.num_cached_tokens",  # the free list in order; per-slot state
     "batch.request", "batch.num_tokens", "idx_mapping",  # per batch row: request number, tokens, slot
+    "target.graph",  # the graph descriptor the target batch dispatches to (see _descriptor)
     "target.input_ids", "target.positions", "target.query_start_loc", "target.seq_lens", "target.block_table",
     "target.slot_mapping", "target.logits",  # logits [B, K+1, V] of the verified rows, NaN elsewhere
     "verify.out_tokens", "verify.num_sampled", "verify.num_rejected", "verify.num_drafts",
-    "draft.block_table", "draft.prepared", *(f"draft.{name}" for name in PREP_OUTPUTS),
+    "draft.block_table", "draft.graph", "draft.prepared", *(f"draft.{name}" for name in PREP_OUTPUTS),
     "draft.shifted_block_table", "draft.logits", "draft.sampled", "draft.logits_cache",
-    "depth", "draft.tokens",  # the depth this step's drafts are limited to, and those drafts
+    "depth", "draft.tokens",  # the depth the drafts were proposed at, and those drafts
 )
 
 
 def _snap(t: torch.Tensor) -> torch.Tensor:
     """A CPU copy for the record (``.cpu()`` of a CPU tensor would alias the live buffer)."""
     return t.detach().to("cpu", copy=True)
+
+
+def _descriptor(desc: graphs.BatchDescriptor) -> torch.Tensor:
+    """A graph descriptor as int64 [mode (NONE 0, PIECEWISE 1, FULL 2), tokens, requests, uniform, max
+    tokens per request], -1 for what it leaves open."""
+    mode = (Mode.NONE, Mode.PIECEWISE, Mode.FULL).index(desc.mode)
+    return torch.tensor([mode, desc.num_tokens, *(-1 if v is None else v for v in (desc.num_reqs, desc.uniform,
+                                                                                   desc.max_req_tokens))])
 
 
 def _table_width(max_len: int, block_size: int) -> int:
@@ -77,8 +89,29 @@ class Engine:
         if self.schedule is not None:
             caps = depth.band_lookup(self.schedule, c.max_num_reqs, self.k)
             self.depth_controller = depth.BandAcceptanceLengthController(caps, config["adaptive_window"])
+        self._select_graphs(config)
         self.step_index = 0
         self._allocate()
+
+    def _select_graphs(self, config: dict) -> None:
+        """The draft's attention backend, picked as upstream does by capability and causality among the
+        ones offered (all run on the project's paged attention here: the choice decides whether the
+        draft step may be captured, fix 6), and the graph candidates of the draft and the target
+        (fix 1: a DSD band of depth 0 gives no width). Both steps dispatch every batch; the draft runs
+        at the dispatched padded size."""
+        layers, cap = self.model_config.layers, config["capability_major"]
+        self.new_tokens = 0 if self.anchor_first else 1
+        self.draft_causal = [backends.dflash_layer_causal(layer, layers) for layer in range(layers)]
+        non_causal = backends.has_any_non_causal(layers)
+        offered = config["draft_backends"]
+        self.draft_backend = next((b for b in backends.backend_priorities(cap, non_causal) if b in offered),
+                                  offered[0])
+        self.draft_mode = backends.draft_graph_mode(self.draft_backend, cap, non_causal)
+        shape = {"capture_sizes": config["capture_sizes"], "max_num_reqs": self.sched_config.max_num_reqs,
+                 "max_spec_tokens": self.k, "schedule": self.schedule, "adaptive": self.schedule is not None,
+                 "small_grid": config["small_grid"]}
+        self.draft_candidates = graphs.build_candidates(decode_query_len=self.q, **shape)
+        self.target_candidates = graphs.build_candidates(decode_query_len=1 + self.k, **shape)
 
     def _allocate(self) -> None:
         c, dev, s, k, q = self.sched_config, self.device, self.sched_config.max_num_reqs, self.k, self.q
@@ -111,7 +144,6 @@ class Engine:
             "seq_lens": torch.zeros(s, dtype=i32, device=dev),
             "draft_tokens": torch.zeros(s, k, dtype=i64, device=dev),
         }
-        self.sample_cols = torch.arange(k, dtype=i32, device=dev).repeat(s)
         self.draft_logits = (torch.zeros(s, k, self.model_config.vocab, dtype=torch.float32, device=dev)
                              if self.probabilistic else None)
 
@@ -184,11 +216,15 @@ class Engine:
         qsl = torch.tensor(starts, dtype=torch.int32, device=dev)
         seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
         num_rows = len(batch)
+        # The target runs eagerly; which graph would run the batch is recorded (prefill never a FULL one).
+        lengths = {n for _, n in batch}
+        has_prefill = any(req.prefilling for req, _ in batch)
+        record["target.graph"] = _descriptor(graphs.dispatch(
+            self.target_candidates, num_rows, len(ids), lengths.pop() if len(lengths) == 1 else None, has_prefill))
         block_table.gather_block_tables(self.table_t, idx_mapping, self.batch_table_t)
         block_table.compute_slot_mappings(self.batch_table_t, qsl, positions_t, self.sched_config.target_block_size,
                                           self.slot_mapping_t)
-        attn = {"block_table": self.batch_table_t[:num_rows], "seq_lens": seq_lens_t, "query_start_loc": qsl,
-                "causal": True}
+        attn = {"block_table": self.batch_table_t[:num_rows], "seq_lens": seq_lens_t, "query_start_loc": qsl}
         hidden, aux = self.model.target_forward(ids_t, positions_t, self.slot_mapping_t, self.caches_t, attn)
         record["target.input_ids"] = _snap(ids_t)
         record["target.positions"] = _snap(positions_t)
@@ -273,33 +309,40 @@ class Engine:
         return torch.from_numpy(self.slots.seeds).to(self.device)
 
     def _propose(self, batch, slot_ids, idx_mapping, target, verified, step_depth, record) -> None:
-        """The draft step: inputs, context KV, shift, draft forward, sampling, depth limit."""
+        """The draft step at the step's depth (0: nothing drafted, but the context KV is still stored):
+        inputs, context KV, shift, draft forward at the dispatched size, sampling, depth limit."""
         num_rows, k, c, dev = len(batch), self.k, self.sched_config, self.device
         buf = self.buffers
-        num_sampled = verified["num_sampled"]
         num_rejected = verified["num_rejected"]
         block_table.gather_block_tables(self.table_d, idx_mapping, self.batch_table_d)
         record["draft.block_table"] = _snap(self.batch_table_d[:num_rows])
         num_cached = torch.from_numpy(self.slots.num_cached_tokens).to(dev)
         positions = target["positions"]
-        prepared = draft_inputs.prepare_draft_inputs(
-            idx_mapping=idx_mapping, target_query_start_loc=target["query_start_loc"], target_positions=positions,
-            num_sampled=num_sampled, num_rejected=num_rejected, last_sampled=self.last_sampled,
-            next_prefill_tokens=self.next_prefill_tokens, num_cached_tokens=num_cached,
-            block_table=self.batch_table_d, block_size=c.draft_block_size, num_draft_tokens=k,
-            anchor_first=self.anchor_first, mask_token_id=self.model_config.mask_token_id,
-            max_model_len=c.max_model_len, **buf)
+        prepared, q = False, step_depth + self.new_tokens
+        if step_depth:
+            desc = graphs.BatchDescriptor(Mode.NONE, num_rows * q)
+            if self.draft_mode is Mode.FULL:
+                desc = graphs.dispatch(self.draft_candidates, num_rows, num_rows * q, q)
+            record["draft.graph"] = _descriptor(desc)
+            prepared = draft_inputs.prepare_draft_inputs(
+                idx_mapping=idx_mapping, target_query_start_loc=target["query_start_loc"], target_positions=positions,
+                num_sampled=verified["num_sampled"], num_rejected=num_rejected, last_sampled=self.last_sampled,
+                next_prefill_tokens=self.next_prefill_tokens, num_cached_tokens=num_cached,
+                block_table=self.batch_table_d, block_size=c.draft_block_size, num_draft_tokens=step_depth,
+                anchor_first=self.anchor_first, mask_token_id=self.model_config.mask_token_id,
+                max_model_len=c.max_model_len, **dict(buf, draft_tokens=buf["draft_tokens"][:, :step_depth]))
         num_tokens = positions.numel()
         if not prepared:
-            self._refused_context_rows(target, num_rejected)
+            self._context_rows(target, num_rejected)
         self.model.write_context_kv(target["aux"], buf["context_positions"][:num_tokens],
                                     buf["context_slot_mapping"][:num_tokens], self.caches_d)
         record["draft.prepared"] = torch.tensor(prepared)
         for name in PREP_OUTPUTS:
             record[f"draft.{name}"] = _snap(buf[name])
         if prepared:
-            self._draft(num_rows, idx_mapping, num_cached, record)
-        drafts = depth.limit_draft_tokens(buf["draft_tokens"][:num_rows], step_depth, k)
+            padded = desc.num_reqs if desc.mode is Mode.FULL else num_rows
+            self._draft(num_rows, padded, step_depth, idx_mapping, num_cached, record)
+        drafts = depth.limit_draft_tokens(buf["draft_tokens"][:num_rows, :step_depth], step_depth, k)
         record["depth"] = torch.tensor(step_depth, dtype=torch.int64)
         record["draft.tokens"] = _snap(drafts)
         for (req, _), row in zip(batch, drafts.cpu().tolist(), strict=True):
@@ -307,9 +350,10 @@ class Engine:
                 room = c.max_model_len - len(req.tokens)
                 req.drafts = [t for t in row if t >= 0][:room]
 
-    def _refused_context_rows(self, target, num_rejected) -> None:
-        """Context rows of a refused batch, as the prep kernel would have written them: valid rows at
-        their position and slot, the rejected suffix at position 0 / PAD, everything past at 0 / PAD."""
+    def _context_rows(self, target, num_rejected) -> None:
+        """Context rows when the prep kernel did not run (depth 0) or refused the batch, as it would have
+        written them: valid rows at their position and slot, the rejected suffix at position 0 / PAD,
+        everything past at 0 / PAD."""
         buf, qsl, positions = self.buffers, target["query_start_loc"], target["positions"]
         starts = qsl.long()
         row_of_token = torch.repeat_interleave(torch.arange(starts.numel() - 1, device=self.device),
@@ -320,21 +364,26 @@ class Engine:
         block_table.compute_slot_mappings(self.batch_table_d, qsl, torch.where(valid, positions, -1),
                                           self.sched_config.draft_block_size, buf["context_slot_mapping"])
 
-    def _draft(self, num_rows, idx_mapping, num_cached, record) -> None:
-        buf, q = self.buffers, self.q
+    def _draft(self, num_rows, padded, step_depth, idx_mapping, num_cached, record) -> None:
+        """Shift, then the draft forward over ``padded`` rows (padded ones are inert: no queries, seq_len 0)
+        and Gumbel sampling over every row of the static sampling buffer."""
+        buf, q = self.buffers, step_depth + self.new_tokens
         block_table.shift_block_table_rows(self.batch_table_d, idx_mapping, num_cached, buf["seq_lens"],
                                            self.sched_config.draft_block_size)
         record["draft.shifted_block_table"] = _snap(self.batch_table_d[:num_rows])
-        attn = {"block_table": self.batch_table_d[:num_rows], "seq_lens": buf["seq_lens"][:num_rows],
-                "query_start_loc": buf["query_start_loc"][:num_rows + 1], "causal": False}
-        rows = num_rows * q
+        attn = {"block_table": self.batch_table_d[:padded], "seq_lens": buf["seq_lens"][:padded],
+                "query_start_loc": buf["query_start_loc"][:padded + 1]}
+        rows = padded * q
         hidden = self.model.draft_forward(buf["input_ids"][:rows], buf["positions"][:rows],
-                                          buf["query_slot_mapping"][:rows], self.caches_d, attn)
+                                          buf["query_slot_mapping"][:rows], self.caches_d, attn, self.draft_causal)
         logits = self.model.logits(hidden[buf["sample_indices"]], buf["sample_pos"])
-        cache = {"logits_cache": self.draft_logits, "cache_cols": self.sample_cols} if self.probabilistic else {}
+        cache = {"logits_cache": self.draft_logits,
+                 "cache_cols": (torch.arange(logits.shape[0], device=self.device) % step_depth).to(torch.int32)
+                 } if self.probabilistic else {}
         sampled = sampling.gumbel_sample(logits, buf["sample_idx_mapping"], self.temperature, self._seeds(),
                                          buf["sample_pos"], draft=True, **cache)
-        buf["draft_tokens"].copy_(sampled.view(-1, self.k))
+        num_slots = self.sched_config.max_num_reqs
+        buf["draft_tokens"][:, :step_depth].copy_(sampled[:num_slots * step_depth].view(num_slots, step_depth))
         record["draft.logits"] = _snap(logits)
         record["draft.sampled"] = _snap(sampled)
         if self.probabilistic:

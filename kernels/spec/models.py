@@ -110,14 +110,14 @@ class Model:
         x = x + attn_out.reshape(x.shape[0], -1) @ w[f"layer{layer}.wo"]
         return x + torch.tanh(rms_norm(x) @ w[f"layer{layer}.w_up"]) @ w[f"layer{layer}.w_down"]
 
-    def _layer(self, layer, x, positions, slot_mapping, cache, attn):
+    def _layer(self, layer, x, positions, slot_mapping, cache, attn, causal):
         """One layer over the rows of ``x``: write their KV through ``slot_mapping``, attend through ``attn``."""
         q, k, v = self._qkv(layer, x, positions)
         k_cache, v_cache = cache
         kv_cache.write_kv(k, v, slot_mapping, k_cache, v_cache)
         out = torch.empty_like(q)
         attention.paged_attention(q, k_cache, v_cache, attn["block_table"], attn["seq_lens"],
-                                  attn["query_start_loc"], scale=self.scale, causal=attn["causal"], out=out)
+                                  attn["query_start_loc"], scale=self.scale, causal=causal, out=out)
         return self._finish_layer(layer, x, out)
 
     def target_forward(self, token_ids, positions, slot_mapping, caches, attn) -> tuple[torch.Tensor, list]:
@@ -127,7 +127,7 @@ class Model:
         aux = []
         for layer in range(self.config.layers):
             aux.append(x)
-            x = self._layer(layer, x, positions, slot_mapping, caches[layer], attn)
+            x = self._layer(layer, x, positions, slot_mapping, caches[layer], attn, causal=True)
         return x, aux
 
     def write_context_kv(self, aux: list, context_positions, context_slot_mapping, caches) -> None:
@@ -136,11 +136,12 @@ class Model:
             k, v = self._kv(layer, rms_norm(states), context_positions)
             kv_cache.write_kv(k, v, context_slot_mapping, *caches[layer])
 
-    def draft_forward(self, input_ids, positions, query_slot_mapping, caches, attn) -> torch.Tensor:
-        """Forward of the draft query rows (non-causal within each request's block)."""
+    def draft_forward(self, input_ids, positions, query_slot_mapping, caches, attn, causal: list[bool]) -> torch.Tensor:
+        """Forward of the draft query rows; layer l attends causally when ``causal[l]`` (DFlash full-attention
+        layers do not: each query sees its whole block)."""
         x = self.embed(input_ids)
         for layer in range(self.config.layers):
-            x = self._layer(layer, x, positions, query_slot_mapping, caches[layer], attn)
+            x = self._layer(layer, x, positions, query_slot_mapping, caches[layer], attn, causal[layer])
         return x
 
     def logits(self, hidden: torch.Tensor, predicted_positions: torch.Tensor) -> torch.Tensor:

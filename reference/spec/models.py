@@ -11,6 +11,7 @@ import math
 import torch
 
 EPS = 1e-6
+ROWS_PER_CHUNK = 512
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
@@ -49,24 +50,34 @@ class Model:
         ``keys`` / ``values`` ``[L, Hkv, D]`` (GQA: head h reads kv head h // (Hq / Hkv)). A NaN that a
         row sees (never-written KV) makes its output NaN; one it does not see has no effect."""
         lo, hi = min(s.start for s in spans), max(s.stop for s in spans)
-        group = self.c["heads"] // self.c["kv_heads"]
-        k = keys[lo:hi].repeat_interleave(group, dim=1)
-        v = values[lo:hi].repeat_interleave(group, dim=1)
-        at = torch.arange(lo, hi)
-        seen = torch.stack([(at >= s.start) & (at < s.stop) for s in spans])[:, None, :]  # [N, 1, L]
-        scores = torch.einsum("nhd,lhd->nhl", q, k) / math.sqrt(self.c["head_dim"])
-        weights = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
-        out = torch.einsum("nhl,lhd->nhd", weights, v.nan_to_num(0.0))
-        poisoned = (seen & torch.isnan(v).any(-1).T[None]).any(-1)  # [N, Hq]
-        return out.masked_fill(poisoned[..., None], float("nan"))
+        c = self.c
+        group = c["heads"] // c["kv_heads"]
+        k, v = keys[lo:hi], values[lo:hi]
+        nan_v = torch.isnan(v).any(-1).T  # [Hkv, L]
+        starts = torch.tensor([s.start for s in spans])[:, None]
+        stops = torch.tensor([s.stop for s in spans])[:, None]
+        at = torch.arange(lo, hi)[None, :]
+        out = []
+        for first in range(0, len(spans), ROWS_PER_CHUNK):  # bounded memory for long contexts
+            rows = slice(first, first + ROWS_PER_CHUNK)
+            seen = (at >= starts[rows]) & (at < stops[rows])  # [n, L]
+            qg = q[rows].view(-1, c["kv_heads"], group, c["head_dim"])
+            scores = torch.einsum("nhgd,lhd->nhgl", qg, k) / math.sqrt(c["head_dim"])
+            weights = torch.softmax(scores.masked_fill(~seen[:, None, None, :], float("-inf")), dim=-1)
+            o = torch.einsum("nhgl,lhd->nhgd", weights, v.nan_to_num(0.0))
+            poisoned = (seen[:, None, :] & nan_v[None]).any(-1)  # [n, Hkv]
+            out.append(o.masked_fill(poisoned[:, :, None, None], float("nan")).reshape(-1, c["heads"], c["head_dim"]))
+        return torch.cat(out)
 
     def forward(self, token_ids: list[int], positions: list[int], stored_at: list, kv: list,
                 visible) -> tuple[torch.Tensor, list]:
         """Rows ``token_ids`` at (RoPE) ``positions``: each layer stores row i's KV at ``stored_at[i]`` in
-        ``kv`` (None: nowhere), then row i attends to the positions ``visible(i)`` (a range). Returns
-        the final hidden states and each layer's input (the aux hidden states)."""
+        ``kv`` (None: nowhere), then in layer l row i attends to the positions ``visible(l, i)`` (a
+        range). Returns the final hidden states and each layer's input (the aux hidden states)."""
         c, w = self.c, self.w
         x = w["embed"][torch.tensor(token_ids)]
+        rows = torch.tensor([i for i, at in enumerate(stored_at) if at is not None], dtype=torch.int64)
+        at = torch.tensor([at for at in stored_at if at is not None], dtype=torch.int64)
         aux = []
         for layer in range(c["layers"]):
             aux.append(x)
@@ -74,14 +85,43 @@ class Model:
             q = rope((n @ w[f"layer{layer}.wq"]).view(-1, c["heads"], c["head_dim"]), positions, c["rope_theta"])
             k, v = self.kv_of(layer, x, positions)
             keys, values = kv[layer]
-            for i, at in enumerate(stored_at):
-                if at is not None:
-                    keys[at], values[at] = k[i], v[i]
-            out = self.attend(q, keys, values, [visible(i) for i in range(len(positions))])
+            keys[at], values[at] = k[rows], v[rows]
+            out = self.attend(q, keys, values, [visible(layer, i) for i in range(len(positions))])
             x = x + out.reshape(len(positions), -1) @ w[f"layer{layer}.wo"]
             x = x + torch.tanh(rms_norm(x) @ w[f"layer{layer}.w_up"]) @ w[f"layer{layer}.w_down"]
         return x, aux
 
+    def logit_error(self, hidden: torch.Tensor, eps: float) -> "LogitError":
+        """Bounds on the engine's error in the logits of these rows, given that its hidden states are
+        within ``eps * (|x| + rms(x))`` of ``hidden`` element by element (its normed ones within
+        ``eps * (|n| + 1)``). Position codes are exact on both sides."""
+        return LogitError(eps * (hidden.abs() + hidden.pow(2).mean(-1, keepdim=True).sqrt()),
+                          eps * (rms_norm(hidden).abs() + 1), self.w["head_raw"], self.w["head_norm"])
+
     def logits(self, hidden: torch.Tensor, predicted_positions: list[int]) -> torch.Tensor:
         w = self.w
         return hidden @ w["head_raw"] + rms_norm(hidden) @ w["head_norm"] + w["position_codes"][predicted_positions]
+
+
+class LogitError:
+    """How far the engine's logits may be from the reference's: per element, and per difference of
+    two logits of a row (a term two tokens share cancels there: a greedy or sampled decision
+    depends on differences only)."""
+
+    def __init__(self, raw_scale, norm_scale, head_raw, head_norm):
+        self.raw_scale, self.norm_scale = raw_scale, norm_scale  # [N, H] error bounds of x and rms_norm(x)
+        self.head_raw, self.head_norm = head_raw, head_norm
+        self._bound = None
+
+    def bound(self) -> torch.Tensor:
+        """[N, V]: |engine logit - reference logit| <= bound."""
+        if self._bound is None:
+            self._bound = self.raw_scale @ self.head_raw.abs() + self.norm_scale @ self.head_norm.abs() + 1e-9
+        return self._bound
+
+    def pairs(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
+        """[m, m]: bound on the error of ``logit[a] - logit[b]`` for tokens a, b of ``tokens`` in ``row``."""
+        raw, norm = self.head_raw[:, tokens], self.head_norm[:, tokens]
+        return (torch.einsum("h,hab->ab", self.raw_scale[row], (raw[:, :, None] - raw[:, None, :]).abs())
+                + torch.einsum("h,hab->ab", self.norm_scale[row], (norm[:, :, None] - norm[:, None, :]).abs()) + 1e-9)
+

@@ -108,7 +108,8 @@ def _sized(device: str, cpu, gpu):
 
 
 def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, block_sizes, block_share=1.0, k=3,
-                anchor_first=False, probabilistic=False, dsd_schedule=None, max_model_len=None, note="") -> Case:
+                anchor_first=False, probabilistic=False, dsd_schedule=None, adaptive_window=2, max_model_len=None,
+                note="") -> Case:
     """One case: settings, weights and ``requests_fn(rng, vocab)``'s request stream. Each pool holds
     ``block_share`` of the blocks every request needs at full length at once (1: no preemption)."""
     max_model_len = max_model_len or _sized(device, 64, 1024)
@@ -125,9 +126,10 @@ def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, bl
                       "target_num_blocks": num_blocks[0], "draft_block_size": bs_d, "draft_num_blocks": num_blocks[1],
                       "max_model_len": max_model_len},
         "num_spec_tokens": k, "anchor_first": anchor_first, "draft_probabilistic": probabilistic,
-        "dsd_schedule": dsd_schedule, "adaptive_window": 2, "seed": int(rng.integers(0, 2**31)),
+        "dsd_schedule": dsd_schedule, "adaptive_window": adaptive_window, "seed": int(rng.integers(0, 2**31)),
         "dtype": "bfloat16" if big(device) else "float32",
     }
+    config.update(_graph_settings(rng, max_num_reqs, k, anchor_first))
     layout = "dspark" if anchor_first else "dflash"
     return Case(inputs={"config": config, "weights": weights, "requests": requests, "num_steps": num_steps,
                         "global_seed": int(rng.integers(0, 2**31))},
@@ -135,22 +137,37 @@ def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, bl
                      f"{note}".strip())
 
 
+# The attention backends a case's engine offers its draft (the engine picks by capability and causality,
+# spec fix 6): ours may always be captured, FlashAttention on SM90 too and on SM100 for uniform batches,
+# FlashInfer and the host-planned backend only for single-token decode when non-causal (eager drafts).
+BACKEND_OFFERS = (("specsan_paged",), ("flash_attn", "flashinfer"), ("host_planned",), ("flashinfer",))
+
+
+def _graph_settings(rng, max_num_reqs: int, k: int, anchor_first: bool) -> dict:
+    """Capture sizes (in tokens) with no small-batch grid, so most batches replay padded to a larger
+    graph; the GPU generation the backend choice is made for; the backends offered."""
+    q = k if anchor_first else k + 1
+    sizes = sorted({q, 2 * q, max_num_reqs * q} - {0})
+    return {"capture_sizes": sizes, "small_grid": 0, "capability_major": int(pick(rng, (9, 10))),
+            "draft_backends": list(pick(rng, BACKEND_OFFERS))}
+
+
 def shared_prefix(rng, device, launch):
     """Requests over one long common prefix, arriving a step apart: each later one restores the prefix
     from the cache and must draft over its own tokens only (the upstream acceptance collapse). More
     requests than slots, finishing together, so freed slots are recycled in one go."""
-    n, slots = _sized(device, (5, 3), (24, 12))
+    n, slots = _sized(device, (5, 3), (12, 8))
     bs = _sized(device, 4, 16)
 
     def requests(rng, vocab):
         cls = int(rng.integers(CLASSES))
-        common = prompt(rng, vocab, cls, int(rng.integers(*_sized(device, (12, 28), (200, 600)))))
+        common = prompt(rng, vocab, cls, int(rng.integers(*_sized(device, (12, 28), (100, 400)))))
         max_new = int(rng.integers(3, 7))
         return [request(rng, i, arrival=i * int(rng.integers(0, 2)),
                         prompt_tokens=common + prompt(rng, vocab, cls, int(rng.integers(1, 2 * bs))), max_new=max_new)
                 for i in range(n)]
 
-    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 14), max_num_reqs=slots,
+    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 10), max_num_reqs=slots,
                        budget=_sized(device, 40, 2048), block_sizes=(bs, bs), note="shared prefix")
 
 
@@ -162,7 +179,7 @@ def unaligned_prefix(rng, device, launch):
 
     def requests(rng, vocab):
         a, b = rng.choice(CLASSES, 2, replace=False).tolist()
-        blocks = 2 * int(rng.integers(1, _sized(device, 4, 20))) + (1 if odd else 0)
+        blocks = 2 * int(rng.integers(1, _sized(device, 4, 12))) + (1 if odd else 0)
         common = prompt(rng, vocab, b, blocks * bs + int(rng.integers(0, bs)))
         return [request(rng, 0, arrival=0, prompt_tokens=prompt(rng, vocab, a, int(rng.integers(4, 12))), max_new=12),
                 request(rng, 1, arrival=0, prompt_tokens=common, max_new=2),
@@ -179,32 +196,34 @@ def preempt_resume(rng, device, launch):
     """Too few blocks for every running request: the last admitted is preempted, and resumes later from
     its own blocks still in the prefix cache (a restored prefix to mask, a new slot, a new seed)."""
     bs = _sized(device, 4, 16)
-    n = _sized(device, 3, 8)
+    n = _sized(device, 3, 6)
 
     def requests(rng, vocab):
         return [request(rng, i, arrival=0 if i < n - 1 else 1,
                         prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)),
-                                             int(rng.integers(*_sized(device, (6, 14), (100, 300))))),
-                        max_new=int(rng.integers(*_sized(device, (12, 20), (40, 80))))) for i in range(n)]
+                                             int(rng.integers(*_sized(device, (6, 14), (60, 200))))),
+                        max_new=int(rng.integers(*_sized(device, (12, 20), (30, 60))))) for i in range(n)]
 
-    return engine_case(rng, device, requests, num_steps=_sized(device, 7, 16), max_num_reqs=n,
+    return engine_case(rng, device, requests, num_steps=_sized(device, 7, 12), max_num_reqs=n,
                        budget=_sized(device, 40, 2048), block_sizes=(bs, bs), block_share=0.6, note="block pressure")
 
 
 def mixed_prefill_decode(rng, device, launch):
     """A small token budget: prompts are prefilled in chunks (the bonus is the next prompt token) while
-    earlier requests decode with drafts; DFlash or DSpark layout."""
+    earlier requests decode with drafts; DFlash or DSpark layout. The first two prompts arrive together
+    and are exactly one decode width long: a prefill batch shaped like decode (never a decode graph)."""
     bs = _sized(device, 4, 16)
+    k = int(rng.integers(2, 4))
 
     def requests(rng, vocab):
-        lengths = _sized(device, (6, 20), (300, 900))
-        return [request(rng, i, arrival=i, max_new=int(rng.integers(4, 10)),
-                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(*lengths))))
+        lengths = _sized(device, (6, 20), (100, 400))
+        return [request(rng, i, arrival=max(i - 1, 0), max_new=int(rng.integers(4, 10)),
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)),
+                                             k + 1 if i < 2 else int(rng.integers(*lengths))))
                 for i in range(3)]
 
-    k = int(rng.integers(2, 4))
-    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 12), max_num_reqs=3,
-                       budget=_sized(device, int(rng.integers(8, 14)), 512), block_sizes=(bs, bs), k=k,
+    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 10), max_num_reqs=3,
+                       budget=_sized(device, int(rng.integers(8, 14)), 256), block_sizes=(bs, bs), k=k,
                        anchor_first=bool(rng.integers(2)), note="chunked prefill")
 
 
@@ -212,7 +231,7 @@ def dsd_bands(rng, device, launch):
     """A DSD schedule whose top band disables drafting (K = 0): the batch grows across its edge and
     shrinks back; adaptive depth per band. DFlash or DSpark (whose K = 0 graph width is 0, fix 1)."""
     bs = _sized(device, 4, 16)
-    s = _sized(device, 3, 16)
+    s = _sized(device, 3, 8)
     edge = int(rng.integers(2, s + 1))
     top = _sized(device, 2, 4)
     schedule = [(1, edge - 1, top), (edge, s, 0)] if rng.integers(2) else [(1, 1, top), (2, edge - 1, 1), (edge, s, 0)]
@@ -223,7 +242,7 @@ def dsd_bands(rng, device, launch):
                         prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(4, 12))),
                         max_new=int(rng.integers(3, 10))) for i in range(s)]
 
-    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 14), max_num_reqs=s,
+    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 10), max_num_reqs=s,
                        budget=_sized(device, 48, 2048), block_sizes=(bs, bs), k=_sized(device, 2, 4),
                        anchor_first=bool(rng.integers(2)), dsd_schedule=schedule, note=f"DSD {schedule}")
 
@@ -232,33 +251,37 @@ def long_context(rng, device, launch):
     """Prompts near max_model_len, prefilled over several chunks, decoding up to the length limit (query
     positions clamped to max_model_len - 1)."""
     bs = _sized(device, 8, 16)
-    max_len = _sized(device, 128, 8192)
+    max_len = _sized(device, 128, 2048)
 
     def requests(rng, vocab):
         return [request(rng, i, arrival=i, prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)),
                                                                 max_len - int(rng.integers(6, 30))), max_new=40)
-                for i in range(_sized(device, 2, 4))]
+                for i in range(_sized(device, 2, 3))]
 
-    return engine_case(rng, device, requests, num_steps=_sized(device, 5, 10), max_num_reqs=_sized(device, 2, 4),
-                       budget=_sized(device, 64, 4096), block_sizes=(bs, bs), max_model_len=max_len,
+    return engine_case(rng, device, requests, num_steps=_sized(device, 5, 8), max_num_reqs=_sized(device, 2, 3),
+                       budget=_sized(device, 64, 1024), block_sizes=(bs, bs), max_model_len=max_len,
                        note="long context")
 
 
 def seeded_sampling(rng, device, launch):
     """Temperatures above 0: Gumbel drafts from per-slot seeds (explicit or fallback), probabilistic
-    verification with or without the draft-logits cache; acceptance below 100% by design."""
+    verification with or without the draft-logits cache; acceptance below 100% by design. Every third
+    request samples, and the first arrives alone: the adaptive depth (one band up to K, a window of one
+    step) drops on its verification, then sees two greedy requests' drafts, proposed before the drop,
+    accepted whole: it must climb back one step at a time."""
     bs = _sized(device, 4, 16)
 
     def requests(rng, vocab):
-        return [request(rng, i, arrival=int(rng.integers(0, 2)),
+        return [request(rng, i, arrival=i // 3 + (i % 3 > 0), max_new=int(rng.integers(4, 10)),
                         prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(4, 14))),
-                        max_new=int(rng.integers(4, 10)), temperature=float(pick(rng, (0.0, 0.7, 1.0, 1.4))))
-                for i in range(_sized(device, 3, 12))]
+                        temperature=float(pick(rng, (0.7, 1.0, 1.4))) if i % 3 == 0 else 0.0)
+                for i in range(_sized(device, 4, 9))]
 
     probabilistic = bool(rng.integers(2))
-    return engine_case(rng, device, requests, num_steps=_sized(device, 5, 12), max_num_reqs=_sized(device, 3, 12),
-                       budget=_sized(device, 40, 2048), block_sizes=(bs, bs), k=_sized(device, 2, 4),
-                       probabilistic=probabilistic,
+    slots, k = _sized(device, 3, 8), _sized(device, 3, 4)
+    return engine_case(rng, device, requests, num_steps=_sized(device, 5, 10), max_num_reqs=slots,
+                       budget=_sized(device, 40, 2048), block_sizes=(bs, bs), k=k, dsd_schedule=[(1, slots, k)],
+                       adaptive_window=1, probabilistic=probabilistic,
                        note="draft logits cache" if probabilistic else "one-hot q")
 
 
