@@ -177,7 +177,7 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
         check = checks.get(task.check)
         mutant = check.mutant(task.mutant) if task.mutant else None
         if device not in check.devices:
-            result.verdict = f"not_checked:{check.name} does not run on {device}"
+            result.verdict = f"not_checked:{check.why_not or f'{check.name} does not run on {device}'}"
             return result
         case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
         result.launch, result.note = case.launch, case.note
