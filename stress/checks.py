@@ -14,8 +14,10 @@ import reference.rejection
 import reference.sampling
 import reference.spec.backends
 import reference.spec.depth
+import reference.spec.draft_step
 import reference.spec.graphs
 import reference.spec.slots
+import stress.graph_replay
 import stress.schedule
 from stress import distribution, host
 from stress.compare import exact_unless_near_tie
@@ -23,6 +25,7 @@ from stress.families import backends as backend_families
 from stress.families import block_table as bt_families
 from stress.families import depth as depth_families
 from stress.families import draft_inputs as di_families
+from stress.families import graph_replay as replay_families
 from stress.families import graphs as graph_families
 from stress.families import rejection as rejection_families
 from stress.families import sampling as sampling_families
@@ -330,8 +333,55 @@ HOST_CHECKS = (
     ),
 )
 
+_DRAFT_GRAPHS = "kernels.spec.draft_graphs:DraftGraphs"
+_STEP = "kernels.spec.draft_step:DraftStep"
+_NO_GRAPHS = "CUDA graphs need a GPU: capture, replay and the graph memory pool exist only on a CUDA device"
+_ON_GPU = {"cuda": "divergence"}
+
+
+def _graph_check(name: str, driver, reference_driver, families: dict, judge, mutants: tuple[Mutant, ...]) -> Check:
+    """A GPU-only check whose ``driver`` (stress.graph_replay) captures and replays kernels.spec.draft_graphs;
+    each case replays its graphs many times already, so it runs once."""
+    return Check(name=name, kernel=driver, reference=reference_driver, families=families, outputs=(RETURN,),
+                 compare=judge, devices=("cuda",), why_not=_NO_GRAPHS, repeats={"cuda": 1}, mutants=mutants)
+
+
+GRAPH_CHECKS = (
+    _graph_check(
+        "graphs.replay", stress.graph_replay.replay_draft_graphs, reference.spec.draft_step.expected_replay,
+        replay_families.REPLAY_FAMILIES, stress.graph_replay.judge_replay,
+        (
+            Mutant("replay-skipped", "a graph that does nothing: the dispatched graph is never replayed",
+                   (Patch(_DRAFT_GRAPHS, "graph.replay()", "pass"),), oracles=_ON_GPU, why_not=_NO_GRAPHS),
+            Mutant("kv-write-not-captured", "the capture misses a kernel: the query rows' K/V write runs eagerly "
+                   "but is left out of the graph",
+                   (Patch(_STEP, "kv_cache.write_kv(", "capturing() or kv_cache.write_kv("),),
+                   oracles=_ON_GPU, why_not=_NO_GRAPHS),
+            Mutant("padded-rows-slot-0", "spec fix 3 (pre-fix) in the draft step: padded sampling rows map to slot 0 "
+                   "and write its logits cache",
+                   (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
+                          "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
+                   oracles=_ON_GPU, families=("padded_graph",), why_not=_NO_GRAPHS),
+            # the spec.backends patch, hunted where its effect shows: host-planned attention captured for
+            # non-causal drafting replays with the lengths of the capture batch
+            dataclasses.replace(NON_CAUSAL_CLAIMS_FULL, oracles=_ON_GPU, families=("non_causal_draft",),
+                                why_not=_NO_GRAPHS),
+        ),
+    ),
+    _graph_check(
+        "graphs.lifetime", stress.graph_replay.lifetime_experiment, reference.spec.draft_step.expected_lifetime,
+        replay_families.LIFETIME_FAMILIES, stress.graph_replay.judge_lifetime,
+        (
+            Mutant("backbone-not-retained", "spec fix 8 (pre-fix): captured backbone outputs are not retained, so "
+                   "a later capture in the shared pool is handed their memory",
+                   (Patch(_DRAFT_GRAPHS, "self._captured_backbone_outputs.append(hidden)", "pass"),),
+                   oracles=_ON_GPU, why_not=_NO_GRAPHS),
+        ),
+    ),
+)
+
 REGISTRY: tuple[Check, ...] = (BLOCK_TABLE_CHECKS + DRAFT_INPUT_CHECKS + SLOT_CHECKS + SAMPLING_CHECKS
-                                 + REJECTION_CHECKS + HOST_CHECKS)
+                                 + REJECTION_CHECKS + HOST_CHECKS + GRAPH_CHECKS)
 BY_NAME = {check.name: check for check in REGISTRY}
 
 
