@@ -315,6 +315,8 @@ def lifetime_experiment(*, config, setup: GraphSetup, embed, wq, wk, wv, w_out, 
         batch_a, batch_b = batches[index], batches[index + 1]
         k = batch_a.num_draft_tokens
         live = len(batch_a.idx_mapping)
+        for owner, batch in ((first, batch_a), (second, batch_b), (twin, batch_a)):
+            poison(owner, batch)  # and the batch's sampling state
         out = first.run(num_draft_tokens=k, **batch_a.target(device))
         second.run(num_draft_tokens=batch_b.num_draft_tokens, **batch_b.target(device))
         logits = first.step.logits(out.hidden, live, k)  # the tail, after the other graph's replay
