@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 import torch
 
-from kernels.spec import attention_backends, draft_graphs
-from kernels.spec.draft_step import DraftStep, DraftWeights
+from kernels.spec import attention_backends, draft_graphs, draft_step
+from kernels.spec.draft_step import DraftWeights
 from kernels.spec.graphs import Mode
 from stress import compare
 
@@ -82,7 +82,8 @@ def build(config, weights: DraftWeights, setup: GraphSetup, k_cache, v_cache, ba
     """A ``DraftGraphs`` over a private copy of the KV cache and its own sampling state and buffers."""
     num_slots = len(batches[0].temperature)
     dev = k_cache.device
-    step = DraftStep(config, weights, attention_backends.make(setup.backend, causal=config.causal),
+    # both classes as their modules hold them now, so a planted bug in either applies
+    step = draft_step.DraftStep(config, weights, attention_backends.make(setup.backend, causal=config.causal),
                      k_cache=k_cache.clone(), v_cache=v_cache.clone(),
                      temperature=torch.zeros(num_slots, dtype=torch.float32, device=dev),
                      seeds=torch.zeros(num_slots, dtype=torch.int64, device=dev),
@@ -90,7 +91,6 @@ def build(config, weights: DraftWeights, setup: GraphSetup, k_cache, v_cache, ba
                      max_num_reqs=setup.max_num_reqs,
                      max_num_tokens=max(b.target_query_start_loc[-1] for b in batches),
                      max_blocks_per_req=max(len(row) for b in batches for row in b.block_table))
-    # the class as its module holds it now, so a planted bug in it applies
     return draft_graphs.DraftGraphs(step, capture_sizes=setup.capture_sizes, max_num_reqs=setup.max_num_reqs,
                                     schedule=setup.schedule, small_grid=setup.small_grid, pool=pool)
 

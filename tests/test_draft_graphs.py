@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from kernels import runtime
-from kernels.spec import attention_backends, draft_graphs
+from kernels.spec import attention_backends, draft_graphs, draft_step
 from kernels.spec.draft_graphs import DraftGraphs
-from kernels.spec.draft_step import DraftConfig, DraftStep, random_weights
+from kernels.spec.draft_step import DraftConfig, random_weights
 from kernels.spec.graphs import Mode
 from stress import checks, graph_replay, mutants, runner
 from stress.graph_replay import POISON, Batch
@@ -21,8 +21,9 @@ LAST_SAMPLED = (40, 41, 42, 43, 44)  # by slot
 NEXT_PREFILL = (50, 51, 52, 53, 54)
 
 
-def _graphs(*, backend="specsan_paged", causal=False, anchor_first=False, schedule=None, small_grid=0):
-    """A small draft (K = 3, block size 4) for 4 batch rows and 5 slots; capture sizes 8 and 16 tokens."""
+def _graphs(*, backend="specsan_paged", causal=False, anchor_first=False, schedule=None, small_grid=0,
+            capture_sizes=(8, 16)):
+    """A small draft (K = 3, block size 4) for 4 batch rows and 5 slots; capture sizes in tokens."""
     dev = runtime.device()
     config = DraftConfig(vocab_size=64, hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, block_size=4,
                          max_draft_tokens=3, anchor_first=anchor_first, causal=causal, mask_token_id=MASK,
@@ -30,13 +31,13 @@ def _graphs(*, backend="specsan_paged", causal=False, anchor_first=False, schedu
     weights = type(random_weights(config, 0))(*(w.to(dev) for w in random_weights(config, 0)))
     gen = torch.Generator().manual_seed(1)
     k_cache, v_cache = (torch.randn(40, 4, 1, 8, generator=gen).to(dev) for _ in range(2))
-    step = DraftStep(config, weights, attention_backends.make(backend, causal=causal), k_cache=k_cache,
-                     v_cache=v_cache, temperature=torch.zeros(5, device=dev),
-                     seeds=torch.zeros(5, dtype=torch.int64, device=dev),
-                     logits_cache=torch.zeros(5, 3, 64, device=dev), max_num_reqs=4, max_num_tokens=32,
-                     max_blocks_per_req=4)
-    # the class as the module holds it now, so a planted bug applies
-    return draft_graphs.DraftGraphs(step, capture_sizes=(8, 16), max_num_reqs=4, schedule=schedule,
+    step = draft_step.DraftStep(config, weights, attention_backends.make(backend, causal=causal),
+                                k_cache=k_cache, v_cache=v_cache, temperature=torch.zeros(5, device=dev),
+                                seeds=torch.zeros(5, dtype=torch.int64, device=dev),
+                                logits_cache=torch.zeros(5, 3, 64, device=dev), max_num_reqs=4, max_num_tokens=32,
+                                max_blocks_per_req=4)
+    # both classes as their modules hold them now, so a planted bug applies
+    return draft_graphs.DraftGraphs(step, capture_sizes=capture_sizes, max_num_reqs=4, schedule=schedule,
                                     small_grid=small_grid)
 
 
@@ -139,6 +140,36 @@ def test_host_planned_attention_uses_the_lengths_of_its_last_plan():
     stale = step.backbone(2, 3)
     torch.testing.assert_close(fresh, paged, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(stale, fresh, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("check_name", ["graphs.replay", "graphs.lifetime"])
+def test_every_planted_bug_reaches_what_the_drivers_build(check_name):
+    """The drivers look their classes up when they build, so a patched class is the one that runs."""
+    check = checks.get(check_name)
+    case = runner.build_case(check, next(iter(check.families)), 1, "cpu")
+    inputs = runner.fresh_inputs(case)
+    weights = draft_step.DraftWeights(*(inputs[name].to(runtime.device()) for name in draft_step.DraftWeights._fields))
+    k_cache, v_cache = inputs["k_cache"].to(runtime.device()), inputs["v_cache"].to(runtime.device())
+    for mutant in check.mutants:
+        with mutants.applied(mutant):
+            owner = graph_replay.build(inputs["config"], weights, inputs["setup"], k_cache, v_cache, inputs["batches"])
+            assert type(owner) is draft_graphs.DraftGraphs and type(owner.step) is draft_step.DraftStep, mutant.name
+    with mutants.applied(checks.get("graphs.replay").mutant("non-causal-claims-full")):
+        assert _graphs(backend="host_planned").mode is Mode.FULL
+
+
+def test_padded_rows_mapped_to_slot_0_write_its_logits_cache():
+    """The fix-3 pre-fix form in the draft step, eagerly: two padded requests (6 sampling rows) write
+    slot 0's cached logits, though slot 0 is not in the batch."""
+    def run():
+        owner = _graphs(capture_sizes=(16,))  # 2 requests pad to 4
+        graph_replay.poison(owner, _batch())
+        owner.run(num_draft_tokens=3, replay=False, **_batch().target(runtime.device()))
+        return owner.step.logits_cache[0]
+
+    assert bool(run().isnan().all())
+    with mutants.applied(checks.get("graphs.replay").mutant("padded-rows-slot-0")):
+        assert not bool(run().isnan().any())
 
 
 @pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the CPU refusal; a GPU captures")
