@@ -12,7 +12,7 @@ from kernels.spec import attention_backends, draft_graphs, draft_step
 from kernels.spec.draft_graphs import DraftGraphs
 from kernels.spec.draft_step import DraftConfig, random_weights
 from kernels.spec.graphs import Mode
-from stress import checks, graph_replay, mutants, runner
+from stress import checks, compare, graph_replay, mutants, runner
 from stress.graph_replay import POISON, Batch
 from stress.types import RETURN
 
@@ -298,3 +298,24 @@ def test_lifetime_shows_address_reuse_only_without_retention(mutant):
     else:
         assert result.verdict == "fail:divergence" and evidence, result.details
 
+
+
+def test_near_ties_are_counted_over_the_whole_case(eager_run):
+    """Two near ties in one small batch leave the case judged; a flood across the case does not."""
+    expected, got = eager_run
+    no_fallback = got._replace(batches=tuple(r._replace(silent_fallback=False) for r in got.batches))
+
+    def flagged(count):
+        steps = []
+        for step in expected.steps:
+            near_tie = torch.zeros_like(step.draft_tokens.near_tie)
+            take = min(count, near_tie.numel())
+            near_tie[:take] = True
+            count -= take
+            steps.append(step._replace(draft_tokens=step.draft_tokens._replace(near_tie=near_tie)))
+        return expected._replace(steps=tuple(steps))
+
+    rows = sum(step.draft_tokens.near_tie.numel() for step in expected.steps)
+    assert isinstance(graph_replay.judge_replay(RETURN, flagged(2), no_fallback), compare.Tolerated)
+    assert not isinstance(graph_replay.judge_replay(RETURN, flagged(2), no_fallback), compare.Unjudged)
+    assert isinstance(graph_replay.judge_replay(RETURN, flagged(rows), no_fallback), compare.Unjudged)
