@@ -42,12 +42,21 @@ def _parser() -> argparse.ArgumentParser:
     repro.add_argument("--mutant", help="with this planted bug applied")
     repro.add_argument("--no-trace", action="store_true", help="skip the CPU tracer")
 
-    tr = sub.add_parser("trace", help="trace a check's kernel launches on the CPU: races, out-of-bounds, uninit")
-    tr.add_argument("check")
+    tr = sub.add_parser("trace", help="trace kernel launches on the CPU (a check's cases, or your own kernel with "
+                                      "--kernel): races, out-of-bounds, uninit, order dependence")
+    tr.add_argument("check", nargs="?", help="a registered check (or use --kernel)")
     tr.add_argument("family", nargs="?")
     tr.add_argument("seed", nargs="?", type=int)
     tr.add_argument("--seeds", type=int, default=3, help="seeds per family without FAMILY SEED (default 3)")
     tr.add_argument("--mutant", help="with this planted bug applied")
+    tr.add_argument("--kernel", metavar="MODULE:NAME",
+                    help="your own @triton.jit kernel (give --grid) or a function that launches kernels; "
+                         "MODULE is a dotted module or a .py path")
+    tr.add_argument("--grid", help="the kernel's grid: one to three integers, e.g. 8 or 8,4")
+    tr.add_argument("--args", metavar="SCRIPT",
+                    help="Python file that sets `args` (tuple) and optionally `kwargs` and `unwritten` (dicts)")
+    tr.add_argument("--expect-order-dependent", metavar="REASON",
+                    help="outputs may differ under another program order for this reason (atomic tickets)")
 
     lst = sub.add_parser("list", help="show checks, families and mutants")
     lst.add_argument("--json", action="store_true")
@@ -185,6 +194,10 @@ def cmd_trace(args) -> int:
         raise SystemExit("trace: needs the CPU interpreter; run with SPECSAN_DEVICE=cpu")
     from stress import checks, mutants, runner
 
+    if args.kernel:
+        return _trace_own(args)
+    if args.check is None:
+        raise SystemExit("trace: name a CHECK, or your own kernel with --kernel MODULE:NAME --args SCRIPT")
     check = checks.get(args.check)
     if (args.family is None) != (args.seed is None):
         raise SystemExit("trace: give both FAMILY and SEED, or neither")
@@ -206,6 +219,27 @@ def cmd_trace(args) -> int:
             print("  no kernel launch: nothing to trace")
         failed += recording.verdict != "pass"
     return 1 if failed else 0
+
+
+def _trace_own(args) -> int:
+    """``trace --kernel``: one launch of the user's kernel (or every launch of a launcher)."""
+    from stress import trace_own
+
+    if args.check or args.mutant:
+        raise SystemExit("trace --kernel: traces your own kernel; drop CHECK and --mutant")
+    if not args.args:
+        raise SystemExit("trace --kernel: give --args SCRIPT, a Python file that sets `args`")
+    target = trace_own.load_target(args.kernel)
+    arguments = trace_own.load_args(args.args)
+    grid = trace_own.parse_grid(args.grid) if args.grid else None
+    recording = trace_own.run(target, grid, arguments, permute="always",
+                              expected_order_dependence=args.expect_order_dependent)
+    for report in recording.reports:
+        print("\n".join(report.lines()))
+    if not recording.reports:
+        print("no kernel launch: nothing to trace")
+    print(f"verdict: {recording.verdict}")
+    return 0 if recording.verdict == "pass" else 1
 
 
 def cmd_list(args) -> int:

@@ -75,6 +75,83 @@ def gpu_rows() -> list[str]:
     return rows
 
 
+def kv_write_row(dev, gen) -> str:
+    """write_kv of 32k tokens (8 KV heads x 128, bf16) to distinct random slots, against index_copy_."""
+    from kernels.kv_cache import write_kv
+
+    tokens, heads, dim, bs = 32768, 8, 128, 16
+    key = torch.randn(tokens, heads, dim, generator=gen).to(torch.bfloat16).to(dev)
+    value = torch.randn(tokens, heads, dim, generator=gen).to(torch.bfloat16).to(dev)
+    num_blocks = 2 * tokens // bs
+    k_cache = torch.zeros(num_blocks, bs, heads, dim, dtype=torch.bfloat16, device=dev)
+    v_cache = torch.zeros_like(k_cache)
+    slots = torch.randperm(num_blocks * bs, generator=gen)[:tokens].to(dev)
+    nbytes = 2 * 2 * key.numel() * key.element_size()  # K and V, read once and written once
+
+    def indexed_copy():
+        k_cache.view(-1, heads, dim).index_copy_(0, slots, key)
+        v_cache.view(-1, heads, dim).index_copy_(0, slots, value)
+
+    return _row("write_kv", nbytes, _time_ms(lambda: write_kv(key, value, slots, k_cache, v_cache)),
+                _copy_ms(nbytes, dev), _time_ms(indexed_copy))
+
+
+def _graph_ms(fn) -> float:
+    """GPU time of one CUDA-graph replay of ``fn`` (as the draft runs), L2 flushed before each replay."""
+    fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return _time_ms(graph.replay)
+
+
+BATCH, KV_HEADS, GROUP, HEAD_DIM, BLOCK = 4, 8, 8, 128, 16
+
+
+def _attention_row(dev, gen, queries: int, context: int) -> str:
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    from kernels.attention import paged_attention
+
+    width = context // BLOCK
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(torch.bfloat16).to(dev)
+
+    k_cache = randn(BATCH * width, BLOCK, KV_HEADS, HEAD_DIM)
+    v_cache = randn(BATCH * width, BLOCK, KV_HEADS, HEAD_DIM)
+    table = torch.randperm(BATCH * width, generator=gen).to(torch.int32).view(BATCH, width).to(dev)
+    seq_lens = torch.full((BATCH,), context, dtype=torch.int32, device=dev)
+    query_start_loc = torch.arange(BATCH + 1, dtype=torch.int32, device=dev) * queries
+    query = randn(BATCH * queries, KV_HEADS * GROUP, HEAD_DIM)
+    out = torch.empty_like(query)
+    scale = HEAD_DIM ** -0.5
+    q4 = query.view(BATCH, queries, KV_HEADS * GROUP, HEAD_DIM).transpose(1, 2)
+
+    def gather(cache):  # [B, H_kv, L, D] through the block table
+        return cache[table.long()].flatten(1, 2).transpose(1, 2)
+
+    keys, values = gather(k_cache).contiguous(), gather(v_cache).contiguous()
+    kernel_ms = _graph_ms(lambda: paged_attention(query, k_cache, v_cache, table, seq_lens, query_start_loc,
+                                                  scale=scale, causal=False, out=out))
+    sdpa_ms = _graph_ms(lambda: sdpa(q4, keys, values, scale=scale, enable_gqa=True))
+    gather_ms = _graph_ms(lambda: sdpa(q4, gather(k_cache), gather(v_cache), scale=scale, enable_gqa=True))
+    nbytes = 2 * keys.numel() * keys.element_size()
+    name = f"{'decode' if queries == 1 else 'draft 16 non-causal'} {context // 1024}k"
+    return (f"{name:28} {nbytes / 1e6:9.1f} MB {kernel_ms * 1e3:9.1f} us {nbytes / kernel_ms / 1e6:8.0f} GB/s "
+            f"{_copy_ms(nbytes, dev) / kernel_ms:9.2f}x {sdpa_ms / kernel_ms:9.2f}x {gather_ms / kernel_ms:14.2f}x")
+
+
+def attention_rows(dev, gen) -> list[str]:
+    """paged_attention over a shuffled block table vs SDPA on the same KV made contiguous, and vs gather +
+    SDPA: bf16, 8 KV heads with GQA 8 (64 query heads), head dim 128, 4 requests; decode (1 query) and
+    DFlash draft blocks (16 non-causal queries). KV bytes = keys and values, each read once."""
+    rows = [f"{'paged_attention':28} {'KV bytes':>12} {'time':>12} {'achieved':>13} {'vs copy':>10} "
+            f"{'vs SDPA':>10} {'vs gather+SDPA':>15}"]
+    return rows + [_attention_row(dev, gen, queries, context) for queries in (1, 16)
+                   for context in (1024, 8192, 32768)]
+
+
 def main() -> None:
     print(f"specsan bench on {runtime.DEVICE}")
     if runtime.DEVICE == "cuda":
@@ -84,6 +161,11 @@ def main() -> None:
         print("vs eager = PyTorch eager equivalent time / kernel time (above 1 = the kernel is faster)")
         for line in gpu_rows():
             print(line)
+        gen = torch.Generator(device="cpu").manual_seed(1)
+        print(kv_write_row(runtime.device(), gen))
+        print("attention: CUDA-graph replays; vs SDPA / vs gather+SDPA = their time / paged_attention's")
+        for line in attention_rows(runtime.device(), gen):
+            print(line)
     else:
         print("bandwidth: not_checked (no GPU: the interpreter's speed says nothing about the kernels')")
     if runtime.DEVICE != "cpu":
@@ -91,8 +173,8 @@ def main() -> None:
         return
     from stress import trace_bench
 
-    for line in trace_bench.report():
-        print(line)
+    print("\n".join(trace_bench.report()), flush=True)
+    print("\n".join(trace_bench.sampler_rows()[0]))
 
 
 if __name__ == "__main__":

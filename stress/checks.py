@@ -3,13 +3,17 @@
 import dataclasses
 import functools
 
+import kernels.attention
 import kernels.block_table
 import kernels.draft_inputs
+import kernels.kv_cache
 import kernels.rejection
 import kernels.sampling
 import kernels.spec.slots
+import reference.attention
 import reference.block_table
 import reference.draft_inputs
+import reference.kv_cache
 import reference.rejection
 import reference.sampling
 import reference.spec.backends
@@ -20,13 +24,15 @@ import reference.spec.slots
 import stress.graph_replay
 import stress.schedule
 from stress import distribution, host
-from stress.compare import exact_unless_near_tie
+from stress.compare import exact_chunked, exact_unless_near_tie, within_float32_baseline
+from stress.families import attention as attention_families
 from stress.families import backends as backend_families
 from stress.families import block_table as bt_families
 from stress.families import depth as depth_families
 from stress.families import draft_inputs as di_families
 from stress.families import graph_replay as replay_families
 from stress.families import graphs as graph_families
+from stress.families import kv_cache as kv_families
 from stress.families import rejection as rejection_families
 from stress.families import sampling as sampling_families
 from stress.families import slots as slot_families
@@ -333,6 +339,76 @@ HOST_CHECKS = (
     ),
 )
 
+_KV = "kernels.kv_cache:_write_kv_kernel"
+
+KV_CACHE_CHECKS = (
+    Check(
+        name="kv_cache.write",
+        kernel=kernels.kv_cache.write_kv,
+        reference=reference.kv_cache.write_kv,
+        families=kv_families.FAMILIES,
+        outputs=("k_cache", "v_cache"),
+        compare=exact_chunked,
+        sweep=kv_families.sweep,
+        mutants=(
+            Mutant("pad-written", "PAD tokens (slot -1) are stored: the row before the cache is overwritten",
+                   (Patch(_KV, "store = live & (slot >= 0)  # PAD writes nothing", "store = live"),),
+                   oracles={"cpu": "oob", "cuda": "oob"}, families=("pad",)),
+            Mutant("int32-offset", "the K-cache row offset is computed in int32: past 2^31 elements it wraps below "
+                   "the cache",
+                   (Patch(_KV, "k_row = block * k_stride_b + offset * k_stride_t  # int64: the cache may pass 2^31 "
+                          "elements", "k_row = (block * k_stride_b + offset * k_stride_t).to(tl.int32)"),),
+                   oracles={"cuda": "divergence"}, families=("big_cache",),
+                   why_not="needs a cache past 2^31 elements, big_cache's GPU-only size; a CPU-sized cache cannot "
+                           "overflow int32 offsets"),
+        ),
+    ),
+)
+
+_ATT = "kernels.attention:_paged_attention_kernel"
+
+ATTENTION_CHECKS = (
+    Check(
+        name="attention.paged",
+        kernel=kernels.attention.paged_attention,
+        reference=attention_families.judged(reference.attention.paged_attention, ("v_cache",)),
+        families=attention_families.FAMILIES,
+        outputs=("out",),
+        compare=within_float32_baseline,
+        sweep=attention_families.sweep,
+        mutants=(
+            Mutant("causal-off-by-one", "causal queries stop one key short of their own position",
+                   (Patch(_ATT, "(pos[None, :] <= last_key[:, None])", "(pos[None, :] < last_key[:, None])"),),
+                   oracles=_EVERYWHERE, families=("edges", "multi_query")),
+            Mutant("non-causal-as-causal", "non-causal (DFlash draft) queries get the causal mask",
+                   (Patch(_ATT, "tl.where(causal != 0,", "tl.where(causal >= 0,"),),
+                   oracles=_EVERYWHERE, families=("multi_query",)),
+            Mutant("gqa-head-mapping", "query head h reads KV head h % H_kv instead of h // group",
+                   (Patch(_ATT, "q_head = kv_head * group + rows % group  # query head h reads KV head h // group",
+                          "q_head = rows % group * (num_q_heads // group) + kv_head"),),
+                   oracles=_EVERYWHERE, families=("gqa",)),
+        ),
+    ),
+    Check(
+        name="attention.prefix_masked",
+        kernel=attention_families.prefix_masked_draft,  # drives the production kernels of one draft step
+        reference=attention_families.judged(reference.attention.prefix_masked_draft,
+                                            ("v_cache", "context_value", "query_value")),
+        families=attention_families.PREFIX_FAMILIES,
+        outputs=("out", "k_cache", "v_cache", "block_table"),
+        compare=within_float32_baseline,
+        sweep=attention_families.sweep,
+        mutants=(
+            Mutant("restored-blocks-visible", "spec fix 4 (pre-fix): no block-table shift and seq_lens not "
+                   "shortened, so draft attention reads the restored prefix's never-written KV (NaN)",
+                   (Patch(_DI, "(tl.load(num_cached_tokens_ptr + slot) // block_size) * block_size",
+                          "tl.load(num_cached_tokens_ptr + slot) * 0"),
+                    Patch(f"{_BT}:_shift_rows_kernel", "shift = num_cached // block_size", "shift = num_cached * 0")),
+                   oracles=_EVERYWHERE),
+        ),
+    ),
+)
+
 _DRAFT_GRAPHS = "kernels.spec.draft_graphs:DraftGraphs"
 _STEP = "kernels.spec.draft_step:DraftStep"
 _NO_GRAPHS = "CUDA graphs need a GPU: capture, replay and the graph memory pool exist only on a CUDA device"
@@ -381,7 +457,8 @@ GRAPH_CHECKS = (
 )
 
 REGISTRY: tuple[Check, ...] = (BLOCK_TABLE_CHECKS + DRAFT_INPUT_CHECKS + SLOT_CHECKS + SAMPLING_CHECKS
-                                 + REJECTION_CHECKS + HOST_CHECKS + GRAPH_CHECKS)
+                                 + REJECTION_CHECKS + HOST_CHECKS + KV_CACHE_CHECKS + ATTENTION_CHECKS
+                                 + GRAPH_CHECKS)
 BY_NAME = {check.name: check for check in REGISTRY}
 
 

@@ -114,3 +114,91 @@ def exact_unless_near_tie(output: str, expected, got) -> Divergence | Tolerated 
         return Unjudged(output, f"{count} of {near_tie.numel()} rows are near ties that float32 cannot decide: "
                                 "too few rows judged")
     return Tolerated(output, f"{count} of {near_tie.numel()} row(s) within float32 rounding of a tie, not judged")
+
+
+CHUNK = 1 << 26  # elements compared at a time by exact_chunked
+
+
+def _unravel(flat: int, shape) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
+
+
+def exact_chunked(output: str, expected, got) -> Divergence | None:
+    """``exact``, a slice of CHUNK elements at a time: a multi-GB output (a KV cache past 2^31
+    elements) never needs a second whole copy, or whole-size masks, on the host."""
+    if not (isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor)) or expected.numel() <= CHUNK \
+            or expected.shape != got.shape or expected.dtype != got.dtype:
+        return exact(output, expected, got)
+    want, have = expected.reshape(-1), got.detach().reshape(-1)
+    total, first = 0, []
+    for start in range(0, want.numel(), CHUNK):
+        found = exact(output, want[start:start + CHUNK], have[start:start + CHUNK])
+        if found is not None:
+            total += found.total
+            first += [(_unravel(start + i[0], expected.shape), w, g) for i, w, g in found.first][:SHOW - len(first)]
+    return Divergence(output, total, first) if total else None
+
+
+@dataclass
+class Float64Expected:
+    """A float64 reference with what oracle 1 needs to judge a low-precision output against it.
+
+    ``computed`` marks the elements the kernel computes; every other element must come back bit
+    for bit (``value`` holds it exactly: a float16/bfloat16/float32 value converts to float64
+    exactly). ``baseline`` is a float32 torch computation of the same result, rounded to the
+    output dtype; ``floor`` an absolute rounding floor for what float32 cannot show (products of
+    probabilities rounded to the output precision, as FlashAttention-style kernels do).
+    """
+
+    value: torch.Tensor
+    baseline: torch.Tensor
+    computed: torch.Tensor
+    floor: float
+
+
+@dataclass
+class FloatDivergence(Divergence):
+    """A float output off by more than oracle 1 allows; the first line says how much was allowed."""
+
+    allowed: str = ""
+
+    def lines(self, source: torch.Tensor | None = None) -> list[str]:
+        out = super().lines(source)
+        out[0] += f" beyond the allowed error ({self.allowed})"
+        return out
+
+
+def within_float32_baseline(output: str, expected, got) -> Divergence | Tolerated | None:
+    """Oracle 1 for floats: ``max |got - float64| <= 2 * max |float32 baseline - float64| + floor`` over the
+    computed elements, the others bit for bit; a passing output logs the measured ratio. NaN where the
+    reference is finite (a read of poisoned memory) always diverges. Plain expected values compare exactly."""
+    if not isinstance(expected, Float64Expected):
+        return exact(output, expected, got)
+    if got is None:
+        return Divergence(output, 1, [], problem="missing from the kernel's outputs")
+    want, have = expected.value, _as_tensor(got).detach().cpu()
+    if tuple(have.shape) != tuple(want.shape):
+        return Divergence(output, 1, [], problem=f"shape {tuple(have.shape)}, expected {tuple(want.shape)}")
+    if have.dtype != expected.baseline.dtype:
+        return Divergence(output, 1, [], problem=f"dtype {have.dtype}, expected {expected.baseline.dtype}")
+    have = have.to(torch.float64)
+    same = (have == want) | (torch.isnan(have) & torch.isnan(want))
+    error = (have - want).abs().nan_to_num(nan=float("inf"))
+    computed = expected.computed
+    judged = bool(computed.any())
+    baseline_error = float((expected.baseline.to(torch.float64) - want).abs()[computed].max()) if judged else 0.0
+    allowed = 2 * baseline_error + expected.floor
+    wrong = torch.where(computed, ~same & (error > allowed), ~same)
+    worst = float(error[computed].max()) if judged else 0.0
+    if wrong.any():
+        idx = wrong.nonzero()[:SHOW].tolist()
+        first = [(tuple(i), want[tuple(i)].item(), have[tuple(i)].item()) for i in idx]
+        return FloatDivergence(output, int(wrong.sum()), first, allowed=f"{allowed:.3g} = 2 x float32 baseline "
+                               f"{baseline_error:.3g} + floor {expected.floor:.3g}; elements not computed: bit for bit")
+    ratio = f"{worst / baseline_error:.2f}x" if baseline_error else "n/a (baseline exact)"
+    return Tolerated(output, f"max error {worst:.3g} vs float64 = {ratio} the float32 baseline's {baseline_error:.3g} "
+                             f"(allowed 2x + floor {expected.floor:.3g})")

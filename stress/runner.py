@@ -125,7 +125,8 @@ def trace_case(check: Check, case: Case, seed: int, permute: str = "auto"):
         if not isinstance(inputs.get(name), torch.Tensor):
             raise ValueError(f"unwritten: {name!r} is not a tensor input of {check.name}")
         unwritten.append((inputs[name], mask))
-    with trace.tracing(unwritten, seed=seed, permute=permute) as recording:
+    with trace.tracing(unwritten, seed=seed, permute=permute,
+                       expected_order_dependence=check.expected_order_dependence) as recording:
         _current(check.kernel)(**inputs, **case.launch)
     return recording
 

@@ -2,17 +2,24 @@
 
 The interpreter runs programs one after another and ignores ``tl.debug_barrier()``, so races
 never show in its results and an out-of-bounds load returns heap garbage. The tracer hooks the
-interpreter's memory primitives and records, per active lane, the bytes touched, the program,
-the lane, the barrier epoch and the source line; the analysis (``stress.trace_conflicts``)
-then looks for accesses that no ordering covers. Lanes outside every argument's storage are
-reported and masked off instead of touching memory. When programs share written bytes, the
-launch is rerun in reversed and shuffled program order and any output change is a finding too.
+interpreter's memory primitives and records every access as runs of consecutive lanes (a
+contiguous tile is one run) with the program, the barrier epoch and the source line; the
+analysis (``stress.trace_conflicts``) then looks for accesses that no ordering covers. Lanes
+outside every storage the launch can reach (its arguments, and the storages that pointers it
+loaded from memory point into) are reported and masked off instead of touching memory. When
+programs share written bytes, the launch is rerun in reversed and shuffled program order: an
+output change is a race, or, when only atomics connect the programs (ticket counters), its own
+finding, ``order-dependent``, which a caller may declare expected.
 
 Hooks are installed only inside ``tracing()`` and always removed on exit. When the
-interpreter's internals are not what the hooks expect, every launch gets ``not_checked``.
+interpreter's internals are not what the hooks expect, every launch gets ``not_checked``; a
+construct the interpreter cannot run (inline asm, libdevice) ends the block with a
+``not_checked`` report naming it and its source line.
 """
 
-import inspect  # noqa: I001  (kernels.runtime must choose the interpreter before triton loads)
+import functools  # noqa: I001  (kernels.runtime must choose the interpreter before triton loads)
+import gc
+import inspect
 import linecache
 import os
 import sys
@@ -31,9 +38,16 @@ import triton.language as tl
 _TRITON_DIR = os.path.dirname(triton.__file__)
 _OPS = ("load", "store", "atomic", "atomic_load", "atomic_store")
 _LOAD, _STORE, _ATOMIC, _ATOMIC_LOAD, _ATOMIC_STORE = range(len(_OPS))
-_READS = {_LOAD: True, _STORE: False, _ATOMIC: True, _ATOMIC_LOAD: True, _ATOMIC_STORE: False}
-_WRITES = {_LOAD: False, _STORE: True, _ATOMIC: True, _ATOMIC_LOAD: False, _ATOMIC_STORE: True}
+_READS = np.array([True, False, True, True, False])
+_WRITES = np.array([False, True, True, False, True])
+_ATOMICS = np.array([False, False, True, True, True])
 PERMUTE = ("auto", "always", "never")
+_MAX_GAPS = 64  # unwritten gaps of one storage compared one by one; beyond, through a mask
+
+
+class Refused(Exception):
+    """The interpreter cannot run a construct of the launched kernel; ``tracing()`` ends its
+    block there and the launch's report is ``not_checked`` with this reason."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +59,7 @@ class Access:
     op: str
     site: str  # kernel file:line
     epoch: int
-    where: str  # argument whose storage holds the byte, and the byte offset in it
+    where: str  # storage that holds the byte, and the byte offset in it
     code: str = ""  # the source text at ``site``
 
     def describe(self) -> str:
@@ -56,9 +70,10 @@ class Access:
 
 @dataclass
 class Finding:
-    """A race (RAW/WAR/WAW between accesses, or ``order``), an out-of-bounds access or an uninit read."""
+    """A race (RAW/WAR/WAW between accesses, or ``order``), an out-of-bounds access, an uninit
+    read, or an output that depends on program order through atomics alone."""
 
-    category: str  # race | oob | uninit
+    category: str  # race | oob | uninit | order-dependent
     kind: str
     bytes: int
     count: int
@@ -74,31 +89,44 @@ class Finding:
 
 @dataclass
 class Report:
-    """The verdict of one traced launch."""
+    """The verdict of one traced launch.
+
+    ``expected_order_dependence``: why outputs may differ under another program order (a
+    reason), or None when they must not; with a reason, ``order_dependent`` findings pass.
+    """
 
     kernel: str
     grid: tuple[int, int, int] = (0, 0, 0)
     races: list[Finding] = field(default_factory=list)
     oob: list[Finding] = field(default_factory=list)
     uninit: list[Finding] = field(default_factory=list)
+    order_dependent: list[Finding] = field(default_factory=list)
     not_checked: str | None = None
+    expected_order_dependence: str | None = None
+    runs: int = 0  # rows of the access log: runs of consecutive lanes at consecutive elements
+    lanes: int = 0  # active lanes of every load, store and atomic
 
     @property
     def ok(self) -> bool:
-        return self.not_checked is None and not (self.races or self.oob or self.uninit)
+        return self.verdict == "pass"
 
     @property
     def verdict(self) -> str:
         if self.not_checked:
             return f"not_checked:{self.not_checked}"
-        for kind, found in (("oob", self.oob), ("race", self.races), ("uninit", self.uninit)):
-            if found:
-                return f"fail:{kind}"
-        return "pass"
+        failing = [("oob", self.oob), ("race", self.races), ("uninit", self.uninit)]
+        if self.expected_order_dependence is None:
+            failing.append(("order-dependent", self.order_dependent))
+        return next((f"fail:{kind}" for kind, found in failing if found), "pass")
 
     def lines(self) -> list[str]:
         head = f"{self.kernel} grid {self.grid}: {self.verdict}"
-        return [head] + [line for f in self.oob + self.races + self.uninit for line in f.lines()]
+        if self.runs:
+            head += f" ({self.lanes} lane accesses logged as {self.runs} runs)"
+        if self.order_dependent and self.expected_order_dependence is not None:
+            head += f" (order dependence expected: {self.expected_order_dependence})"
+        found = self.oob + self.races + self.uninit + self.order_dependent
+        return [head] + [line for f in found for line in f.lines()]
 
 
 @dataclass
@@ -124,52 +152,140 @@ class Recording:
 # ---------------------------------------------------------------- one launch
 
 
+@dataclass
+class _Storage:
+    start: int
+    end: int
+    name: str
+    storage: torch.UntypedStorage
+    before: np.ndarray  # its bytes before the launch touched it
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> np.ndarray:
+    """The storage's bytes, shared (numpy compares and copies these several times faster than torch)."""
+    return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+
+
+def _snapshot(start: int, name: str, storage: torch.UntypedStorage) -> _Storage:
+    return _Storage(start, start + storage.nbytes(), name, storage, _bytes_of(storage).copy())
+
+
+def _runs(addr: np.ndarray, lanes: np.ndarray | None, itemsize: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split active lanes into runs of consecutive lanes at consecutive elements: (first index, length)."""
+    n = len(addr)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    breaks = np.diff(addr) != np.uint64(itemsize)  # a decreasing address wraps around: a break too
+    if lanes is not None:
+        breaks |= np.diff(lanes) != 1
+    first = np.concatenate(([0], np.flatnonzero(breaks) + 1))
+    return first, np.diff(np.append(first, n))
+
+
 class _Launch:
     """Per-launch state the hooks write into: storages, current program, access log."""
 
-    def __init__(self, storages: list[tuple[int, int, str, torch.UntypedStorage]]):
-        self.storages = sorted(storages)
-        self.starts = np.array([s[0] for s in self.storages], dtype=np.uint64)
-        self.ends = np.array([s[1] for s in self.storages], dtype=np.uint64)
+    def __init__(self, storages: list[_Storage]):
+        self.storages: list[_Storage] = []
+        self.starts = self.ends = np.zeros(0, np.uint64)
+        for s in storages:
+            self.add(s)
         self.grid = (1, 1, 1)
         self.order: np.ndarray | None = None
         self.recording = True
         self.prog = self.epoch = self.programs_run = 0
         self.atomic_depth = 0
+        self.atomics = False  # some atomic op ran: programs may hand each other values
         self.shared_written = False
         self.sites: dict[tuple[str, int], int] = {}  # (file, line) -> site id
         self.site_keys: list[tuple[str, int]] = []
         self.shapes: dict[tuple, int] = {}
         self.ops: list[tuple] = []  # (prog, epoch, op, site, shape, itemsize) per op, index = issue order
-        self.addrs: list[np.ndarray] = []
-        self.lanes: list[np.ndarray] = []
+        self.run_addr: list[np.ndarray] = []  # per op: first address, lane count and first lane of each run
+        self.run_count: list[np.ndarray] = []
+        self.run_lane: list[np.ndarray] = []
         self.oob: list[tuple[int, np.ndarray, np.ndarray]] = []  # (op index, addresses, lanes)
+        self.unresolved: dict[int, int] = {}  # site of a pointer made from loaded bits -> an address in no storage
+        self.live: tuple | None = None  # (starts, ends, storages) of every live CPU tensor, found when needed
         self.scratch = np.zeros(2, dtype=np.uint64)  # target of out-of-bounds atomic CAS lanes
 
-    def access(self, ptrs: np.ndarray, mask, itemsize: int, op: int):
-        """Record the active lanes; return the lanes that stay inside the arguments' storages."""
-        shape = np.shape(ptrs)
-        flat = np.asarray(ptrs, dtype=np.uint64).ravel()
-        active = np.ones(flat.size, bool) if mask is None else np.broadcast_to(mask, shape).ravel()
-        lanes = np.flatnonzero(active)
-        addr = flat[lanes]
+    def add(self, storage: _Storage) -> None:
+        self.storages = sorted(self.storages + [storage], key=lambda s: s.start)
+        self.starts = np.array([s.start for s in self.storages], dtype=np.uint64)
+        self.ends = np.array([s.end for s in self.storages], dtype=np.uint64)
+
+    def inside(self, addr: np.ndarray, nbytes) -> np.ndarray:
+        """Whether ``[addr, addr + nbytes)`` lies in one storage the launch can reach."""
+        if not len(self.starts):
+            return np.zeros(len(addr), bool)
         k = np.searchsorted(self.starts, addr, side="right") - 1
-        inside = (k >= 0) & (addr + np.uint64(itemsize) <= self.ends[np.maximum(k, 0)]) \
-            if len(self.starts) else np.zeros(len(addr), bool)
-        clean = bool(inside.all())
+        return (k >= 0) & (addr + np.asarray(nbytes, np.uint64) <= self.ends[np.maximum(k, 0)])
+
+    def access(self, ptrs: np.ndarray, mask, itemsize: int, op: int):
+        """Record the active lanes; return the lanes to mask off (None: none)."""
+        shape = np.shape(ptrs)
+        flat = np.asarray(ptrs, dtype=np.uint64).reshape(-1)
+        lanes = None  # None: every lane is active
+        if mask is not None:
+            active = np.broadcast_to(mask, shape).reshape(-1)
+            if not active.all():
+                lanes = np.flatnonzero(active)
+        addr = flat if lanes is None else flat[lanes]
+        first, count = _runs(addr, lanes, itemsize)
+        off_lanes = off_addr = None
+        if not self.inside(addr[first], (count * itemsize).astype(np.uint64)).all():
+            every = np.arange(len(flat)) if lanes is None else lanes
+            ok = self.inside(addr, itemsize)
+            off_lanes, off_addr = every[~ok], addr[~ok]
+            lanes, addr = every[ok], addr[ok]
+            first, count = _runs(addr, lanes, itemsize)
         if self.recording:
             if self.atomic_depth and op in (_LOAD, _STORE):
                 op = _ATOMIC_LOAD if op == _LOAD else _ATOMIC_STORE
-            index = len(self.ops)
-            self.ops.append((self.prog, self.epoch, op, self._site(), self._shape(shape), itemsize))
-            self.addrs.append(addr if clean else addr[inside])
-            self.lanes.append(lanes if clean else lanes[inside])
-            if not clean:
-                self.oob.append((index, addr[~inside], lanes[~inside]))
-        return None if clean else lanes[~inside]
+            self.atomics |= bool(_ATOMICS[op])
+            self.ops.append((self.prog, self.epoch, op, self.site(), self._shape(shape), itemsize))
+            self.run_addr.append(addr[first])
+            self.run_count.append(count)
+            self.run_lane.append(first if lanes is None else lanes[first])
+            if off_lanes is not None:
+                self.oob.append((len(self.ops) - 1, off_addr, off_lanes))
+        # Behind a pointer no storage holds, a lane outside every storage may be legal: let it
+        # through as the plain interpreter would; the launch is then not_checked.
+        return None if self.unresolved else off_lanes
 
-    def _site(self) -> int:
-        frame = sys._getframe(3)  # past _site, access and the _Memory method
+    def resolve(self, pointers: np.ndarray) -> None:
+        """Pointers made from loaded bits: reach the storage each points into, or note that none does."""
+        values = np.unique(np.asarray(pointers, dtype=np.uint64))
+        values = values[(values != 0) & ~self.inside(values, 1)]
+        if not len(values):
+            return
+        site = self.site()
+        starts, ends, storages = self._live()
+        k = np.searchsorted(starts, values, side="right") - 1
+        hit = (k >= 0) & (values < ends[np.maximum(k, 0)])
+        for i in np.unique(k[hit]):
+            self.add(_snapshot(int(starts[i]), f"storage behind the pointer made at {self.site_name(site)}",
+                               storages[i]))
+        if not hit.all():
+            self.unresolved.setdefault(site, int(values[~hit][0]))
+
+    def _live(self) -> tuple:
+        if self.live is None:
+            found = {}
+            for obj in gc.get_objects():
+                # type(), not isinstance(): some module objects warn when their __class__ is read
+                if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu" and obj.layout == torch.strided:
+                    s = obj.untyped_storage()
+                    if s.nbytes():
+                        found.setdefault(s.data_ptr(), s)
+            order = sorted(found)
+            self.live = (np.array(order, dtype=np.uint64),
+                         np.array([p + found[p].nbytes() for p in order], dtype=np.uint64), [found[p] for p in order])
+        return self.live
+
+    def site(self) -> int:
+        """The kernel source line that issued the current op (called from a hook, two frames down)."""
+        frame = sys._getframe(3)  # past site, the launch method and the hook
         while frame is not None and frame.f_code.co_filename.startswith(_TRITON_DIR):
             frame = frame.f_back
         key = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("?", 0)
@@ -187,49 +303,78 @@ class _Launch:
 
     def where(self, addr: int) -> str:
         k = int(np.searchsorted(self.starts, np.uint64(addr), side="right")) - 1
-        if k >= 0 and addr < self.storages[k][1]:
-            return f"{self.storages[k][2]} +{addr - self.storages[k][0]} B"
+        if k >= 0 and addr < self.storages[k].end:
+            return f"{self.storages[k].name} +{addr - self.storages[k].start} B"
         if not self.storages:
             return f"address {addr:#x}, no tensor argument"
-        _, s, e, name = min((s - addr if addr < s else addr - e + 1, s, e, name) for s, e, name, _ in self.storages)
-        return f"{name} {addr - s:+d} B, outside its {e - s} B storage"
+        _, s = min((s.start - addr if addr < s.start else addr - s.end + 1, s) for s in self.storages)
+        return f"{s.name} {addr - s.start:+d} B, outside its {s.end - s.start} B storage"
 
-    def accesses(self) -> tuple[tc.Accesses, np.ndarray]:
-        """The log as one row per lane, plus each row's op index."""
-        counts = np.array([len(a) for a in self.addrs], dtype=np.int64)
+    def accesses(self) -> tc.Accesses:
+        """The log as one row per run."""
+        runs = np.array([len(a) for a in self.run_addr], dtype=np.int64)
         meta = np.array(self.ops, dtype=np.int64).reshape(-1, 6)
-        op_of_row = np.repeat(np.arange(len(self.ops)), counts)
-        m = meta[op_of_row]
+        op_of_run = np.repeat(np.arange(len(self.ops)), runs)
+        m = meta[op_of_run]
         ops = m[:, 2]
-        reads, writes = (np.array([table[o] for o in range(len(_OPS))])[ops] for table in (_READS, _WRITES))
-        acc = tc.Accesses(
-            addr=np.concatenate(self.addrs) if self.addrs else np.zeros(0, np.uint64),
-            size=m[:, 5], prog=m[:, 0], lane=np.concatenate(self.lanes).astype(np.int64) if self.lanes
-            else np.zeros(0, np.int64), shape=m[:, 4], epoch=m[:, 1], seq=op_of_row,
-            reads=reads, writes=writes, atomic=(ops == _ATOMIC) | (ops == _ATOMIC_LOAD) | (ops == _ATOMIC_STORE))
-        return acc, op_of_row
 
-    def describe(self, acc: tc.Accesses, row: int, op_index: int, addr: int | None = None) -> Access:
-        prog, epoch, op, site, _, _ = self.ops[op_index]
-        return Access(self.program(prog), int(acc.lane[row]), _OPS[op], self.site_name(site), epoch,
-                      self.where(int(acc.addr[row]) if addr is None else addr), self.site_code(site))
+        def joined(parts, dtype):
+            return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+        return tc.Accesses(addr=joined(self.run_addr, np.uint64), size=m[:, 5], prog=m[:, 0],
+                           lane=joined(self.run_lane, np.int64), shape=m[:, 4], epoch=m[:, 1], seq=op_of_run,
+                           reads=_READS[ops], writes=_WRITES[ops], atomic=_ATOMICS[ops],
+                           count=joined(self.run_count, np.int64))
+
+    def describe(self, lanes: tc.Accesses, row: int, addr: int | None = None) -> Access:
+        prog, epoch, op, site, _, _ = self.ops[int(lanes.seq[row])]
+        return Access(self.program(prog), int(lanes.lane[row]), _OPS[op], self.site_name(site), epoch,
+                      self.where(int(lanes.addr[row]) if addr is None else addr), self.site_code(site))
 
     def site_code(self, site: int) -> str:
         return linecache.getline(*self.site_keys[site]).strip()
 
     def site_name(self, site: int) -> str:
-        path, line = self.site_keys[site]
-        return f"{os.path.relpath(path) if os.path.isabs(path) else path}:{line}"
+        return _short(*self.site_keys[site])
+
+    def unexplained(self, written: tc.Intervals) -> int | None:
+        """The address of the first byte of a reachable storage that changed although no traced
+        store or atomic wrote it (an unhooked write path), or None. Only bytes outside the
+        written ranges are compared."""
+        for s in self.storages:
+            lo = np.searchsorted(written.ends, np.uint64(s.start), side="right")
+            hi = np.searchsorted(written.starts, np.uint64(s.end), side="left")
+            inner = [(np.clip(edge[lo:hi], s.start, s.end) - np.uint64(s.start)).astype(np.int64)
+                     for edge in (written.starts, written.ends)]
+            gaps = np.stack([np.append(0, inner[1]), np.append(inner[0], s.end - s.start)], axis=1)
+            gaps = gaps[gaps[:, 1] > gaps[:, 0]]
+            now = _bytes_of(s.storage)
+            if len(gaps) > _MAX_GAPS:  # many scattered writes: one pass over a mask of the gaps
+                edges = np.zeros(s.end - s.start + 1, np.int8)
+                np.add.at(edges, gaps[:, 0], 1)
+                np.add.at(edges, gaps[:, 1], -1)
+                stray = np.flatnonzero((now != s.before) & (np.cumsum(edges[:-1], dtype=np.int8) > 0))
+                if len(stray):
+                    return s.start + int(stray[0])
+                continue
+            for a, b in gaps:
+                if not np.array_equal(now[a:b], s.before[a:b]):
+                    return s.start + int(a) + int(np.flatnonzero(now[a:b] != s.before[a:b])[0])
+        return None
+
+
+def _short(path: str, line: int) -> str:
+    return f"{os.path.relpath(path) if os.path.isabs(path) else path}:{line}"
 
 
 # ---------------------------------------------------------------- findings
 
 
-def _race_findings(launch: _Launch, acc: tc.Accesses, op_of_row: np.ndarray, pairs: tc.Pairs) -> list[Finding]:
+def _race_findings(launch: _Launch, lanes: tc.Accesses, pairs: tc.Pairs) -> list[Finding]:
     if len(pairs.first) == 0:
         return []
-    site = np.array([o[3] for o in launch.ops], dtype=np.int64)[op_of_row]
-    opk = np.array([o[2] for o in launch.ops], dtype=np.int64)[op_of_row]
+    site = np.array([o[3] for o in launch.ops], dtype=np.int64)[lanes.seq]
+    opk = np.array([o[2] for o in launch.ops], dtype=np.int64)[lanes.seq]
     a, b = pairs.first, pairs.second
     kind_code = np.searchsorted(np.array([tc.RAW, tc.WAR, tc.WAW]), pairs.kind)
     keys = np.stack([kind_code, pairs.cross_program, site[a], site[b], opk[a], opk[b]], axis=1)
@@ -237,9 +382,9 @@ def _race_findings(launch: _Launch, acc: tc.Accesses, op_of_row: np.ndarray, pai
     findings = []
     for g in range(int(inverse.max()) + 1):
         sel = np.flatnonzero(inverse.ravel() == g)
-        i = sel[np.argmin(op_of_row[a[sel]])]
-        first = launch.describe(acc, a[i], op_of_row[a[i]], int(pairs.byte[i]))
-        second = launch.describe(acc, b[i], op_of_row[b[i]], int(pairs.byte[i]))
+        i = sel[np.argmin(lanes.seq[a[sel]])]
+        first = launch.describe(lanes, a[i], int(pairs.byte[i]))
+        second = launch.describe(lanes, b[i], int(pairs.byte[i]))
         if pairs.cross_program[i]:
             why = (f"programs {first.program} and {second.program} touch the same bytes, at least one writing and "
                    "not both atomically; programs are not ordered on a GPU")
@@ -247,7 +392,7 @@ def _race_findings(launch: _Launch, acc: tc.Accesses, op_of_row: np.ndarray, pai
             why = (f"lanes {first.lane} and {second.lane} of program {first.program} touch the same bytes in "
                    f"barrier epoch {first.epoch}, one with a write; warps are not in lock step, so a "
                    "tl.debug_barrier() must separate them")
-        pair_ids = a[sel].astype(np.int64) * len(acc) + b[sel]
+        pair_ids = a[sel].astype(np.int64) * len(lanes) + b[sel]
         findings.append(Finding("race", str(pairs.kind[i]), len(np.unique(pairs.byte[sel])), len(np.unique(pair_ids)),
                                 why, first, second))
     return findings
@@ -265,52 +410,116 @@ def _oob_findings(launch: _Launch) -> list[Finding]:
         example = Access(launch.program(prog), int(lanes[0]), _OPS[op], launch.site_name(site), epoch,
                          launch.where(int(addr[0])), launch.site_code(site))
         findings.append(Finding("oob", _OPS[op], count * itemsize, count,
-                                "lanes outside every tensor argument's storage; the tracer masked them off "
-                                "(the plain interpreter would have read heap garbage or corrupted memory)",
-                                example))
+                                "lanes outside every storage the launch can reach (its tensor arguments and the "
+                                "storages its loaded pointers point into); the tracer masked them off (the plain "
+                                "interpreter would have read heap garbage or corrupted memory)", example))
     return findings
 
 
-def _uninit_findings(launch: _Launch, acc: tc.Accesses, op_of_row: np.ndarray, rows: np.ndarray) -> list[Finding]:
+def _uninit_findings(launch: _Launch, lanes: tc.Accesses, rows: np.ndarray) -> list[Finding]:
     if len(rows) == 0:
         return []
-    site = np.array([o[3] for o in launch.ops], dtype=np.int64)[op_of_row[rows]]
+    site = np.array([o[3] for o in launch.ops], dtype=np.int64)[lanes.seq[rows]]
     findings = []
     for s in np.unique(site):
         sel = rows[site == s]
-        example = launch.describe(acc, sel[0], op_of_row[sel[0]])
-        findings.append(Finding("uninit", example.op, int(acc.size[sel].sum()), len(sel),
+        example = launch.describe(lanes, sel[0])
+        findings.append(Finding("uninit", example.op, int(lanes.size[sel].sum()), len(sel),
                                 "reads memory the case declares never written, before anything in this launch "
                                 "wrote it", example))
     return findings
 
 
-def _order_findings(launch: _Launch, label: str, expected: list[torch.Tensor]) -> list[Finding]:
+def _order_findings(launch: _Launch, label: str, after: dict[int, np.ndarray], through_atomics: bool):
+    """Storages whose bytes differ from the default order's after a rerun in ``label`` order."""
     findings = []
-    for (_, _, name, storage), want in zip(launch.storages, expected, strict=True):
-        got = _bytes_of(storage)
-        diff = torch.nonzero(got != want).flatten()
-        if len(diff):
-            findings.append(Finding("race", "order", len(diff), 1,
-                                    f"running the programs in {label} order changes {len(diff)} byte(s) of {name} "
-                                    f"(first at +{int(diff[0])} B): the result depends on program order"))
+    for s in launch.storages:
+        want = after.get(s.start)
+        diff = np.flatnonzero(_bytes_of(s.storage) != want) if want is not None else []
+        if not len(diff):
+            continue
+        change = (f"running the programs in {label} order changes {len(diff)} byte(s) of {s.name} "
+                  f"(first at +{int(diff[0])} B)")
+        if through_atomics:
+            findings.append(Finding("order-dependent", label, len(diff), 1, change + ": no plain access races, so "
+                                    "atomics hand out order-dependent values (e.g. a ticket counter); valid only "
+                                    "where another layout is acceptable, which the caller must declare"))
+        else:
+            findings.append(Finding("race", "order", len(diff), 1, change + ": the result depends on program order"))
     return findings
 
 
+# ---------------------------------------------------------------- refusals
+
+
+def _libdevice_unavailable(*args, **kwargs):
+    raise NotImplementedError("a libdevice function has no interpreter implementation")
+
+
+_UNAVAILABLE = _libdevice_unavailable.__code__
+
+
+@functools.cache
+def _libdevice_stubs() -> tuple:
+    """(stub, raising code) for each generic ``libdevice`` function: empty stubs that the compiler
+    maps to a backend's library and that return None in the interpreter, so a kernel fails later
+    and elsewhere. While tracing, their code raises at the call instead (every import style
+    shares the function object)."""
+    try:
+        from triton.language.extra import libdevice
+    except ImportError:
+        return ()
+    return tuple((f, _UNAVAILABLE.replace(co_name=f.__name__)) for f in vars(libdevice).values()
+                 if inspect.isfunction(f) and f.__module__ == libdevice.__name__)
+
+
+def _refusal(exc: BaseException) -> str | None:
+    """A reason naming the construct and its kernel line when ``exc`` says the interpreter
+    cannot run a construct; None for any other error (a bug in the kernel or its arguments)."""
+    chain = [exc]
+    while chain[-1].__cause__ is not None and len(chain) < 16:
+        chain.append(chain[-1].__cause__)
+    frames = [frame for e in chain for frame, _ in _tb_frames(e.__traceback__)]
+    root = chain[-1]
+    construct = None
+    for frame in reversed(frames):
+        code = frame.f_code
+        if code is _UNAVAILABLE or (code.co_filename == _UNAVAILABLE.co_filename
+                                    and code.co_firstlineno == _UNAVAILABLE.co_firstlineno):
+            construct = f"libdevice.{code.co_name}"
+        elif isinstance(root, NotImplementedError) and code.co_name == "create_inline_asm":
+            construct = f"inline asm `{frame.f_locals.get('inlineAsm', '?')}`"
+        elif isinstance(root, NotImplementedError) and code.co_name == "create_extern_elementwise":
+            construct = f"the extern function {frame.f_locals.get('symbol', '?')}"
+        elif "Did you forget to add @triton.jit" in str(root) and code.co_name == "wrapper":
+            fn = frame.f_locals.get("fn")
+            name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__name__', '?')}"
+            construct = f"{name} (the interpreter does not map it)"
+        if construct:
+            break
+    if construct is None and isinstance(root, NotImplementedError):
+        construct = str(root) or "an op it does not implement"
+    if construct is None and isinstance(root, AttributeError) and "InterpreterBuilder" in str(root):
+        construct = f"{getattr(root, 'name', None) or root} (the interpreter's builder lacks it)"
+    if construct is None:
+        return None
+    user = [f for f in frames if not f.f_code.co_filename.startswith(_TRITON_DIR)
+            and f.f_code.co_filename != __file__]
+    if not user:
+        return f"the Triton interpreter cannot run {construct}"
+    path, line = user[-1].f_code.co_filename, user[-1].f_lineno
+    code = linecache.getline(path, line).strip()
+    return f"the Triton interpreter cannot run {construct}, used at {_short(path, line)}" + (
+        f" `{code}`" if code else "")
+
+
+def _tb_frames(tb):
+    while tb is not None:
+        yield tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+
+
 # ---------------------------------------------------------------- the tracer and its hooks
-
-
-def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8).set_(storage)
-
-
-def _changed(launch: _Launch, before: list[torch.Tensor]) -> np.ndarray:
-    """Sorted addresses of every byte of the arguments' storages that differs from ``before``."""
-    parts = [np.zeros(0, np.uint64)]
-    for (start, _, _, storage), saved in zip(launch.storages, before, strict=True):
-        offsets = torch.nonzero(_bytes_of(storage) != saved).flatten().numpy().astype(np.uint64)
-        parts.append(np.uint64(start) + offsets)
-    return np.concatenate(parts)
 
 
 def _unwritten_bytes(unwritten) -> np.ndarray:
@@ -330,48 +539,39 @@ def _unwritten_bytes(unwritten) -> np.ndarray:
 
 
 class _Tracer:
-    def __init__(self, unwritten, seed: int, permute: str, unsupported: str | None):
+    def __init__(self, unwritten, seed: int, permute: str, unsupported: str | None,
+                 expected_order_dependence: str | None):
         self.unwritten = _unwritten_bytes(unwritten)
         self.seed = seed
         self.permute = permute
         self.unsupported = unsupported
+        self.expected_order_dependence = expected_order_dependence
         self.launch: _Launch | None = None
         self.recording = Recording()
 
     def run(self, call, executor, args, kwargs):
         fn = executor.fn
-        report = Report(getattr(fn, "__name__", "kernel"))
+        report = Report(getattr(fn, "__name__", "kernel"), expected_order_dependence=self.expected_order_dependence)
         self.recording.reports.append(report)
         tensors = _tensor_args(fn, args, kwargs)
         off_cpu = next((name for name, t in tensors if t.device.type != "cpu"), None)
         report.not_checked = self.unsupported or (
             f"{off_cpu} is on another device; the tracer follows host pointers of CPU tensors" if off_cpu else None)
         if report.not_checked:
-            return call(executor, *args, **kwargs)
+            return _refusing(report, lambda: call(executor, *args, **kwargs))
         storages = {}
         for name, t in tensors:
             s = t.untyped_storage()
             if s.nbytes() and s.data_ptr() not in storages:
-                storages[s.data_ptr()] = (s.data_ptr(), s.data_ptr() + s.nbytes(), name, s)
+                storages[s.data_ptr()] = _snapshot(s.data_ptr(), name, s)
         launch = self.launch = _Launch(list(storages.values()))
         try:
-            before = [_bytes_of(s[3]).clone() for s in launch.storages]
-            returned = call(executor, *args, **kwargs)
+            returned = _refusing(report, lambda: call(executor, *args, **kwargs))
             launch.recording = False
             report.grid = launch.grid
-            self._judge(launch, report, _changed(launch, before))
+            self._judge(launch, report)
             if not report.not_checked and self._permute(launch):
-                after = [_bytes_of(s[3]).clone() for s in launch.storages]
-                n = int(np.prod(launch.grid))
-                for label, order in (("reversed", np.arange(n)[::-1]),
-                                     ("shuffled", np.random.default_rng(self.seed).permutation(n))):
-                    for s, saved in zip(launch.storages, before, strict=True):
-                        _bytes_of(s[3]).copy_(saved)
-                    launch.order = order
-                    call(executor, *args, **kwargs)
-                    report.races += _order_findings(launch, label, after)
-                for s, saved in zip(launch.storages, after, strict=True):
-                    _bytes_of(s[3]).copy_(saved)
+                self._reorder(launch, report, lambda: call(executor, *args, **kwargs))
             return returned
         finally:
             self.launch = None
@@ -381,28 +581,65 @@ class _Tracer:
             return False
         return self.permute == "always" or launch.shared_written
 
-    def _judge(self, launch: _Launch, report: Report, changed: np.ndarray) -> None:
+    def _reorder(self, launch: _Launch, report: Report, rerun) -> None:
+        """Rerun from the same inputs in reversed and shuffled program order; keep the default order's result."""
+        after = {s.start: _bytes_of(s.storage).copy() for s in launch.storages}
+        through_atomics = launch.atomics and not report.races
+        n = int(np.prod(launch.grid))
+        for label, order in (("reversed", np.arange(n)[::-1]),
+                             ("shuffled", np.random.default_rng(self.seed).permutation(n))):
+            for s in launch.storages:
+                np.copyto(_bytes_of(s.storage), s.before)
+            launch.order = order
+            rerun()
+            found = _order_findings(launch, label, after, through_atomics)
+            (report.order_dependent if through_atomics else report.races).extend(found)
+        for s in launch.storages:
+            np.copyto(_bytes_of(s.storage), after.get(s.start, s.before))
+
+    def _judge(self, launch: _Launch, report: Report) -> None:
         if launch.programs_run != int(np.prod(launch.grid)):
             report.not_checked = (f"the program-id hook saw {launch.programs_run} of {int(np.prod(launch.grid))} "
                                   "programs; the interpreter's grid loop is not what the tracer expects")
             return
-        acc, op_of_row = launch.accesses()
+        log = launch.accesses()
+        report.runs, report.lanes = len(log), int(log.count.sum())
         try:
-            found = tc.analyze(acc, self.unwritten)
+            found = tc.analyze(log, self.unwritten)
         except tc.TooManyPairs as exc:
             report.not_checked = str(exc)
             return
-        missed = np.setdiff1d(changed, found.written, assume_unique=True)
-        if len(missed):
-            report.not_checked = (f"{len(missed)} byte(s) changed that no traced store wrote "
-                                  f"({launch.where(int(missed[0]))}): the interpreter wrote memory through a "
-                                  "path the tracer does not hook")
+        stray = launch.unexplained(found.written)
+        if stray is not None:
+            report.not_checked = (f"bytes changed that no traced store wrote (first at {launch.where(stray)}): "
+                                  "the interpreter wrote memory through a path the tracer does not hook")
+            return
+        if launch.unresolved and launch.oob:
+            site, addr = next(iter(launch.unresolved.items()))
+            index, first_addr, _ = launch.oob[0]
+            report.not_checked = (f"a pointer made at {launch.site_name(site)} from loaded bits holds {addr:#x}, "
+                                  "inside no live tensor's storage, and accesses fall outside every storage the "
+                                  f"tracer knows (first {int(first_addr[0]):#x} at "
+                                  f"{launch.site_name(launch.ops[index][3])}): they cannot be judged")
             return
         launch.shared_written = found.shared_written
-        self.unwritten = np.setdiff1d(self.unwritten, found.written, assume_unique=True)
-        report.races = _race_findings(launch, acc, op_of_row, found.pairs)
+        self.unwritten = self.unwritten[~found.written.contains(self.unwritten)]
+        report.races = _race_findings(launch, found.lanes, found.pairs)
         report.oob = _oob_findings(launch)
-        report.uninit = _uninit_findings(launch, acc, op_of_row, found.uninit)
+        report.uninit = _uninit_findings(launch, found.lanes, found.uninit)
+
+
+def _refusing(report: Report, launch):
+    """Run the launch; a construct the interpreter cannot run makes the report not_checked and
+    raises ``Refused`` (which ``tracing()`` swallows); any other error propagates as it is."""
+    try:
+        return launch()
+    except Exception as exc:
+        reason = _refusal(exc)
+        if reason is None:
+            raise
+        report.not_checked = reason
+        raise Refused(reason) from exc
 
 
 def _tensor_args(fn, args, kwargs) -> list[tuple[str, torch.Tensor]]:
@@ -477,7 +714,8 @@ def _hooks(interpreter):
     builder, executor = getattr(interpreter, "InterpreterBuilder", None), getattr(interpreter, "GridExecutor", None)
     memory = getattr(interpreter, "_interpreter", None)
     needed = [(builder, "set_grid_idx"), (builder, "set_grid_dim"), (builder, "create_barrier"),
-              (builder, "create_masked_load"), (builder, "create_masked_store"), (executor, "__call__")]
+              (builder, "create_masked_load"), (builder, "create_masked_store"), (builder, "create_int_to_ptr"),
+              (builder, "create_bitcast"), (executor, "__call__")]
     needed += [(memory, name) for name in ("load", "store", "atomic_rmw", "atomic_cas")]
     missing = [name for owner, name in needed if owner is None or not hasattr(owner, name)]
     if missing:
@@ -524,6 +762,17 @@ def _hooks(interpreter):
                 launch.atomic_depth -= 1
         return hook
 
+    def to_pointer(real):
+        """Integers (or other bits) that become pointers: the kernel loaded them, e.g. from a table."""
+        def hook(self, src, dst_type):
+            made = real(self, src, dst_type)
+            launch = _STATE.launch if _STATE else None
+            if launch is not None and isinstance(made.dtype, tl.pointer_type) and not isinstance(
+                    src.dtype, tl.pointer_type):
+                launch.resolve(made.data)
+            return made
+        return hook
+
     def call(real):
         def hook(self, *args, **kwargs):
             if _STATE is None or _STATE.launch is not None:
@@ -532,20 +781,32 @@ def _hooks(interpreter):
         return hook
 
     plan = [(builder, "set_grid_dim", set_grid_dim), (builder, "set_grid_idx", set_grid_idx),
-            (builder, "create_barrier", create_barrier), (executor, "__call__", call)]
+            (builder, "create_barrier", create_barrier), (builder, "create_int_to_ptr", to_pointer),
+            (builder, "create_bitcast", to_pointer), (executor, "__call__", call)]
     plan += [(builder, name, atomic_scope) for name in ("create_atomic_load", "create_atomic_store",
                                                          "create_atomic_poll") if hasattr(builder, name)]
     hooks = [(owner, name, make(getattr(owner, name))) for owner, name, make in plan]
+    hooks += [(stub, "__code__", code) for stub, code in _libdevice_stubs()]
     return hooks + [(interpreter, "_interpreter", _Memory(memory))]
 
 
+def _saved(owner, name):
+    if name == "__code__":
+        return owner.__code__
+    return vars(owner).get(name, _INHERITED)
+
+
 @contextmanager
-def tracing(unwritten=(), seed: int = 0, permute: str = "auto"):
+def tracing(unwritten=(), seed: int = 0, permute: str = "auto", expected_order_dependence: str | None = None):
     """Trace every interpreted launch in the block; yields a ``Recording`` of per-launch Reports.
 
     ``unwritten``: ``(tensor, bool mask over its elements)`` pairs whose marked elements must be
     written before they are read. ``permute``: rerun in reversed and shuffled program order
     when programs share written bytes (``auto``), always, or never.
+    ``expected_order_dependence``: the reason outputs may legitimately differ under another
+    program order (atomic tickets); None means they must not (``fail:order-dependent``).
+    A launch of a construct the interpreter cannot run ends the block without an exception:
+    its report is ``not_checked`` and says what and where.
     """
     global _STATE
     if permute not in PERMUTE:
@@ -563,8 +824,8 @@ def tracing(unwritten=(), seed: int = 0, permute: str = "auto"):
             unsupported = found
         else:
             hooks = found
-    saved = [(owner, name, vars(owner).get(name, _INHERITED)) for owner, name, _ in hooks]
-    _STATE = _Tracer(unwritten, seed, permute, unsupported)
+    saved = [(owner, name, _saved(owner, name)) for owner, name, _ in hooks]
+    _STATE = _Tracer(unwritten, seed, permute, unsupported, expected_order_dependence)
     try:
         for owner, name, replacement in hooks:
             setattr(owner, name, replacement)
@@ -572,6 +833,8 @@ def tracing(unwritten=(), seed: int = 0, permute: str = "auto"):
             _STATE.unsupported = _probe()
         _STATE.recording.unsupported = _STATE.unsupported
         yield _STATE.recording
+    except Refused:
+        pass  # the refused launch's report says why; nothing after it in the block ran
     finally:
         _STATE = None
         for owner, name, original in reversed(saved):
@@ -581,22 +844,30 @@ def tracing(unwritten=(), seed: int = 0, permute: str = "auto"):
                 setattr(owner, name, original)
 
 
-def trace(kernel, grid, *args, unwritten=None, seed: int = 0, permute: str = "auto", **kwargs) -> Report:
+def unwritten_pairs(fn, args: tuple, kwargs: dict, unwritten: dict) -> list:
+    """``tracing()``'s ``unwritten`` from a map of ``fn``'s argument names to bool masks."""
+    params = inspect.signature(fn).parameters
+    bound = inspect.signature(fn).bind_partial(*args, **{k: v for k, v in kwargs.items() if k in params})
+    pairs = []
+    for name, mask in unwritten.items():
+        if not isinstance(bound.arguments.get(name), torch.Tensor):
+            raise ValueError(f"unwritten: {name!r} is not a tensor argument of {fn.__name__}")
+        pairs.append((bound.arguments[name], mask))
+    return pairs
+
+
+def trace(kernel, grid, *args, unwritten=None, seed: int = 0, permute: str = "auto",
+          expected_order_dependence: str | None = None, **kwargs) -> Report:
     """Launch ``kernel[grid](*args, **kwargs)`` once under the tracer and return its Report.
 
-    ``unwritten`` maps a kernel argument name to a bool mask over that tensor's elements.
+    ``unwritten`` maps a kernel argument name to a bool mask over that tensor's elements;
+    ``expected_order_dependence`` is as for ``tracing()``.
     """
     fn = getattr(kernel, "fn", None)
     if fn is None or not hasattr(kernel, "__getitem__"):
         raise ValueError(f"kernel: expected a @triton.jit function, got {type(kernel).__name__}")
-    bound = inspect.signature(fn).bind_partial(*args, **{k: v for k, v in kwargs.items()
-                                                          if k in inspect.signature(fn).parameters})
-    pairs = []
-    for name, mask in (unwritten or {}).items():
-        if not isinstance(bound.arguments.get(name), torch.Tensor):
-            raise ValueError(f"unwritten: {name!r} is not a tensor argument of {fn.__name__}")
-        pairs.append((bound.arguments[name], mask))
-    with tracing(pairs, seed=seed, permute=permute) as recording:
+    pairs = unwritten_pairs(fn, args, kwargs, unwritten or {})
+    with tracing(pairs, seed=seed, permute=permute, expected_order_dependence=expected_order_dependence) as recording:
         kernel[grid](*args, **kwargs)
     if recording.unsupported:
         return Report(fn.__name__, not_checked=recording.unsupported)
@@ -624,7 +895,7 @@ def _probe() -> str | None:
         tracer = _STATE
         launch_log = []
         real_judge = tracer._judge
-        tracer._judge = lambda launch, report, changed: launch_log.append(launch)
+        tracer._judge = lambda launch, report: launch_log.append(launch)
         try:
             _probe_kernel[(2,)](torch.zeros(12, dtype=torch.int32), BLOCK=4)
         except Exception as exc:  # noqa: BLE001 - any failure means the hooks cannot be trusted
@@ -642,8 +913,8 @@ def _probe_verdict(launches: list) -> str | None:
     if len(launches) != 1:
         return f"the launch hook saw {len(launches)} launches of the probe kernel instead of 1"
     launch = launches[0]
-    seen = [(prog, epoch, _OPS[op], len(addr))
-            for (prog, epoch, op, *_), addr in zip(launch.ops, launch.addrs, strict=True)]
+    seen = [(prog, epoch, _OPS[op], int(counts.sum()))
+            for (prog, epoch, op, *_), counts in zip(launch.ops, launch.run_count, strict=True)]
     want = [(0, 0, "load", 3), (0, 1, "store", 2), (1, 0, "load", 3), (1, 1, "store", 2)]
     files = {path for path, _ in launch.sites}
     if seen != want or files != {__file__}:

@@ -1,11 +1,14 @@
 """Vectorized analysis of one launch's memory accesses: races, uninitialized reads, shared bytes.
 
-The tracer hands over one row per active lane of every load, store and atomic. Rows are
-expanded to bytes (kernels may mix element sizes), sorted by (byte, issue order) and grouped,
-so every question becomes a numpy reduction over groups instead of a per-element loop.
+The tracer hands over one row per *run*: consecutive lanes of one op that touch consecutive
+elements (a contiguous tile is one row, a gather is one row per lane). Runs are first grouped
+by address overlap; only groups where some byte can be shared with a write (or where a declared
+unwritten byte is read) are expanded to lanes and then to bytes, sorted by (byte, issue order)
+and grouped, so every question becomes a numpy reduction over groups instead of a per-element
+loop, and a launch whose programs touch disjoint tiles costs a sort of its runs, not its bytes.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -19,26 +22,34 @@ class TooManyPairs(Exception):
 
 @dataclass
 class Accesses:
-    """One row per active lane: the bytes ``[addr, addr + size)`` touched by one lane of one op."""
+    """One row per run: lane ``lane + i`` (``i < count``) touches bytes ``[addr + i*size, addr + (i+1)*size)``."""
 
     addr: np.ndarray  # uint64
-    size: np.ndarray  # int64
+    size: np.ndarray  # int64, bytes per lane
     prog: np.ndarray  # int64, linear program index
-    lane: np.ndarray  # int64, flat index in the op's block
+    lane: np.ndarray  # int64, flat index in the op's block of the run's first lane
     shape: np.ndarray  # int64, id of the op's block shape (same lane of same-shaped ops is program order)
     epoch: np.ndarray  # int64, barriers the program had passed
     seq: np.ndarray  # int64, issue order of the op within the launch
     reads: np.ndarray  # bool
     writes: np.ndarray  # bool
     atomic: np.ndarray  # bool
+    count: np.ndarray | None = None  # int64, lanes in the run; None: one each
+
+    def __post_init__(self):
+        if self.count is None:
+            self.count = np.ones(len(self.addr), np.int64)
 
     def __len__(self) -> int:
         return len(self.addr)
 
+    def ends(self) -> np.ndarray:
+        return self.addr + (self.count * self.size).astype(np.uint64)
+
 
 @dataclass
 class Pairs:
-    """Conflicting byte pairs: ``first`` happened before ``second`` (element row indices)."""
+    """Conflicting byte pairs: ``first`` happened before ``second`` (rows of ``Analysis.lanes``)."""
 
     byte: np.ndarray
     first: np.ndarray
@@ -48,15 +59,96 @@ class Pairs:
 
 
 @dataclass
+class Intervals:
+    """Disjoint, sorted byte ranges ``[starts[i], ends[i])``."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+
+    def contains(self, byte: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(self.starts, byte, side="right") - 1
+        return (k >= 0) & (byte < self.ends[np.maximum(k, 0)]) if len(self.starts) else np.zeros(len(byte), bool)
+
+
+@dataclass
 class Analysis:
     pairs: Pairs
     shared_written: bool  # some byte is written by one program and touched by another (atomics included)
-    uninit: np.ndarray  # element rows that read a declared-unwritten byte before any write to it
-    written: np.ndarray  # every byte a store or atomic wrote, sorted
+    uninit: np.ndarray  # rows of ``lanes`` that read a declared-unwritten byte before any write to it
+    written: Intervals  # every byte a store or atomic wrote
+    lanes: Accesses  # the runs that could conflict, one row per lane: what ``pairs`` and ``uninit`` index
+
+
+def analyze(acc: Accesses, unwritten: np.ndarray | None = None) -> Analysis:
+    """``unwritten``: sorted absolute addresses of bytes declared never written."""
+    starts, ends = acc.addr, acc.ends()
+    written = _union(starts[acc.writes], ends[acc.writes])
+    lanes = _per_lane(acc, _conflict_rows(acc, starts, ends, unwritten))
+    byte, elem = _bytes(lanes)
+    group_starts, group_ends = _groups(byte)
+    empty = Pairs(*(np.zeros(0, t) for t in (np.uint64, np.int64, np.int64, "<U3", bool)))
+    uninit = _uninit(lanes, byte, elem, group_starts, unwritten)
+    if len(group_starts) == 0:
+        return Analysis(empty, False, uninit, written, lanes)
+    writes = lanes.writes[elem]
+    prog = lanes.prog[elem]
+    sizes = group_ends - group_starts
+    has_write = np.logical_or.reduceat(writes, group_starts) & (sizes > 1)
+    multi_prog = np.minimum.reduceat(prog, group_starts) != np.maximum.reduceat(prog, group_starts)
+    shared_written = bool((has_write & multi_prog).any())
+    pairs = _pairs(lanes, byte, elem, group_starts[has_write], group_ends[has_write]) if has_write.any() else empty
+    return Analysis(pairs, shared_written, uninit, written, lanes)
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
+    if len(starts) == 0:
+        return Intervals(np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)
+    first = np.flatnonzero(np.concatenate(([True], starts[1:] > reach[:-1])))
+    return Intervals(starts[first], np.maximum.reduceat(ends, first))
+
+
+def _conflict_rows(acc: Accesses, starts: np.ndarray, ends: np.ndarray, unwritten) -> np.ndarray:
+    """Rows in a cluster of overlapping runs that holds a write and another run, or a read of a
+    declared-unwritten byte: every pair and every uninit read lies inside such a cluster. A
+    cluster where one program's same lanes touch the same elements in every run (a tile loaded
+    and stored back in place) holds only same-thread pairs, which are ordered: it is skipped."""
+    n = len(acc)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    new = np.ones(n, bool)
+    new[1:] = s[1:] >= np.maximum.accumulate(e)[:-1]
+    first = np.flatnonzero(new)
+    cluster = np.cumsum(new) - 1
+    size = np.diff(np.append(first, n))
+    lane_zero = (acc.addr - (acc.lane * acc.size).astype(np.uint64)).view(np.int64)  # where lane 0 would touch
+    one_thread = np.ones(len(first), bool)
+    for key in (acc.prog, acc.shape, acc.size, lane_zero):
+        one_thread &= np.minimum.reduceat(key[order], first) == np.maximum.reduceat(key[order], first)
+    need = (size > 1) & np.logical_or.reduceat(acc.writes[order], first) & ~one_thread
+    if unwritten is not None and len(unwritten):
+        marked = np.searchsorted(unwritten, e) > np.searchsorted(unwritten, s)
+        need |= np.logical_or.reduceat(marked & acc.reads[order], first)
+    return np.sort(order[need[cluster]])
+
+
+def _per_lane(acc: Accesses, rows: np.ndarray) -> Accesses:
+    """The chosen runs as one row per lane, in run order."""
+    counts = acc.count[rows]
+    run = np.repeat(rows, counts)
+    i = np.arange(len(run)) - np.repeat(np.cumsum(counts) - counts, counts)
+    picked = {f.name: getattr(acc, f.name)[run] for f in fields(Accesses) if f.name != "count"}
+    picked["addr"] = picked["addr"] + i.astype(np.uint64) * picked["size"].astype(np.uint64)
+    picked["lane"] = picked["lane"] + i
+    return Accesses(**picked)
 
 
 def _bytes(acc: Accesses):
-    """Expand rows to bytes, sorted by (address, issue order)."""
+    """Expand lane rows to bytes, sorted by (address, issue order)."""
     n = len(acc)
     elem = np.repeat(np.arange(n), acc.size)
     first_byte = np.repeat(np.cumsum(acc.size) - acc.size, acc.size)
@@ -71,24 +163,6 @@ def _groups(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     starts = np.concatenate(([0], np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1))
     ends = np.append(starts[1:], len(sorted_keys))
     return starts, ends
-
-
-def analyze(acc: Accesses, unwritten: np.ndarray | None = None) -> Analysis:
-    byte, elem = _bytes(acc)
-    starts, ends = _groups(byte)
-    empty = Pairs(*(np.zeros(0, t) for t in (np.uint64, np.int64, np.int64, "<U3", bool)))
-    uninit = _uninit(acc, byte, elem, starts, unwritten)
-    written = np.unique(byte[acc.writes[elem]])
-    if len(starts) == 0:
-        return Analysis(empty, False, uninit, written)
-    writes = acc.writes[elem]
-    prog = acc.prog[elem]
-    sizes = ends - starts
-    has_write = np.logical_or.reduceat(writes, starts) & (sizes > 1)
-    multi_prog = np.minimum.reduceat(prog, starts) != np.maximum.reduceat(prog, starts)
-    shared_written = bool((has_write & multi_prog).any())
-    return Analysis(_pairs(acc, byte, elem, starts[has_write], ends[has_write]) if has_write.any() else empty,
-                    shared_written, uninit, written)
 
 
 def _pairs(acc: Accesses, byte, elem, starts, ends) -> Pairs:

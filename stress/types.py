@@ -52,8 +52,11 @@ class Check:
     outputs (one value, or a tuple in ``outputs`` order) and mutates nothing.
     ``families[name](rng, device, launch)`` builds a Case; ``sweep(device)`` lists the launch
     shapes a case may draw. ``provenance`` names, per output, the input its values are copied
-    from, so a divergence can say where a wrong value came from. ``why_not`` says why a device
-    outside ``devices`` cannot judge the check (its ``not_checked`` reason there).
+    from, so a divergence can say where a wrong value came from. ``expected_order_dependence``
+    is the reason a kernel may produce another valid output when its programs run in another
+    order (positions handed out by atomic tickets); None (the default): the CPU tracer's
+    reorder reruns must reproduce the output, else ``fail:order-dependent``. ``why_not`` says
+    why a device outside ``devices`` cannot judge the check (its ``not_checked`` reason there).
     """
 
     name: str
@@ -67,6 +70,7 @@ class Check:
     sweep: Callable[[str], list[dict]] | None = None
     provenance: dict[str, str] = field(default_factory=dict)
     repeats: dict[str, int] = field(default_factory=lambda: {"cpu": 1, "cuda": 3})
+    expected_order_dependence: str | None = None
     why_not: str = ""
 
     def mutant(self, name: str) -> Mutant:

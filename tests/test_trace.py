@@ -184,12 +184,12 @@ def test_read_modify_write_of_vllm_23829_races_and_its_fix_is_clean():
     assert run(True).ok
 
 
-def test_output_that_depends_on_program_order_is_a_race():
+def test_output_that_depends_on_program_order_through_atomics_alone_is_order_dependent():
     report = trace(_ticket, (8,), torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
-    assert report.verdict == "fail:race"
-    assert _kinds(report) == {"order"}, "atomics alone are no access race; only the order reruns see it"
+    assert report.verdict == "fail:order-dependent" and not report.races, report.lines()
+    assert {f.kind for f in report.order_dependent} == {"reversed", "shuffled"}
     claims = trace(_first_claims, (4,), torch.zeros(1, dtype=torch.int32))
-    assert _kinds(claims) == {"order"}
+    assert claims.verdict == "fail:order-dependent"
 
 
 def test_hooks_are_removed_also_on_error_and_unknown_internals_are_not_checked(monkeypatch):

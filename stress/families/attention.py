@@ -1,0 +1,272 @@
+"""Case families for paged draft attention, and the draft step that checks prefix-cache masking end to end.
+
+KV slots a case never wrote hold NaN (and are declared unwritten to the CPU tracer), so a read of
+them shows in the output; output rows outside the batch hold SENTINEL and must survive. Block
+tables are random permutations of a shared block pool; the null block is never referenced.
+"""
+
+import numpy as np
+import torch
+
+from kernels.attention import paged_attention
+from kernels.block_table import shift_block_table_rows
+from kernels.draft_inputs import prepare_draft_inputs
+from kernels.kv_cache import write_kv
+from stress.compare import Float64Expected
+from stress.families.common import SENTINEL, big, distinct_blocks, int32, int64, pick, slots_for
+from stress.types import Case
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FLOOR_ULPS = {torch.float32: 4}  # else 1
+
+
+def sweep(device: str) -> list[dict]:
+    """Keys per tile, KV splits (one: no combine pass), warps; the default shape from the heuristics too."""
+    if device == "cuda":
+        return [{}] + [{"block_n": n, "kv_splits": s, "num_warps": w} for n in (32, 64) for s in (1, 3, 16)
+                       for w in (4, 8)]
+    return [{}, {"block_m": 32, "block_n": 16, "kv_splits": 3}]
+
+
+def judged(reference_fn, value_inputs: tuple[str, ...]):
+    """The check's reference: ``reference_fn``'s float64 ``out`` (its first output) as a Float64Expected.
+
+    The float32 baseline is the same reference at float32, rounded to the output dtype. The floor is
+    ``FLOOR_ULPS`` ulps (of the output dtype) of the largest value any query could read: one bounds
+    rounding the softmax probabilities to a 16-bit dtype before they weight the values; a float32
+    output gets four, as the GPU's exp2 is approximate to a few ulps where the baseline's is not.
+    """
+    def reference(**inputs):
+        exact = reference_fn(**inputs)
+        baseline = reference_fn(**inputs, precision=torch.float32)
+        outputs = exact if isinstance(exact, tuple) else (exact,)
+        given = inputs["out"]
+        values = torch.cat([inputs[name].flatten().to(torch.float64) for name in value_inputs])
+        values = values[torch.isfinite(values)]
+        scale = float(values.abs().max()) if values.numel() else 0.0
+        first = Float64Expected(value=outputs[0], computed=outputs[0] != given.to(torch.float64),
+                                baseline=(baseline[0] if isinstance(baseline, tuple) else baseline).to(given.dtype),
+                                floor=FLOOR_ULPS.get(given.dtype, 1) * torch.finfo(given.dtype).eps * scale)
+        return (first, *outputs[1:]) if isinstance(exact, tuple) else first
+    return reference
+
+
+def _randn(rng, shape, dtype) -> torch.Tensor:
+    return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(dtype)
+
+
+def _poisoned(shape, dtype) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype)
+
+
+def attention_case(rng, *, query_lens, seq_lens, kv_heads, group, head_dim, block_size, dtype, causal,
+                   pad_rows=0, extra_rows=0, pad_tokens=0, note="") -> Case:
+    """Live requests with ``query_lens`` / ``seq_lens``; ``pad_rows`` batch rows with no query and no key;
+    ``extra_rows`` block-table and seq_lens rows past the batch (their values must not matter);
+    ``pad_tokens`` query and out rows past the batch."""
+    rows = len(query_lens) + pad_rows
+    all_seq = list(seq_lens) + [0] * pad_rows + [int(rng.integers(1, 64)) for _ in range(extra_rows)]
+    width = max([-(-s // block_size) for s in all_seq] + [1]) + int(rng.integers(0, 3))
+    table = distinct_blocks(rng, rows + extra_rows, width)
+    shape = (table.numel() + 1 + int(rng.integers(0, 3)), block_size, kv_heads, head_dim)
+    k_cache, v_cache = _poisoned(shape, dtype), _poisoned(shape, dtype)
+    for batch_row, length in enumerate(seq_lens):
+        positions = torch.arange(length)
+        blocks = table[batch_row].long()[positions // block_size]
+        k_cache[blocks, positions % block_size] = _randn(rng, (length, kv_heads, head_dim), dtype)
+        v_cache[blocks, positions % block_size] = _randn(rng, (length, kv_heads, head_dim), dtype)
+    num_tokens = sum(query_lens)
+    query_start_loc = np.concatenate([[0], np.cumsum(list(query_lens) + [0] * pad_rows)])
+    num_q_heads = kv_heads * group
+    inputs = {
+        "query": _randn(rng, (num_tokens + pad_tokens, num_q_heads, head_dim), dtype),
+        "k_cache": k_cache, "v_cache": v_cache, "block_table": table, "seq_lens": int32(all_seq),
+        "query_start_loc": int32(query_start_loc), "scale": float(head_dim ** -0.5 * rng.uniform(0.5, 2.0)),
+        "causal": causal, "out": torch.full((num_tokens + pad_tokens, num_q_heads, head_dim), SENTINEL, dtype=dtype)}
+    return Case(inputs=inputs, unwritten={"k_cache": torch.isnan(k_cache), "v_cache": torch.isnan(v_cache)},
+                note=(f"{'causal' if causal else 'non-causal'} q={list(query_lens)} seq={list(seq_lens)} "
+                      f"H_kv={kv_heads} group={group} D={head_dim} bs={block_size} {str(dtype)[6:]} {note}").strip())
+
+
+def _shape(rng, device, *, groups=(1, 4, 8), kv_heads=None, dtypes=(torch.bfloat16,)) -> dict:
+    """Heads, head dim, block size, dtype: model-sized on the GPU, tiny under the interpreter."""
+    if big(device):
+        return {"kv_heads": kv_heads or int(rng.integers(1, 9)), "group": pick(rng, groups),
+                "head_dim": pick(rng, (64, 128)), "block_size": pick(rng, (16, 32, 64)), "dtype": pick(rng, dtypes)}
+    return {"kv_heads": kv_heads or 1, "group": pick(rng, groups), "head_dim": pick(rng, (8, 16)),
+            "block_size": pick(rng, (16, 32)), "dtype": pick(rng, dtypes)}
+
+
+def _requests(rng, device, query_lens, longest: int) -> list[int]:
+    """A sequence length for each query count: at least the queries, at most ``longest``."""
+    return [int(rng.integers(max(q, 1), max(q, longest) + 1)) for q in query_lens]
+
+
+def _batch(rng, device, cpu_max=2, gpu_max=16) -> int:
+    return int(rng.integers(1, (gpu_max if big(device) else cpu_max) + 1))
+
+
+def decode(rng, device, launch):
+    """One query per request, causal or not, GQA 1/4/8."""
+    query_lens = [1] * _batch(rng, device, gpu_max=16)
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens,
+                                                                         2048 if big(device) else 60),
+                          causal=bool(rng.integers(2)), **_shape(rng, device))
+
+
+def multi_query(rng, device, launch):
+    """Draft blocks of up to 16 queries: non-causal (DFlash / DSpark full-attention layers) sees every key of
+    the request, causal (sliding-window layers) stops each query at its own position."""
+    query_lens = [int(rng.integers(2, 17 if big(device) else 9)) for _ in range(_batch(rng, device, gpu_max=8))]
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens,
+                                                                         2048 if big(device) else 40),
+                          causal=bool(rng.integers(2)), **_shape(rng, device))
+
+
+def edges(rng, device, launch):
+    """Sequence lengths 0, 1 and around block boundaries; requests with no query, or queries and no key;
+    CUDA-graph padding: batch rows with neither, table and seq_lens rows past the batch, out rows past it."""
+    shape = _shape(rng, device)
+    bs = shape["block_size"]
+    seq_lens = [int(pick(rng, (0, 1, 2, bs - 1, bs, bs + 1, 2 * bs))) for _ in range(_batch(rng, device, 3, 8))]
+    query_lens = [int(rng.integers(0, min(s, 4) + 1)) if s else int(rng.integers(0, 3)) for s in seq_lens]
+    return attention_case(rng, query_lens=query_lens, seq_lens=seq_lens, causal=bool(rng.integers(2)),
+                          pad_rows=int(rng.integers(0, 3)), extra_rows=int(rng.integers(0, 3)),
+                          pad_tokens=int(rng.integers(0, 4)), **shape)
+
+
+def long(rng, device, launch):
+    """Long contexts (8k to 33k on the GPU): many tiles per split, splits of uneven length."""
+    query_lens = [pick(rng, (1, 4, 16) if big(device) else (1, 3)) for _ in range(_batch(rng, device, 1, 2))]
+    shortest, longest = (8192, 33_000) if big(device) else (64, 160)
+    seq_lens = [int(rng.integers(shortest, longest + 1)) for _ in query_lens]
+    return attention_case(rng, query_lens=query_lens, seq_lens=seq_lens, causal=bool(rng.integers(2)),
+                          note="long", **_shape(rng, device, groups=(1, 8), kv_heads=int(rng.integers(1, 3))))
+
+
+def gqa(rng, device, launch):
+    """Several KV heads shared by 1, 4 or 8 query heads each: query head h must read KV head h // group."""
+    query_lens = [int(rng.integers(1, 4)) for _ in range(_batch(rng, device, 1))]
+    kv_heads = int(rng.integers(2, 9 if big(device) else 3))
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
+                          causal=bool(rng.integers(2)), **_shape(rng, device, kv_heads=kv_heads))
+
+
+def dtypes(rng, device, launch):
+    """fp16, bf16 and fp32 caches, head dims that are not powers of two."""
+    query_lens = [int(rng.integers(1, 5)) for _ in range(_batch(rng, device))]
+    shape = _shape(rng, device, dtypes=DTYPES)
+    shape["head_dim"] = pick(rng, (64, 80, 128) if big(device) else (5, 16, 24))
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
+                          causal=bool(rng.integers(2)), **shape)
+
+
+FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
+            "dtypes": dtypes}
+
+# ---------------------------------------------------------------- prefix-cache masking end to end
+
+
+def prefix_masked_draft(*, idx_mapping, num_cached_tokens, target_query_start_loc, target_positions, num_rejected,
+                        block_table, block_size, num_draft_tokens, anchor_first, context_key, context_value, query,
+                        query_key, query_value, k_cache, v_cache, scale, out, **launch) -> None:
+    """One draft step in production order (spec 2.2, fix 4): draft inputs (slots from the unshifted table,
+    seq_lens shortened by the restored blocks), context and query KV writes, the block-table shift past
+    the restored blocks, then non-causal paged attention. Writes k_cache, v_cache, block_table and out.
+
+    Token ids and sampling rows are prepared too but play no part here (greedy placeholders)."""
+    dev = query.device
+    batch_rows, table_rows = idx_mapping.numel(), block_table.shape[0]
+    num_slots, k = num_cached_tokens.numel(), num_draft_tokens
+    i32, i64 = torch.int32, torch.int64
+
+    def empty(size, dtype):
+        return torch.empty(size, dtype=dtype, device=dev)
+
+    context_slots, query_slots = empty(context_key.shape[0], i64), empty(query.shape[0], i64)
+    query_start_loc, seq_lens = empty(table_rows + 1, i32), empty(table_rows, i32)
+    prepared = prepare_draft_inputs(
+        idx_mapping=idx_mapping, target_query_start_loc=target_query_start_loc, target_positions=target_positions,
+        num_sampled=torch.ones(batch_rows, dtype=i32, device=dev), num_rejected=num_rejected,
+        last_sampled=torch.zeros(num_slots, dtype=i64, device=dev),
+        next_prefill_tokens=torch.zeros(num_slots, dtype=i32, device=dev), num_cached_tokens=num_cached_tokens,
+        block_table=block_table, block_size=block_size, num_draft_tokens=k, anchor_first=anchor_first,
+        mask_token_id=0, max_model_len=block_table.shape[1] * block_size + k + 2,
+        context_positions=empty(context_key.shape[0], i64), context_slot_mapping=context_slots,
+        input_ids=empty(query.shape[0], i32), positions=empty(query.shape[0], i64), query_slot_mapping=query_slots,
+        sample_indices=empty(table_rows * k, i64), sample_pos=empty(table_rows * k, i64),
+        sample_idx_mapping=empty(table_rows * k, i32), query_start_loc=query_start_loc, seq_lens=seq_lens,
+        draft_tokens=empty((table_rows, k), i64))
+    if not prepared:  # an unaligned restored prefix: the step drafts nothing
+        return
+    write_kv(context_key, context_value, context_slots, k_cache, v_cache)
+    write_kv(query_key, query_value, query_slots, k_cache, v_cache)
+    shift_block_table_rows(block_table, idx_mapping, num_cached_tokens, seq_lens, block_size)
+    paged_attention(query, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale, causal=False,
+                    out=out, **launch)
+
+
+def prefix_case(rng, device, *, batch_rows, pad_rows=0, max_cached_tokens, max_history, max_context,
+                note="") -> Case:
+    """Requests whose first ``nc`` tokens (whole blocks) were restored from the prefix cache and never got
+    draft KV (NaN), then ``history`` tokens computed in earlier steps, then this step's target rows
+    (a rejected suffix among them) and the draft query block."""
+    shape = _shape(rng, device, groups=(1, 4, 8))
+    bs, kv_heads, head_dim, dtype = shape["block_size"], shape["kv_heads"], shape["head_dim"], shape["dtype"]
+    anchor_first = bool(rng.integers(2))
+    k = int(rng.integers(1, 8 if big(device) else 4))
+    q = k if anchor_first else k + 1
+    idx_mapping, num_slots = slots_for(rng, batch_rows, int(rng.integers(0, 3)))
+    cached = rng.integers(0, 40, num_slots) * bs + 1  # slots outside the batch: unaligned, must not matter
+    requests = []  # (restored, first target position, target rows, rejected)
+    for batch_row in range(batch_rows):
+        restored = int(rng.integers(0, max_cached_tokens // bs + 1)) * bs
+        cached[int(idx_mapping[batch_row])] = restored
+        n_ctx = int(rng.integers(1, max_context + 1))
+        rejected = int(rng.integers(0, n_ctx)) if rng.random() < 0.5 else 0
+        requests.append((restored, restored + int(rng.integers(0, max_history + 1)), n_ctx, rejected))
+    width = max(-(-(first + n_ctx - rejected + q) // bs) for _, first, n_ctx, rejected in requests)
+    width += int(rng.integers(0, 2))
+    table = distinct_blocks(rng, batch_rows + pad_rows, width)
+    cache_shape = (table.numel() + 1, bs, kv_heads, head_dim)
+    k_cache, v_cache = _poisoned(cache_shape, dtype), _poisoned(cache_shape, dtype)
+    positions = []
+    for batch_row, (restored, first, n_ctx, _) in enumerate(requests):
+        history = torch.arange(restored, first)  # computed in earlier steps: real KV
+        blocks = table[batch_row].long()[history // bs]
+        k_cache[blocks, history % bs] = _randn(rng, (len(history), kv_heads, head_dim), dtype)
+        v_cache[blocks, history % bs] = _randn(rng, (len(history), kv_heads, head_dim), dtype)
+        positions.extend(range(first, first + n_ctx))
+    num_query_rows = (batch_rows + pad_rows) * q
+    inputs = {
+        "idx_mapping": idx_mapping, "num_cached_tokens": int32(cached),
+        "target_query_start_loc": int32(np.concatenate([[0], np.cumsum([r[2] for r in requests])])),
+        "target_positions": int64(positions), "num_rejected": int32([r[3] for r in requests]),
+        "block_table": table, "block_size": bs, "num_draft_tokens": k, "anchor_first": anchor_first,
+        "context_key": _randn(rng, (len(positions), kv_heads, head_dim), dtype),
+        "context_value": _randn(rng, (len(positions), kv_heads, head_dim), dtype),
+        "query": _randn(rng, (num_query_rows, kv_heads * shape["group"], head_dim), dtype),
+        "query_key": _randn(rng, (num_query_rows, kv_heads, head_dim), dtype),
+        "query_value": _randn(rng, (num_query_rows, kv_heads, head_dim), dtype),
+        "v_cache": v_cache, "k_cache": k_cache, "scale": float(head_dim ** -0.5),
+        "out": torch.full((num_query_rows, kv_heads * shape["group"], head_dim), SENTINEL, dtype=dtype)}
+    restored = [r[0] for r in requests]
+    return Case(inputs=inputs, unwritten={"k_cache": torch.isnan(k_cache), "v_cache": torch.isnan(v_cache)},
+                note=f"restored {restored} B={batch_rows}+{pad_rows} Q={q} bs={bs} {str(dtype)[6:]} {note}".strip())
+
+
+def prefix_restored(rng, device, launch):
+    """Whole restored blocks before the computed tokens (some requests with none); under CUDA-graph padding
+    the batch rows past the live ones get no KV, no shift and no output."""
+    return prefix_case(rng, device, batch_rows=_batch(rng, device, 2, 8), pad_rows=int(rng.integers(0, 3)),
+                       max_cached_tokens=640 if big(device) else 48, max_history=300 if big(device) else 20,
+                       max_context=40 if big(device) else 6)
+
+
+def prefix_long(rng, device, launch):
+    """Long restored prefixes (up to 8k tokens on the GPU) ahead of a short computed tail."""
+    return prefix_case(rng, device, batch_rows=_batch(rng, device, 1, 2), max_cached_tokens=8192 if big(device) else 96,
+                       max_history=2000 if big(device) else 40, max_context=16 if big(device) else 4, note="long")
+
+
+PREFIX_FAMILIES = {"restored": prefix_restored, "long": prefix_long}

@@ -1,0 +1,149 @@
+"""Case families for the KV-cache write: PAD tokens, partial and null blocks, ragged tiles, dtypes, and
+(on the GPU) a cache past 2^31 elements.
+
+Every slot a case does not write holds NaN and must come back bit for bit; slot-mapping entries
+past the token count name real slots, so a kernel that reads past T writes where it must not.
+"""
+
+import numpy as np
+import torch
+
+from stress.families.common import big, int64, pick
+from stress.types import Case
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+PAD = -1
+
+
+def sweep(device: str) -> list[dict]:
+    """Tokens and heads per program, warps: tile edges fall in different places."""
+    if device == "cuda":
+        return [{}] + [{"block_t": t, "block_h": h, "num_warps": w} for t in (1, 4, 16) for h in (1, 8) for w in (1, 4)]
+    return [{}, {"block_t": 4, "block_h": 1}, {"block_t": 16}]
+
+
+def _cache(shape, dtype, fill=float("nan")) -> torch.Tensor:
+    return torch.full(shape, fill, dtype=dtype)
+
+
+def kv_case(rng, *, slots, num_blocks, block_size, heads, head_dim, dtype, tail=(), lazy_zero=False,
+            note="") -> Case:
+    """Tokens write ``slots`` (PAD for none); ``tail`` lists slot-mapping entries past the tokens.
+
+    ``lazy_zero`` builds the caches from untouched zero pages instead of NaN, so a multi-GB cache
+    costs host memory only where it is copied.
+    """
+    shape = (num_blocks, block_size, heads, head_dim)
+    if lazy_zero:
+        numel = int(np.prod(shape))
+        bits = {2: np.int16, 4: np.int32}[dtype.itemsize]  # numpy has no bfloat16; zero bits are 0.0 in all
+        caches = [torch.from_numpy(np.zeros(numel, dtype=bits)).view(dtype).view(shape) for _ in range(2)]
+    else:
+        caches = [_cache(shape, dtype), _cache(shape, dtype)]
+    num_tokens = len(slots)
+    key = torch.from_numpy(rng.standard_normal((num_tokens, heads, head_dim), dtype=np.float32)).to(dtype)
+    value = torch.from_numpy(rng.standard_normal((num_tokens, heads, head_dim), dtype=np.float32)).to(dtype)
+    # v_cache before k_cache: placed in this order, a K write that wraps below its cache lands in V.
+    return Case(inputs={"key": key, "value": value, "slot_mapping": int64(list(slots) + list(tail)),
+                        "v_cache": caches[1], "k_cache": caches[0]},
+                note=f"T={num_tokens} H={heads} D={head_dim} bs={block_size} {str(dtype)[6:]} {note}".strip())
+
+
+def _distinct_slots(rng, count: int, num_blocks: int, block_size: int, low_block: int = 1) -> list[int]:
+    """``count`` distinct slots outside the null block (and below ``low_block`` none)."""
+    pool = (num_blocks - low_block) * block_size
+    return [int(s) + low_block * block_size for s in rng.choice(pool, size=count, replace=False)]
+
+
+def pad(rng, device, launch):
+    """Many PAD tokens. A K/V row stays within the 512 guard bytes, so a PAD write lands in the guard zone."""
+    dtype = pick(rng, DTYPES)
+    heads = int(rng.integers(1, 3))
+    head_dim = int(rng.integers(1, 256 // (heads * dtype.itemsize) + 1))
+    tokens = int(rng.integers(1, 64 if big(device) else 12))
+    bs = pick(rng, (1, 16, 32))
+    slots = _distinct_slots(rng, tokens, tokens // bs + 3, bs)
+    share = rng.random()
+    slots = [PAD if rng.random() < share else s for s in slots]
+    return kv_case(rng, slots=slots, num_blocks=tokens // bs + 3, block_size=bs, heads=heads, head_dim=head_dim,
+                   dtype=dtype, note=f"{sum(s == PAD for s in slots)} PAD")
+
+
+def partial_block(rng, device, launch):
+    """Requests' consecutive positions through shuffled block-table rows: runs start and end mid-block."""
+    bs = pick(rng, (16, 32, 64))
+    rows = int(rng.integers(1, 4))
+    width = 16 if big(device) else 4
+    table = rng.permutation(rows * width) + 1
+    slots = []
+    for row in range(rows):
+        first = int(rng.integers(0, width * bs // 2))
+        count = int(rng.integers(1, (3 * bs if big(device) else 24) + 2))
+        for pos in range(first, min(first + count, width * bs)):
+            slots.append(int(table[row * width + pos // bs]) * bs + pos % bs)
+    heads, head_dim = (int(rng.integers(1, 9)), pick(rng, (64, 128))) if big(device) else (1, 8)
+    return kv_case(rng, slots=slots, num_blocks=rows * width + 1, block_size=bs, heads=heads, head_dim=head_dim,
+                   dtype=pick(rng, DTYPES), note=f"{rows} requests")
+
+
+def null_block(rng, device, launch):
+    """Positions on null-block table entries map to PAD (as compute_slot_mappings gives): block 0 stays poisoned."""
+    bs = pick(rng, (1, 16))
+    width = int(rng.integers(2, 6))
+    table = rng.permutation(width) + 1
+    table[rng.random(width) < 0.5] = 0
+    slots = [int(table[pos // bs]) * bs + pos % bs if table[pos // bs] else PAD
+             for pos in range(int(rng.integers(1, width * bs + 1)))]
+    return kv_case(rng, slots=slots, num_blocks=width + 1, block_size=bs, heads=int(rng.integers(1, 3)),
+                   head_dim=int(rng.integers(1, 17)), dtype=pick(rng, DTYPES),
+                   note=f"{int((table == 0).sum())} null entries")
+
+
+def ragged(rng, device, launch):
+    """A token count that no tile divides; slot-mapping entries past the tokens name real slots."""
+    tile = launch.get("block_t") or 4
+    tokens = tile * int(rng.integers(0, 4)) + int(rng.integers(1, tile)) if tile > 1 else int(rng.integers(1, 9))
+    bs = 16
+    num_blocks = tokens // bs + 4
+    slots = _distinct_slots(rng, tokens + 5, num_blocks, bs)
+    return kv_case(rng, slots=slots[:tokens], tail=slots[tokens:], num_blocks=num_blocks, block_size=bs,
+                   heads=int(rng.integers(1, 4)), head_dim=int(rng.integers(1, 20)), dtype=pick(rng, DTYPES),
+                   note="5 slots past T")
+
+
+def dtypes(rng, device, launch):
+    """Every dtype, head dims that are not powers of two, more heads than a program holds."""
+    dtype = pick(rng, DTYPES)
+    heads = int(rng.integers(1, 17 if big(device) else 4))
+    head_dim = pick(rng, (64, 80, 128, 256) if big(device) else (3, 16, 24))
+    bs = pick(rng, (16, 32))
+    tokens = int(rng.integers(1, 256 if big(device) else 8))
+    num_blocks = tokens // bs + 2
+    return kv_case(rng, slots=_distinct_slots(rng, tokens, num_blocks, bs), num_blocks=num_blocks, block_size=bs,
+                   heads=heads, head_dim=head_dim, dtype=dtype)
+
+
+BIG_ELEMENTS = (1 << 31) + (1 << 16)  # just past 2^31: offsets of the top blocks overflow int32
+BIG_SHARE = 8  # one GPU case in BIG_SHARE is past 2^31 elements: each costs the runner about a minute and ~20 GB of
+# host copies (two 4.3 GB caches, cloned for the reference and copied in and out per repeat)
+
+
+def big_cache(rng, device, launch):
+    """Writes near the end of the cache (the highest offsets) and near its start. On the GPU one case in
+    BIG_SHARE has a cache past 2^31 elements, where int32 offsets overflow; the others, and every CPU case,
+    are the same pattern on a small cache."""
+    heads, head_dim, bs = (8, 128, 16) if big(device) else (2, 8, 16)
+    dtype = pick(rng, (torch.float16, torch.bfloat16))
+    per_block = bs * heads * head_dim
+    huge = big(device) and int(rng.integers(BIG_SHARE)) == 0
+    num_blocks = -(-BIG_ELEMENTS // per_block) if huge else 8
+    high = _distinct_slots(rng, int(rng.integers(1, 6)), num_blocks, bs, low_block=num_blocks - 2)
+    low = _distinct_slots(rng, 2, 3, bs)
+    slots = [int(s) for s in rng.permutation(high + low)]
+    return kv_case(rng, slots=slots, num_blocks=num_blocks, block_size=bs, heads=heads, head_dim=head_dim,
+                   dtype=dtype, lazy_zero=huge,
+                   note=f"{num_blocks * per_block} elements" if huge else "small cache")
+
+
+FAMILIES = {"pad": pad, "partial_block": partial_block, "null_block": null_block, "ragged": ragged,
+            "dtypes": dtypes, "big_cache": big_cache}
