@@ -153,7 +153,7 @@ def test_launch_shape_follows_shapes_only(monkeypatch):
     decode_32k = katt.launch_shape(4, 4, 8, 8, 128, 32 * 1024, torch.bfloat16, cpu)
     assert decode_32k["kv_splits"] * 4 * 8 >= programs and decode_32k["num_stages"] == 3
     draft_1k = katt.launch_shape(64, 4, 8, 8, 128, 1024, torch.bfloat16, cpu)  # 128 rows: 256 keys per split
-    assert draft_1k["kv_splits"] == 4
+    assert draft_1k["kv_splits"] == 4 and draft_1k["num_stages"] == 2
     assert katt.launch_shape(4, 4, 8, 8, 256, 1024, torch.float32, cpu)["num_stages"] == 2  # 64 KB per stage
 
 
