@@ -344,20 +344,20 @@ _KV = "kernels.kv_cache:_write_kv_kernel"
 KV_CACHE_CHECKS = (
     Check(
         name="kv_cache.write",
-        kernel=kernels.kv_cache.write_kv,
-        reference=reference.kv_cache.write_kv,
+        kernel=kv_families.write_kv_pair,  # kernels.kv_cache.write_kv on the halves of one combined cache
+        reference=kv_families.write_kv_pair_reference,
         families=kv_families.FAMILIES,
-        outputs=("k_cache", "v_cache"),
+        outputs=("kv_cache",),
         compare=exact_chunked,
         sweep=kv_families.sweep,
         mutants=(
-            Mutant("pad-written", "PAD tokens (slot -1) are stored: the row before the cache is overwritten",
+            Mutant("pad-written", "PAD tokens (slot -1) are stored: the row before each cache is overwritten",
                    (Patch(_KV, "store = live & (slot >= 0)  # PAD writes nothing", "store = live"),),
                    oracles={"cpu": "oob", "cuda": "oob"}, families=("pad",)),
-            Mutant("int32-offset", "the K-cache row offset is computed in int32: past 2^31 elements it wraps below "
-                   "the cache",
-                   (Patch(_KV, "k_row = block * k_stride_b + offset * k_stride_t  # int64: the cache may pass 2^31 "
-                          "elements", "k_row = (block * k_stride_b + offset * k_stride_t).to(tl.int32)"),),
+            Mutant("int32-offset", "the V-cache row offset is computed in int32: past 2^31 elements it wraps into "
+                   "the K cache below it",
+                   (Patch(_KV, "v_row = block * v_stride_b + offset * v_stride_t",
+                          "v_row = (block * v_stride_b + offset * v_stride_t).to(tl.int32)"),),
                    oracles={"cuda": "divergence"}, families=("big_cache",),
                    why_not="needs a cache past 2^31 elements, big_cache's GPU-only size; a CPU-sized cache cannot "
                            "overflow int32 offsets"),

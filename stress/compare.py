@@ -43,6 +43,13 @@ def _as_tensor(v) -> torch.Tensor:
     return v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
 
 
+def _differ(want: torch.Tensor, have: torch.Tensor) -> torch.Tensor:
+    """Elements that differ, on the tensors' device; NaN equals NaN."""
+    if want.is_floating_point():
+        return ~((want == have) | (torch.isnan(want) & torch.isnan(have)))
+    return want != have
+
+
 def exact(output: str, expected, got) -> Divergence | None:
     """Bitwise equality (NaN equals NaN of the same bits); ints, ids, bools and floats alike."""
     if got is None:
@@ -52,10 +59,7 @@ def exact(output: str, expected, got) -> Divergence | None:
         return Divergence(output, 1, [], problem=f"shape {tuple(have.shape)}, expected {tuple(want.shape)}")
     if want.dtype != have.dtype:
         return Divergence(output, 1, [], problem=f"dtype {have.dtype}, expected {want.dtype}")
-    if want.is_floating_point():
-        differ = ~((want == have) | (torch.isnan(want) & torch.isnan(have)))
-    else:
-        differ = want != have
+    differ = _differ(want, have)
     total = int(differ.sum())
     if total == 0:
         return None
@@ -129,13 +133,17 @@ def _unravel(flat: int, shape) -> tuple[int, ...]:
 
 def exact_chunked(output: str, expected, got) -> Divergence | None:
     """``exact``, a slice of CHUNK elements at a time: a multi-GB output (a KV cache past 2^31
-    elements) never needs a second whole copy, or whole-size masks, on the host."""
+    elements) never needs a second whole copy, or whole-size masks, on the host. Where both sides
+    sit on one GPU a slice is compared there and copied to the host only when it differs."""
     if not (isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor)) or expected.numel() <= CHUNK \
             or expected.shape != got.shape or expected.dtype != got.dtype:
         return exact(output, expected, got)
     want, have = expected.reshape(-1), got.detach().reshape(-1)
+    on_device = want.device == have.device and want.device.type != "cpu"
     total, first = 0, []
     for start in range(0, want.numel(), CHUNK):
+        if on_device and not bool(_differ(want[start:start + CHUNK], have[start:start + CHUNK]).any()):
+            continue
         found = exact(output, want[start:start + CHUNK], have[start:start + CHUNK])
         if found is not None:
             total += found.total

@@ -196,8 +196,20 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
     finally:
         if timeout:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        case = expected = None  # this case's tensors go before its cached device memory does
+        _release_device_memory(device)
         result.seconds = round(time.perf_counter() - start, 4)
     return result
+
+
+KEEP_CACHED_BYTES = 16 << 30
+
+
+def _release_device_memory(device: str) -> None:
+    """A case past 2^31 elements (``kv_cache.write``'s big_cache) leaves tens of GB in this process's
+    allocator cache; the workers sharing the GPU need them back. Smaller caches are kept."""
+    if device == "cuda" and torch.cuda.memory_reserved() > KEEP_CACHED_BYTES:
+        torch.cuda.empty_cache()
 
 
 def _on_alarm(signum, frame):
