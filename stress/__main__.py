@@ -272,6 +272,22 @@ def _run_matrix(report, selected, device: str, args, jobs: int) -> None:
                        timeout=args.timeout, on_row=on_row, rows=report.kills)
 
 
+def _run_into(report, stages) -> interrupts.Interrupted | None:
+    """Run ``stages()``, which writes into ``report``; close the report, also when a signal stopped it."""
+    start = time.perf_counter()
+    stopped = None
+    try:
+        stages()
+    except interrupts.Interrupted as exc:
+        stopped = exc
+        report.interrupted = exc.name
+    report.header["wall_s"] = round(time.perf_counter() - start, 1)
+    report.close()
+    if stopped:
+        _log(f"specsan: interrupted by {stopped.name}: " + "; ".join(report.progress()))
+    return stopped
+
+
 # ---------------------------------------------------------------- commands
 
 
@@ -291,9 +307,8 @@ def cmd_run(args) -> int:
               "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix,
               "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     report = _open_report(args.report, header)
-    start = time.perf_counter()
-    stopped = None
-    try:
+
+    def stages():
         _log(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}")
         with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
             with _progress(len(tasks)) as bar:
@@ -310,11 +325,8 @@ def cmd_run(args) -> int:
             if args.kill_matrix:
                 _log(f"kill matrix on {device}:")
                 _run_matrix(report, selected, device, args, jobs)
-    except interrupts.Interrupted as exc:
-        stopped = exc
-        report.interrupted = exc.name
-    report.header["wall_s"] = round(time.perf_counter() - start, 1)
-    report.close()
+
+    stopped = _run_into(report, stages)
     failed = report.counts()[1]
     matrix_line, all_killed = matrix.verdict(report.kills or [], device)
     code = stopped.exit_code if stopped else (1 if failed or not all_killed else 0)
@@ -327,8 +339,6 @@ def cmd_run(args) -> int:
                           "kill_matrix": None if report.kills is None else [asdict(k) for k in report.kills]},
                          indent=2))
         return code
-    if stopped:
-        _log(f"specsan: interrupted by {stopped.name}: " + "; ".join(report.progress()))
     print(f"wall time {report.header['wall_s']:.1f} s; summary in {args.report}/summary.md")
     if report.kills is not None:
         print(matrix_line)
@@ -426,20 +436,14 @@ def cmd_mutants(args) -> int:
     header = {"device": device, "max_iters": args.max_iters, "seed": args.seed, "jobs": jobs, "timeout": args.timeout,
               "by_shape": args.by_shape, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     report = _open_report(args.report, header)
-    start = time.perf_counter()
-    stopped = None
-    try:
+
+    def stages():
         _log(f"specsan mutants: kill matrix on {device} ({jobs} worker(s))")
         _run_matrix(report, selected, device, args, jobs)
-    except interrupts.Interrupted as exc:
-        stopped = exc
-        report.interrupted = exc.name
-    report.header["wall_s"] = round(time.perf_counter() - start, 1)
-    report.close()
+
+    stopped = _run_into(report, stages)
     rows = report.kills
     line, all_killed = matrix.verdict(rows, device)
-    if stopped:
-        _log(f"specsan: interrupted by {stopped.name}: " + "; ".join(report.progress()))
     if args.json:
         print(json.dumps([asdict(k) for k in rows], indent=2))
         _log(line)
