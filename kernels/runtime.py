@@ -18,9 +18,10 @@ _CHOICES = ("cpu", "cuda")
 def _choose() -> str:
     wanted = os.environ.get(_ENV, "").strip().lower()
     if wanted and wanted not in _CHOICES:
-        raise ValueError(f"{_ENV}={wanted!r}: expected one of {_CHOICES} (or unset to auto-detect)")
+        raise ValueError(f"{_ENV}: {wanted!r} is not one of {', '.join(_CHOICES)}; set one of them, or unset it to "
+                         "auto-detect")
     if wanted == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{_ENV}=cuda but no CUDA device is visible; use {_ENV}=cpu or unset it")
+        raise ValueError(f"{_ENV}: cuda, but no CUDA device is visible; set it to cpu or unset it")
     if wanted:
         return wanted
     return "cuda" if torch.cuda.is_available() else "cpu"

@@ -17,6 +17,7 @@ from contextlib import nullcontext
 from dataclasses import asdict
 
 from stress import interrupts
+from stress.pool import PoolError
 from stress.types import DEFAULT_TIMEOUT
 
 
@@ -273,7 +274,8 @@ def _run_matrix(report, selected, device: str, args, jobs: int) -> None:
 
 
 def _run_into(report, stages) -> interrupts.Interrupted | None:
-    """Run ``stages()``, which writes into ``report``; close the report, also when a signal stopped it."""
+    """Run ``stages()``, which writes into ``report``; close the report also when a signal (returned)
+    or an error (raised again) stopped it, so what finished is kept and the summary says so."""
     start = time.perf_counter()
     stopped = None
     try:
@@ -281,8 +283,12 @@ def _run_into(report, stages) -> interrupts.Interrupted | None:
     except interrupts.Interrupted as exc:
         stopped = exc
         report.interrupted = exc.name
-    report.header["wall_s"] = round(time.perf_counter() - start, 1)
-    report.close()
+    except BaseException as exc:
+        report.interrupted = f"an error ({type(exc).__name__})"
+        raise
+    finally:
+        report.header["wall_s"] = round(time.perf_counter() - start, 1)
+        report.close()
     if stopped:
         _log(f"specsan: interrupted by {stopped.name}: " + "; ".join(report.progress()))
     return stopped
@@ -489,6 +495,9 @@ def main(argv=None) -> int:
         except interrupts.Interrupted as exc:
             _log(f"specsan: interrupted by {exc.name}")
             return exc.exit_code
+        except PoolError as exc:  # e.g. no GPU for a worker: the harness cannot run here
+            _log(f"specsan: {exc}")
+            return 1
         except BrokenPipeError:  # output piped into `head` and closed early
             sys.stderr.close()
             return 0

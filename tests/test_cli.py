@@ -107,6 +107,12 @@ def test_make_stress_with_a_bad_iter_stops_at_the_error():
     assert "kill matrix" not in done.stdout + done.stderr
 
 
+def test_a_bad_device_variable_is_a_one_line_usage_error():
+    done = cli("list", env={**os.environ, "SPECSAN_DEVICE": "tpu"})
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "specsan: SPECSAN_DEVICE: 'tpu' is not one of cpu, cuda; set one of them, or unset it to auto-detect"]
+
+
 def test_help_shows_every_default():
     parser = _parser()
     sub = next(a for a in parser._actions if a.dest == "command")
