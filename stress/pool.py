@@ -27,6 +27,7 @@ from stress import interrupts
 
 _PR_SET_PDEATHSIG = 1
 _STOP = None  # sent to a worker: exit
+_START_DEATHS = 3  # workers that may die before they are ready, per pool, before it gives up
 
 
 @dataclass
@@ -137,6 +138,7 @@ class Pool:
         self.abandoned: list = []  # tasks that were running when run() was left by an exception
         self._context = get_context("spawn")
         self._workers: list[_Worker] = []
+        self._start_deaths = 0
 
     def __enter__(self):
         return self
@@ -240,7 +242,9 @@ class Pool:
     def _died(self, w: _Worker, on_outcome) -> None:
         w.process.join()
         if not w.ready:
-            raise PoolError(f"a worker died while starting ({signal_text(w.process.exitcode)})")
+            self._start_deaths += 1  # killed from outside, say; a worker that cannot start at all stops the pool
+            if self._start_deaths > _START_DEATHS:
+                raise PoolError(f"workers keep dying while starting ({signal_text(w.process.exitcode)})")
         self._replace(w)
         if w.busy:
             item, seconds = w.finish()

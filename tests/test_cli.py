@@ -203,6 +203,24 @@ def test_a_worker_killed_mid_case_fails_that_case_only(tmp_path):
     assert "killed by SIGKILL" in crashed[0]["details"][0]
 
 
+def test_a_worker_killed_mid_hunt_fails_that_case_only_and_the_hunt_goes_on(tmp_path):
+    """Six hunts on two workers (none runs ahead yet): the killed case is one verdict among its hunt's."""
+    args = ["mutants", "--check", "rejection.verify", "--check", "rejection.distribution", "--max-iters", "40",
+            "--jobs", "2", "--json"]
+    proc = subprocess.Popen([sys.executable, "-m", "stress", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    while "killed after" not in proc.stderr.readline():  # the workers are up and hunting
+        assert proc.poll() is None
+    deadline = time.monotonic() + 120
+    while (victim := _busy_worker(proc.pid)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(victim, signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    rows = [r for r in json.loads(out) if r["status"] != "not_checked"]
+    assert {r["status"] for r in rows} == {"killed"}, err
+    assert sum("fail:crash" in r["other_failures"] for r in rows) == 1, rows
+
+
 def test_a_case_past_its_deadline_is_killed_and_reported(tmp_path, capsys):
     code = main(["run", "--check", "block_table.unaligned_prefix", "--family", "aligned", "--iters", "1",
                  "--timeout", "1e-9", "--jobs", "1", "--report", str(tmp_path)])

@@ -117,9 +117,15 @@ def test_the_source_may_wait_for_outcomes():
     assert order == ["step0", "step1", "step2"]
 
 
+def _dying_initializer(slot):
+    os.abort()
+
+
 def test_a_worker_that_cannot_start_is_an_error_not_a_hang():
     with pytest.raises(pool.PoolError, match="no device for this worker"):
         run_all(["a"], jobs=1, initializer=_failing_initializer)
+    with pytest.raises(pool.PoolError, match=r"workers keep dying while starting \(killed by SIGABRT\)"):
+        run_all(["a"], jobs=1, initializer=_dying_initializer)
     assert children() == []
 
 
