@@ -112,9 +112,14 @@ class _Worker:
         self.busy = False
         self.started = 0.0  # when that task was sent
 
-    def send(self, item) -> None:
+    def send(self, item) -> bool:
+        """Hand ``item`` over; False when the worker turns out to be dead (its pipe is closed)."""
+        try:
+            self.conn.send(item)
+        except OSError:
+            return False
         self.item, self.busy, self.started = item, True, time.monotonic()
-        self.conn.send(item)
+        return True
 
     def finish(self) -> tuple[Any, float]:
         item, seconds = self.item, time.monotonic() - self.started
@@ -164,16 +169,19 @@ class Pool:
             with interrupts.deferred():
                 while len(self._workers) < self.jobs:
                     self._start(len(self._workers))
+                undelivered = []  # taken from the source for a worker that had just died
                 while True:
                     drained = False
-                    for worker in self._workers:
+                    for worker in list(self._workers):
                         if worker.ready and not worker.busy:
                             interrupts.check()
-                            item = source()
+                            item = undelivered.pop() if undelivered else source()
                             if item is None:
                                 drained = True
                                 break
-                            worker.send(item)
+                            if not worker.send(item):
+                                undelivered.append(item)
+                                self._replace(worker)
                     if drained and not any(w.busy for w in self._workers):
                         return
                     self._wait(on_outcome)

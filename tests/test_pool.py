@@ -95,6 +95,22 @@ def test_a_dying_worker_is_charged_to_its_own_task_only():
     assert children() == []
 
 
+def test_a_task_for_a_worker_that_died_idle_goes_to_its_replacement():
+    queue, seen = ["pid", "a"], []
+
+    def on_outcome(outcome):
+        seen.append(outcome)
+        if outcome.item == "pid":  # kill the worker while it waits for its next task
+            os.kill(outcome.value, signal.SIGKILL)
+            while os.path.exists(f"/proc/{outcome.value}") and open(f"/proc/{outcome.value}/stat").read().split(
+                    ")")[-1].split()[0] != "Z":
+                time.sleep(0.01)
+
+    with pool.Pool(task, 1) as workers:
+        workers.run(lambda: queue.pop(0) if queue else None, on_outcome)
+    assert [(o.item, o.failure, o.value) for o in seen][1] == ("a", "", "a")
+
+
 def test_retired_workers_are_replaced_by_fresh_processes():
     queue, pids = ["pid"] * 3, []
     with pool.Pool(task, 1, retire=lambda value: True) as workers:
