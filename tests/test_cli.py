@@ -113,6 +113,13 @@ def test_a_bad_device_variable_is_a_one_line_usage_error():
         "specsan: SPECSAN_DEVICE: 'tpu' is not one of cpu, cuda; set one of them, or unset it to auto-detect"]
 
 
+def test_each_xdist_worker_takes_its_own_gpu():
+    from conftest import gpu_of_worker
+
+    assert [gpu_of_worker(f"gw{n}", 4) for n in range(6)] == [0, 1, 2, 3, 0, 1]
+    assert gpu_of_worker("gw5", 1) == 0
+
+
 def test_help_shows_every_default():
     parser = _parser()
     sub = next(a for a in parser._actions if a.dest == "command")

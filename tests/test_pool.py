@@ -29,6 +29,9 @@ def task(kind: str):
         raise ValueError("bad item")
     elif kind == "pid":
         return os.getpid()
+    elif kind == "sigint":  # as a Ctrl-C would, while the task runs
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
     elif kind.startswith("sleep"):
         time.sleep(float(kind.removeprefix("sleep")))
     return kind
@@ -148,6 +151,15 @@ def test_a_worker_that_cannot_start_is_an_error_not_a_hang():
 def test_jobs_zero_runs_in_this_process():
     seen = run_all(["pid", "raise"], jobs=0)
     assert seen["pid"].value == os.getpid() and seen["raise"].failure == "raised"
+
+
+def test_in_this_process_a_signal_abandons_the_running_task_at_once():
+    queue = ["a", "sigint", "b"]
+    start = time.monotonic()
+    with interrupts.handled(), pool.Pool(task, 0) as here:
+        with pytest.raises(interrupts.Interrupted):
+            here.run(lambda: queue.pop(0) if queue else None, lambda o: None)
+    assert here.abandoned == ["sigint"] and queue == ["b"] and time.monotonic() - start < 2
 
 
 _INTERRUPTED_RUN = textwrap.dedent("""
