@@ -43,15 +43,28 @@ def _as_tensor(v) -> torch.Tensor:
     return v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # float width -> same-size int
+
+
+def _shown(value: torch.Tensor, other: torch.Tensor):
+    """A float that equals ``other`` by value but not by bits (-0.0 vs 0.0, NaN payloads) shows its bits."""
+    v = value.item()
+    if value.is_floating_point() and (value == other or (value.isnan() & other.isnan())):
+        width = value.element_size() * 2
+        return f"{v} (bits 0x{int(value.view(_BITS[value.element_size()])) & ((1 << 4 * width) - 1):0{width}x})"
+    return v
+
+
 def _differ(want: torch.Tensor, have: torch.Tensor) -> torch.Tensor:
-    """Elements that differ, on the tensors' device; NaN equals NaN."""
+    """Elements that differ, on the tensors' device; floats by their bits (-0.0 vs 0.0, NaN payloads)."""
     if want.is_floating_point():
-        return ~((want == have) | (torch.isnan(want) & torch.isnan(have)))
+        bits = _BITS[want.element_size()]
+        return want.contiguous().view(bits) != have.contiguous().view(bits)
     return want != have
 
 
 def exact(output: str, expected, got) -> Divergence | None:
-    """Bitwise equality (NaN equals NaN of the same bits); ints, ids, bools and floats alike."""
+    """Bitwise equality: ints, ids, bools and floats alike (-0.0 differs from 0.0, NaN payloads must match)."""
     if got is None:
         return Divergence(output, 1, [], problem="missing from the kernel's outputs")
     want, have = _as_tensor(expected).cpu(), _as_tensor(got).detach().cpu()
@@ -64,7 +77,7 @@ def exact(output: str, expected, got) -> Divergence | None:
     if total == 0:
         return None
     idx = differ.nonzero()[:SHOW].tolist()
-    first = [(tuple(i), want[tuple(i)].item(), have[tuple(i)].item()) for i in idx]
+    first = [(tuple(i), _shown(want[tuple(i)], have[tuple(i)]), _shown(have[tuple(i)], want[tuple(i)])) for i in idx]
     return Divergence(output, total, first)
 
 

@@ -1,13 +1,18 @@
-"""The kill matrix: hunt each planted bug through its check until the oracle that claims it fires."""
+"""The kill matrix: hunt each planted bug through its check until the oracle that claims it fires.
 
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
+A hunt is a sequence of cases (iteration i draws family ``i mod len(families)``); each case is
+one task of the same worker pool ``run`` uses, so a case that hangs or kills its worker is
+charged to that case (``fail:timeout`` / ``fail:crash`` among the hunt's other failures) and
+the hunt goes on. Idle workers run later iterations of unfinished hunts ahead of time; a hunt's
+result is still its first killing iteration in order, whatever ran in parallel.
+"""
+
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 
+from stress import interrupts, runner
 from stress import mutants as planted
-from stress.runner import Task, _init_worker, case_seed, run_case, worker_threads
-from stress.types import Check
+from stress.runner import Task, case_seed
+from stress.types import Check, Result
 
 
 @dataclass
@@ -16,7 +21,7 @@ class Kill:
     mutant: str
     device: str
     oracle: str
-    status: str  # killed | survived | not_checked | stale | crash
+    status: str  # killed | survived | not_checked | stale | unfinished (not decided yet, or interrupted)
     iterations: int = 0  # cases run until the first kill (or in all, when it survived)
     launch: dict = field(default_factory=dict)
     repro: str = ""
@@ -24,32 +29,117 @@ class Kill:
     other_failures: list[str] = field(default_factory=list)  # verdicts other than the claimed oracle
 
 
+@dataclass
+class _Hunt:
+    """One mutant (in one launch shape) hunted through its families, iteration by iteration."""
+
+    kill: Kill
+    families: tuple[str, ...]
+    forced: tuple | None  # the launch shape every case must use (``--by-shape``)
+    max_iters: int
+    seed: int
+    started: int = 0  # iterations handed out so far
+    results: dict[int, Result] = field(default_factory=dict)
+    first_kill: int | None = None
+
+    def limit(self) -> int:
+        return self.max_iters if self.first_kill is None else self.first_kill + 1
+
+    def next_task(self) -> tuple[int, Task] | None:
+        if self.started >= self.limit():
+            return None
+        i, self.started = self.started, self.started + 1
+        family = self.families[i % len(self.families)]
+        k = self.kill
+        return i, Task(k.check, family, case_seed(self.seed, k.check, family, i), k.mutant, self.forced)
+
+    def record(self, i: int, result: Result) -> None:
+        self.results[i] = result
+        if result.verdict == f"fail:{self.kill.oracle}" and (self.first_kill is None or i < self.first_kill):
+            self.first_kill = i
+
+    def running(self) -> int:
+        return self.started - len(self.results)
+
+    def decided(self) -> bool:
+        return all(i in self.results for i in range(self.limit()))
+
+    def finish(self, status: str | None = None) -> Kill:
+        """The row: killed at the first killing iteration, else survived (or ``status``)."""
+        k = self.kill
+        done = [self.results[i] for i in range(self.limit()) if i in self.results]
+        k.other_failures = list(dict.fromkeys(r.verdict for r in done if r.failed
+                                              and r.verdict != f"fail:{k.oracle}"))
+        if status:
+            k.status, k.iterations = status, len(done)
+        elif self.first_kill is not None:
+            r = self.results[self.first_kill]
+            k.status, k.iterations, k.repro, k.launch = "killed", self.first_kill + 1, r.repro(), r.launch
+        else:
+            k.status, k.iterations = "survived", self.max_iters
+        return k
+
+
+def _new_hunt(check: Check, mutant_name: str, device: str, oracle: str, max_iters: int, seed: int,
+              launch: dict | None) -> _Hunt:
+    mutant = check.mutant(mutant_name)
+    forced = tuple(sorted(launch.items())) if launch else None
+    kill = Kill(check.name, mutant.name, device, oracle, "unfinished", launch=launch or {})
+    return _Hunt(kill, tuple(mutant.families or check.families), forced, max_iters, seed)
+
+
+def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_row) -> None:
+    """Run the hunts' cases on one pool; ``on_row`` gets each hunt's row as it is decided."""
+    running: dict[int, tuple[_Hunt, int, Task]] = {}  # id(task) -> its hunt and iteration
+    open_hunts = list(hunts)
+
+    def source():
+        for h in sorted(open_hunts, key=lambda h: h.running()):  # stable: earlier hunts first among equals
+            if (step := h.next_task()) is not None:
+                i, task = step
+                running[id(task)] = (h, i, task)
+                return task
+        return None
+
+    def on_outcome(outcome):
+        h, i, _ = running.pop(id(outcome.item))
+        if h not in open_hunts:
+            return  # an iteration run ahead of a kill that was found earlier
+        h.record(i, runner.result_of(outcome, device, timeout, trace=True))
+        if h.decided():
+            open_hunts.remove(h)
+            on_row(h.finish())
+
+    with runner.worker_pool(runner.case_runner(device, jobs, timeout, True), device, jobs, timeout) as workers:
+        try:
+            workers.run(source, on_outcome)
+        except interrupts.Interrupted:
+            for h in open_hunts:
+                on_row(h.finish("unfinished"))
+            raise
+
+
 def hunt(check_name: str, mutant_name: str, device: str, oracle: str, max_iters: int, seed: int,
          launch: dict | None, timeout: float = 0) -> Kill:
-    """Run the mutant through its families round-robin until a case fails with ``oracle``."""
+    """Run one mutant through its families round-robin, in this process, until a case fails with ``oracle``."""
     from stress import checks
 
-    check = checks.get(check_name)
-    mutant = check.mutant(mutant_name)
-    families = list(mutant.families or check.families)
-    forced = tuple(sorted(launch.items())) if launch else None
-    kill = Kill(check.name, mutant.name, device, oracle, "survived", max_iters, launch=launch or {})
-    for i in range(max_iters):
-        family = families[i % len(families)]
-        r = run_case(Task(check.name, family, case_seed(seed, check.name, family, i), mutant.name, forced),
-                     device, timeout)
-        if r.verdict == f"fail:{oracle}":
-            kill.status, kill.iterations, kill.repro, kill.launch = "killed", i + 1, r.repro(), r.launch
-            return kill
-        if r.failed and r.verdict not in kill.other_failures:
-            kill.other_failures.append(r.verdict)
-    return kill
+    rows: list[Kill] = []
+    h = _new_hunt(checks.get(check_name), mutant_name, device, oracle, max_iters, seed, launch)
+    _run_hunts([h], device, 0, timeout, rows.append)
+    return rows[0]
 
 
 def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, jobs: int,
-                by_shape: bool = False, timeout: float = 0, on_row=None) -> list[Kill]:
-    """One row per mutant (per launch shape with ``by_shape``); hunts run in worker processes."""
-    rows, hunts = [], []
+                by_shape: bool = False, timeout: float = 0, on_row=None, rows: list | None = None) -> list[Kill]:
+    """One row per mutant (per launch shape with ``by_shape``), in registry order.
+
+    ``on_row`` sees each row as it is decided. ``rows``, when given, is filled with every planned
+    row up front (undecided ones say ``unfinished``), so a caller still holds the whole matrix
+    when a signal stops it; the hunts still open then go to ``on_row`` as ``unfinished`` too.
+    """
+    rows = [] if rows is None else rows
+    hunts: list[_Hunt] = []
     for check in checks:
         for mutant in check.mutants:
             oracle = mutant.oracles.get(device)
@@ -62,31 +152,27 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
                 rows.append(Kill(check.name, mutant.name, device, oracle, "stale", reason=str(exc)))
                 continue
             for launch in (check.sweep(device) if by_shape and check.sweep else [None]):
-                hunts.append((check.name, mutant.name, device, oracle, max_iters, seed, launch, timeout))
+                hunts.append(_new_hunt(check, mutant.name, device, oracle, max_iters, seed, launch))
+                rows.append(hunts[-1].kill)
     for row in rows:
-        if on_row:
+        if on_row and row.status in ("not_checked", "stale"):
             on_row(row)
-    if jobs == 0:
-        for args in hunts:
-            rows.append(hunt(*args))
-            if on_row:
-                on_row(rows[-1])
-        return rows
-    counter = get_context("spawn").Value("i", 0)
-    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(device, counter, timeout, True, worker_threads(jobs))) as pool:
-        futures = {pool.submit(hunt, *args): args for args in hunts}
-        for future in as_completed(futures):
-            args = futures[future]
-            try:
-                row = future.result()
-            except BrokenProcessPool:
-                row = Kill(args[0], args[1], device, args[3], "crash", launch=args[6] or {},
-                           reason="a worker process died during the hunt")
-            rows.append(row)
-            if on_row:
-                on_row(row)
+    _run_hunts(hunts, device, jobs, timeout, on_row or (lambda row: None))
     return rows
+
+
+def verdict(rows: list[Kill], device: str) -> tuple[str, bool]:
+    """The matrix's closing line, and whether every checkable mutant was killed.
+
+    With ``--by-shape`` a mutant has one row per launch shape; it is killed when any shape kills
+    it (a race can be invisible in some shapes, e.g. one warp, and certain in others)."""
+    status: dict[tuple[str, str], set[str]] = {}
+    for k in rows:
+        status.setdefault((k.check, k.mutant), set()).add(k.status)
+    checkable = [s for s in status.values() if s != {"not_checked"}]
+    killed = sum("killed" in s for s in checkable)
+    return (f"{killed} of {len(checkable)} checkable mutants killed on {device}; "
+            f"{len(status) - len(checkable)} not checked here"), killed == len(checkable)
 
 
 def table(rows: list[Kill]) -> str:

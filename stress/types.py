@@ -6,6 +6,7 @@ from typing import Any
 
 PASS = "pass"
 RETURN = "return"  # output name that stands for the kernel's return value
+DEFAULT_TIMEOUT = 300.0  # seconds per case, for `run`, `mutants` and `repro` alike
 
 
 @dataclass
@@ -96,6 +97,8 @@ class Result:
     mutant: str | None = None
     seconds: float = 0.0
     fatal: bool = False  # the process's CUDA context is unusable after this case
+    timeout: float = DEFAULT_TIMEOUT  # the deadline the case ran under (0 = none)
+    trace: bool = True  # whether a passing CPU case was also run under the tracer
 
     @property
     def failed(self) -> bool:
@@ -106,5 +109,14 @@ class Result:
         return self.verdict.startswith("not_checked:")
 
     def repro(self) -> str:
-        extra = f" --mutant {self.mutant}" if self.mutant else ""
-        return f"specsan repro {self.check} {self.family} {self.seed} --device {self.device}{extra}"
+        """The command that reruns exactly this case from a checkout: launch shape, deadline and tracer too."""
+        line = f"./specsan repro {self.check} {self.family} {self.seed} --device {self.device}"
+        if self.mutant:
+            line += f" --mutant {self.mutant}"
+        if self.launch:
+            line += " --launch " + ",".join(f"{k}={v}" for k, v in sorted(self.launch.items()))
+        if self.timeout != DEFAULT_TIMEOUT:
+            line += f" --timeout {self.timeout:g}"
+        if not self.trace and self.device == "cpu":
+            line += " --no-trace"
+        return line
