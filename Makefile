@@ -5,6 +5,7 @@ ITER ?= 100
 SEED ?= 0
 JOBS ?=
 REPORT ?= reports/stress
+JUNIT ?= reports/junit.xml
 SELECT = $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE))
 STRESS_ARGS = --iters $(ITER) --seed $(SEED) --report $(REPORT) $(SELECT) $(if $(FAMILY),--family $(FAMILY)) \
 	$(if $(JOBS),--jobs $(JOBS))
@@ -14,13 +15,14 @@ STRESS_ARGS = --iters $(ITER) --seed $(SEED) --report $(REPORT) $(SELECT) $(if $
 env:
 	@echo $(PY)
 
+# JUnit XML for CI (each registry case's repro line is a property of its test case).
 test:
-	$(PY) -m pytest -n auto -q
+	$(PY) -m pytest -n auto -q --junitxml=$(JUNIT)
 
-# The kill matrix runs even when the replay found failures: both halves are reported, either fails the target.
+# One process, one report: the replay, then the kill matrix (even after replay failures: either
+# half fails the target). A bad argument stops it before anything runs (exit 2).
 stress:
-	$(PY) -m stress run $(STRESS_ARGS); rc=$$?; \
-	$(PY) -m stress mutants $(SELECT) --report $(REPORT) || rc=1; exit $$rc
+	$(PY) -m stress run $(STRESS_ARGS) --kill-matrix
 
 mutants:
 	$(PY) -m stress mutants $(SELECT)

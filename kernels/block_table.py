@@ -50,6 +50,7 @@ def gather_block_tables(persistent: torch.Tensor, idx_mapping: torch.Tensor, out
         return
     if persistent.shape[0] == 0:
         raise ValueError("persistent: has no slot rows, but idx_mapping has batch rows")
+    validate.indices("idx_mapping", idx_mapping, -1, persistent.shape[0], what="slot")
     block = min(1024, triton.next_power_of_2(width))
     grid = (num_rows, triton.cdiv(width, block))
     _gather_rows_kernel[grid](persistent, persistent.stride(0), idx_mapping, out, out.stride(0), width, BLOCK=block)
@@ -102,6 +103,7 @@ def compute_slot_mappings(block_table: torch.Tensor, query_start_loc: torch.Tens
         raise ValueError(f"block_table: {block_table.shape[0]} rows, but query_start_loc describes {num_batch_rows}")
     if out.numel() < positions.numel():
         raise ValueError(f"out: {out.numel()} entries, fewer than the {positions.numel()} positions")
+    validate.offsets("query_start_loc", query_start_loc, positions.numel())
     if out.numel() == 0:
         return
     grid = (num_batch_rows + 1,)
@@ -160,6 +162,7 @@ def shift_block_table_rows(block_table: torch.Tensor, idx_mapping: torch.Tensor,
         raise ValueError(f"seq_lens: {seq_lens.numel()} entries, but idx_mapping has {num_batch_rows} batch rows")
     if num_batch_rows == 0:
         return
+    validate.indices("idx_mapping", idx_mapping, -1, num_cached_tokens.numel(), what="slot")
     extra = {} if num_warps is None else {"num_warps": num_warps}
     _shift_rows_kernel[(num_batch_rows,)](block_table, block_table.stride(0), block_table.shape[1], idx_mapping,
                                           num_cached_tokens, seq_lens, block_size, CHUNK=chunk, **extra)

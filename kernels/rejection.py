@@ -213,6 +213,7 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, idx_mapping:
                              f"[{temperature.numel()}, {num_drafts}, {vocab}]")
         tensors["draft_logits"] = draft_logits
     validate.on_kernel_device(**tensors)
+    validate.indices("idx_mapping", idx_mapping, -1, temperature.numel(), what="slot")
     if batch == 0:
         return
     if vocab == 0:

@@ -7,6 +7,7 @@ exists; otherwise ``TRITON_INTERPRET=1`` is set and kernels run on CPU tensors. 
 """
 
 import os
+import sys
 
 import torch
 
@@ -17,26 +18,51 @@ _CHOICES = ("cpu", "cuda")
 def _choose() -> str:
     wanted = os.environ.get(_ENV, "").strip().lower()
     if wanted and wanted not in _CHOICES:
-        raise ValueError(f"{_ENV}={wanted!r}: expected one of {_CHOICES} (or unset to auto-detect)")
+        raise ValueError(f"{_ENV}: {wanted!r} is not one of {', '.join(_CHOICES)}; set one of them, or unset it to "
+                         "auto-detect")
     if wanted == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{_ENV}=cuda but no CUDA device is visible; use {_ENV}=cpu or unset it")
+        raise ValueError(f"{_ENV}: cuda, but no CUDA device is visible; set it to cpu or unset it")
     if wanted:
         return wanted
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _interpret_triton_library() -> None:
+    """Make triton.language's own @jit helpers (tl.cdiv, tl.sum, ...) interpreted.
+
+    When triton was imported before the interpreter was chosen, they were built as compiled
+    JITFunctions, and every interpreted kernel that calls one fails with "Cannot call
+    @triton.jit'd outside of the scope of a kernel". Each gets an interpreted twin, in every
+    triton.language module and on the tensor class (its methods), wherever it is referenced.
+    """
+    import triton.language
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    twins: dict[int, InterpretedFunction] = {}
+
+    def swap(namespace) -> None:
+        for attr, value in list(vars(namespace).items()):
+            if isinstance(value, JITFunction):
+                twin = twins.setdefault(id(value), InterpretedFunction(value.fn))
+                setattr(namespace, attr, twin)
+
+    for name, module in list(sys.modules.items()):
+        if name == "triton.language" or name.startswith("triton.language."):
+            swap(module)
+    swap(triton.language.core.tensor)
+
+
 DEVICE: str = _choose()
 INTERPRETED: bool = DEVICE == "cpu"
+_TRITON_FIRST = "triton.language" in sys.modules  # someone imported triton before the device was chosen
 if INTERPRETED:
     os.environ["TRITON_INTERPRET"] = "1"
 
-import triton  # noqa: E402  (must follow the TRITON_INTERPRET decision)
+import triton  # noqa: E402, F401  (must follow the TRITON_INTERPRET decision)
 
-if INTERPRETED and not getattr(getattr(triton, "knobs", None), "runtime", None).interpret:
-    raise RuntimeError(
-        "triton was imported before kernels.runtime chose the CPU interpreter; "
-        "import kernels.runtime first or set TRITON_INTERPRET=1 in the environment"
-    )
+if INTERPRETED and _TRITON_FIRST:
+    _interpret_triton_library()
 
 
 def device() -> torch.device:

@@ -130,6 +130,9 @@ def gumbel_sample(logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: 
             raise ValueError(f"cache_cols: {cache_cols.numel()} entries for {num_rows} logits rows")
         tensors.update(logits_cache=logits_cache, cache_cols=cache_cols)
     validate.on_kernel_device(**tensors)
+    validate.indices("idx_mapping", idx_mapping, -1, temperature.numel(), what="slot")
+    if logits_cache is not None:
+        validate.indices("cache_cols", cache_cols, 0, logits_cache.shape[1], what="column", where=idx_mapping >= 0)
     out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out

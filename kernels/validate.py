@@ -1,8 +1,14 @@
 """Argument checks shared by the launchers: each failure is a ValueError naming the argument."""
 
+import os
+
 import torch
 
 from kernels import runtime
+
+# Index values live on the device: reading them back to check them would synchronize the
+# stream on every launch, so on a GPU they are checked only when asked for.
+CHECK_INDICES_ON_GPU = os.environ.get("SPECSAN_CHECK_INDICES", "") == "1"
 
 
 def tensor(name: str, t, *, dtype=None, ndim=None, device=None, min_numel=0, unit_stride=True):
@@ -71,3 +77,32 @@ def flag(name: str, v) -> bool:
     if not isinstance(v, bool):
         raise ValueError(f"{name}: expected a bool, got {v!r}")
     return v
+
+
+def _checked(t: torch.Tensor) -> bool:
+    return t.numel() > 0 and (t.device.type == "cpu" or CHECK_INDICES_ON_GPU)
+
+
+def indices(name: str, t: torch.Tensor, lower: int, upper: int, *, what: str = "index", where=None) -> None:
+    """Every entry of ``t`` (or of ``t[where]``) in ``[lower, upper)``: an index the kernel follows.
+
+    Checked whenever ``t`` is on the CPU, where it costs a pass over a small tensor; on a GPU
+    only with ``SPECSAN_CHECK_INDICES=1`` (see ``CHECK_INDICES_ON_GPU``).
+    """
+    if not _checked(t):
+        return
+    outside = (t < lower) | (t >= upper)
+    if where is not None:
+        outside &= where
+    found = outside.nonzero()
+    if found.numel():
+        at = [int(i) for i in found[0]]
+        raise ValueError(f"{name}: {what} {int(t[tuple(at)])} at {at} is outside [{lower}, {upper}); "
+                         f"the kernel would follow it out of bounds")
+
+
+def offsets(name: str, t: torch.Tensor, total: int) -> None:
+    """CSR offsets into ``total`` entries: non-decreasing, each in ``[0, total]`` (checked as ``indices``)."""
+    indices(name, t, 0, total + 1, what="offset")
+    if _checked(t) and bool((t[1:] < t[:-1]).any()):
+        raise ValueError(f"{name}: offsets must not decrease, got {t.tolist()}")

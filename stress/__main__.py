@@ -2,6 +2,10 @@
 
 The device is chosen before any kernel module is imported (kernels.runtime decides between
 compiled Triton and the interpreter at import time), so this module imports lazily.
+
+Exit status: 0 all good, 1 failures found (or a planted bug survived), 2 a usage error (one
+line on stderr: ``specsan: <argument>: <what is wrong>; <how to fix>``), 128 + the signal
+number when SIGINT (130) or SIGTERM (143) stopped the command.
 """
 
 import argparse
@@ -12,82 +16,186 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict
 
+from stress import interrupts
+from stress.pool import PoolError
+from stress.types import DEFAULT_TIMEOUT
+
+
+class UsageError(Exception):
+    """A mistake in the command line: printed as one line, exit status 2."""
+
+    def __init__(self, argument: str, problem: str, fix: str):
+        super().__init__(f"{argument}: {problem}; {fix}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line in the same form as every other usage error."""
+
+    def error(self, message: str):
+        head, _, rest = message.partition(": ")
+        if head.startswith("argument "):
+            argument, problem = head.removeprefix("argument ").split("/")[0], rest
+        elif head == "unrecognized arguments":
+            argument, problem = rest, "not an argument of this command"
+        elif head == "the following arguments are required":
+            argument, problem = rest, "missing"
+        else:
+            argument, problem = self.prog, message
+        fix = "" if "; " in problem else f"; see `{self.prog} --help`"
+        self.exit(2, f"specsan: {argument}: {problem}{fix}\n")
+
+
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}; pass a number >= {minimum}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}; 0 means no deadline")
+    return value
+
+
+def _launch(text: str) -> dict:
+    """``chunk=16,num_warps=4`` -> {"chunk": 16, "num_warps": 4} (the form repro lines print)."""
+    launch = {}
+    for part in filter(None, text.split(",")):
+        key, sep, value = part.partition("=")
+        try:
+            launch[key.strip()] = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected KEY=INT[,KEY=INT...], got {text!r}") from None
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"expected KEY=INT[,KEY=INT...], got {text!r}")
+    return launch
+
+
+_seed = _count(0)
+_AUTO_DEVICE = "cuda when a GPU is visible, else cpu (the Triton interpreter)"
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specsan", description="Verify and stress the spec-decode kernels.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="specsan", description="Verify and stress the spec-decode kernels.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(sp, seed=True):
-        sp.add_argument("--device", choices=("cpu", "cuda"),
-                        help="default: cuda when present, else the CPU interpreter")
+        sp.add_argument("--device", choices=("cpu", "cuda"), help=f"default: {_AUTO_DEVICE}")
         if seed:
-            sp.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
+            sp.add_argument("--seed", type=_seed, default=0, help="base seed, >= 0 (default: 0)")
+
+    def pool(sp, what):
+        sp.add_argument("--jobs", type=_count(0),
+                        help="worker processes; 0 runs in this process (default: one per CPU core, "
+                             "or up to 8 per GPU)")
+        sp.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT,
+                        help=f"seconds per {what} case before it is killed as fail:timeout; 0 = none "
+                             f"(default: {DEFAULT_TIMEOUT:g})")
+
+    def matrix(sp):
+        sp.add_argument("--max-iters", type=_count(1), default=200,
+                        help="cases per mutant before it counts as survived (default: 200)")
+        sp.add_argument("--by-shape", action="store_true", help="hunt separately in every launch shape of the sweep")
 
     run = sub.add_parser("run", help="replay every (check, family) N times against the references")
     common(run)
-    run.add_argument("--iters", type=int, default=10, help="cases per (check, family)")
-    run.add_argument("--check", action="append", help="only this check (repeatable)")
-    run.add_argument("--family", action="append", help="only this family (repeatable)")
-    run.add_argument("--report", default="reports/latest", help="directory for results.jsonl and summary.md")
-    run.add_argument("--jobs", type=int,
-                     help="worker processes (default: CPU cores, or up to 8 per GPU); 0 = in process")
-    run.add_argument("--timeout", type=float, default=300, help="seconds per case before fail:timeout (0 = none)")
+    run.add_argument("--iters", type=_count(1), default=10, help="cases per (check, family) (default: 10)")
+    run.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
+    run.add_argument("--family", action="append", help="only this family, repeatable (default: every family)")
+    run.add_argument("--report", default="reports/latest",
+                     help="directory for results.jsonl, summary.md and heat maps; cleared of an earlier "
+                          "run's files (default: reports/latest)")
+    pool(run, "replayed")
     run.add_argument("--no-trace", action="store_true", help="skip the CPU tracer (races, out-of-bounds, uninit)")
-    run.add_argument("--mutant", help="apply this planted bug in every case, in the checks that plant it or hunt "
-                                      "every bug (engine.step): what it does to the verdicts and the acceptance")
+    run.add_argument("--mutant", help="apply this planted bug in every case of the checks that plant it or hunt every "
+                                      "bug (engine.step): what it does to the verdicts and the acceptance "
+                                      "(default: the production code)")
+    run.add_argument("--kill-matrix", action="store_true", help="then run the kill matrix into the same report")
+    matrix(run)
+    run.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
 
     repro = sub.add_parser("repro", help="rerun one case and print its first divergences")
     common(repro, seed=False)
-    repro.add_argument("check")
-    repro.add_argument("family")
-    repro.add_argument("seed", type=int)
-    repro.add_argument("--mutant", help="with this planted bug applied")
+    repro.add_argument("check", metavar="CHECK")
+    repro.add_argument("family", metavar="FAMILY")
+    repro.add_argument("seed", metavar="SEED", type=_seed)
+    repro.add_argument("--mutant", help="with this planted bug applied (default: the production code)")
+    repro.add_argument("--launch", type=_launch,
+                       help="force a launch shape, e.g. chunk=16,num_warps=4 (default: the one the seed draws)")
+    repro.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT,
+                       help=f"seconds before the case is stopped as fail:timeout; on a GPU the case then runs in "
+                            f"a worker process that can be killed; 0 = none, always in this process "
+                            f"(default: {DEFAULT_TIMEOUT:g})")
     repro.add_argument("--no-trace", action="store_true", help="skip the CPU tracer")
 
     tr = sub.add_parser("trace", help="trace kernel launches on the CPU (a check's cases, or your own kernel with "
                                       "--kernel): races, out-of-bounds, uninit, order dependence")
     tr.add_argument("check", nargs="?", help="a registered check (or use --kernel)")
     tr.add_argument("family", nargs="?")
-    tr.add_argument("seed", nargs="?", type=int)
-    tr.add_argument("--seeds", type=int, default=3, help="seeds per family without FAMILY SEED (default 3)")
-    tr.add_argument("--mutant", help="with this planted bug applied")
+    tr.add_argument("seed", nargs="?", type=_seed)
+    tr.add_argument("--seeds", type=_count(1), default=3, help="seeds per family without FAMILY SEED (default: 3)")
+    tr.add_argument("--mutant", help="with this planted bug applied (default: the production code)")
     tr.add_argument("--kernel", metavar="MODULE:NAME",
                     help="your own @triton.jit kernel (give --grid) or a function that launches kernels; "
-                         "MODULE is a dotted module or a .py path")
-    tr.add_argument("--grid", help="the kernel's grid: one to three integers, e.g. 8 or 8,4")
+                         "MODULE is a dotted module or a .py path (default: none, trace CHECK)")
+    tr.add_argument("--grid", help="the kernel's grid: one to three integers, e.g. 8 or 8,4 (default: none; needed "
+                                   "for a kernel, not for a launcher)")
     tr.add_argument("--args", metavar="SCRIPT",
-                    help="Python file that sets `args` (tuple) and optionally `kwargs` and `unwritten` (dicts)")
+                    help="Python file that sets `args` (tuple) and optionally `kwargs` and `unwritten` (dicts) "
+                         "(default: none; needed with --kernel)")
     tr.add_argument("--expect-order-dependent", metavar="REASON",
-                    help="outputs may differ under another program order for this reason (atomic tickets)")
+                    help="outputs may differ under another program order for this reason (atomic tickets) "
+                         "(default: not expected)")
 
     lst = sub.add_parser("list", help="show checks, families and mutants")
-    lst.add_argument("--json", action="store_true")
+    lst.add_argument("--json", action="store_true", help="print JSON on stdout and nothing else")
 
     mut = sub.add_parser("mutants", help="run each planted bug through its check: the kill matrix")
     common(mut)
-    mut.add_argument("--check", action="append", help="only this check (repeatable)")
-    mut.add_argument("--max-iters", type=int, default=200, help="cases per mutant before it counts as survived")
-    mut.add_argument("--path-iters", type=int, default=40,
-                     help="cases of the whole-path check (engine.step) per other check's mutant (the path column)")
+    mut.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
+    matrix(mut)
+    mut.add_argument("--path-iters", type=_count(1), default=40,
+                     help="cases of the whole-path check (engine.step) per other check's mutant: the path column "
+                          "(default: 40)")
     mut.add_argument("--path-only", action="store_true", help="hunt the path column alone")
-    mut.add_argument("--by-shape", action="store_true", help="hunt separately in every launch shape of the sweep")
-    mut.add_argument("--jobs", type=int, help="worker processes (default as for run); 0 = in process")
-    mut.add_argument("--json", action="store_true", help="print the matrix as JSON")
-    mut.add_argument("--report", help="also write the matrix to DIR/mutants.json")
+    pool(mut, "hunted")
+    mut.add_argument("--json", action="store_true", help="print the matrix as JSON on stdout and nothing else")
+    mut.add_argument("--report", help="also write results.jsonl, mutants.json, summary.md and the heat map to DIR, "
+                                      "cleared of an earlier run's files (default: no report)")
 
     tp = sub.add_parser("tp", help="TP determinism: N rank processes replay one schedule and compare every step")
     common(tp)
-    tp.add_argument("--ranks", type=int, default=2, help="rank processes (default 2)")
+    tp.add_argument("--ranks", type=_count(2), default=2, help="rank processes (default: 2)")
     tp.add_argument("--mutant", action="append",
-                    help="also replay with this planted bug in every rank; it must diverge (repeatable)")
-    tp.add_argument("--steps", type=int, default=8, help="schedule steps (default 8)")
+                    help="also replay with this planted bug in every rank; it must diverge, repeatable "
+                         "(default: production code only)")
+    tp.add_argument("--steps", type=_count(1), default=8, help="schedule steps (default: 8)")
     tp.add_argument("--workload", choices=("slots", "engine", "all"), default="all",
                     help="slots: an admission schedule through the slots and draft inputs; engine: the whole "
-                         "engine (kernels.spec.engine); all (default): both")
+                         "engine (kernels.spec.engine); all: both (default: all)")
     return p
 
 
+# ---------------------------------------------------------------- shared pieces
+
+
 def _select_device(args) -> str:
+    if getattr(args, "device", None) == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device", "cuda asked for, but no CUDA device is visible here",
+                             "use --device cpu, or leave --device out to pick what is present")
     if getattr(args, "device", None):
         os.environ["SPECSAN_DEVICE"] = args.device
     from kernels import runtime
@@ -95,12 +203,35 @@ def _select_device(args) -> str:
     return runtime.DEVICE
 
 
-def _checks(names):
+def _checks(names, argument: str = "--check"):
     from stress import checks
 
     if not names:
         return list(checks.REGISTRY)
-    return [checks.get(n) for n in names]
+    unknown = [n for n in names if n not in checks.BY_NAME]
+    if unknown:
+        raise UsageError(argument, f"{unknown[0]!r} is not a registered check",
+                         f"known: {', '.join(checks.BY_NAME)}")
+    return [checks.BY_NAME[n] for n in dict.fromkeys(names)]
+
+
+def _family(check, family: str, argument: str = "FAMILY") -> str:
+    if family not in check.families:
+        raise UsageError(argument, f"{family!r} is not a family of {check.name}", f"known: {', '.join(check.families)}")
+    return family
+
+
+def _mutant(check, name: str | None):
+    if name is None:
+        return None
+    if name not in {m.name for m in check.mutants}:
+        raise UsageError("--mutant", f"{name!r} is not a planted bug of {check.name}",
+                         f"known: {', '.join(m.name for m in check.mutants) or 'none'}")
+    return check.mutant(name)
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 class _LogProgress:
@@ -117,7 +248,7 @@ class _LogProgress:
         return False
 
     def write(self, text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
+        _log(text)
 
     def set_postfix_str(self, text: str, refresh: bool = False) -> None:
         self.postfix = text
@@ -130,7 +261,7 @@ class _LogProgress:
 
 
 def _progress(total: int):
-    """A live bar on a terminal, plain lines in a log."""
+    """A live bar on a terminal, plain lines in a log; stderr either way (stdout is for results)."""
     if not sys.stderr.isatty():
         return _LogProgress(total)
     from tqdm import tqdm
@@ -138,60 +269,143 @@ def _progress(total: int):
     return tqdm(total=total, unit="case", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
 
 
+def _open_report(directory: str | None, header: dict, argument: str = "--report"):
+    from stress import report
+
+    try:
+        return report.Report(directory, header)
+    except report.ReportError as exc:
+        problem, _, fix = str(exc).partition("; ")
+        raise UsageError(argument, problem, fix) from None
+
+
+def _run_matrix(report, selected, device: str, args, jobs: int) -> None:
+    """The kill matrix into ``report.kills`` (planned rows first), each decided row streamed and shown."""
+    from stress import matrix
+
+    def on_row(row):
+        report.add_kill(row)
+        shape = f" {row.launch}" if args.by_shape and row.launch else ""
+        _log(f"  {row.check} {row.mutant}{shape}: {row.status}"
+             + (f" after {row.iterations} case(s)" if row.status == "killed" else ""))
+
+    report.kills = []
+    matrix.kill_matrix(selected, device, max_iters=args.max_iters, seed=args.seed, jobs=jobs, by_shape=args.by_shape,
+                       timeout=args.timeout, on_row=on_row, rows=report.kills,
+                       path_iters=getattr(args, "path_iters", 40), path_only=getattr(args, "path_only", False))
+
+
+def _run_into(report, stages) -> interrupts.Interrupted | None:
+    """Run ``stages()``, which writes into ``report``; close the report also when a signal (returned)
+    or an error (raised again) stopped it, so what finished is kept and the summary says so."""
+    start = time.perf_counter()
+    stopped = None
+    try:
+        stages()
+    except interrupts.Interrupted as exc:
+        stopped = exc
+        report.interrupted = exc.name
+    except BaseException as exc:
+        report.interrupted = f"an error ({type(exc).__name__})"
+        raise
+    finally:
+        report.header["wall_s"] = round(time.perf_counter() - start, 1)
+        report.close()
+    if stopped:
+        _log(f"specsan: interrupted by {stopped.name}: " + "; ".join(report.progress()))
+    return stopped
+
+
+# ---------------------------------------------------------------- commands
+
+
 def cmd_run(args) -> int:
     device = _select_device(args)
-    from stress import runner, telemetry
+    from stress import matrix, runner, telemetry
 
-    if args.iters < 1:
-        raise SystemExit("--iters: must be at least 1")
     selected = _checks(args.check)
     if args.mutant:
         selected = [c for c in selected if c.unreachable is not None or any(m.name == args.mutant for m in c.mutants)]
         if not selected:
-            raise SystemExit(f"--mutant {args.mutant}: no selected check plants it or hunts every bug")
-    known = {f for c in selected for f in c.families}
+            raise UsageError("--mutant", f"{args.mutant!r} is planted in no selected check, and none hunts every bug",
+                             "`./specsan list` names the planted bugs of each check")
+    known = list(dict.fromkeys(f for c in selected for f in c.families))
     for family in args.family or ():
         if family not in known:
-            raise SystemExit(f"--family {family}: no selected check has it; known: {', '.join(sorted(known))}")
+            raise UsageError("--family", f"{family!r} is not a family of the selected checks",
+                             f"known: {', '.join(known)}")
     tasks = runner.plan(selected, args.family, args.iters, args.seed, args.mutant)
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
     header = {"device": device, "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
+              "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix,
               **({"mutant": args.mutant} if args.mutant else {}),
               "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    report = runner.Report(args.report, header)
-    print(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}", flush=True)
-    start = time.perf_counter()
-    with _progress(len(tasks)) as bar:
-        def on_result(result):
-            report.add(result)
-            if result.failed:
-                bar.write(f"FAIL {result.verdict} {result.check} {result.family} seed={result.seed}: "
-                          f"{result.details[0] if result.details else ''}\n  {result.repro()}")
-            bar.set_postfix_str(report.closing_line(), refresh=False)
-            bar.update(1)
+    report = _open_report(args.report, header)
 
+    def stages():
+        _log(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}")
         with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
-            runner.execute(tasks, device, jobs, on_result, args.timeout, trace=not args.no_trace)
-    report.header["wall_s"] = round(time.perf_counter() - start, 1)
-    report.close()
+            with _progress(len(tasks)) as bar:
+                def on_result(result):
+                    report.add(result)
+                    if result.failed:
+                        bar.write(f"FAIL {result.verdict} {result.check} {result.family} seed={result.seed}: "
+                                  f"{result.details[0] if result.details else ''}\n  {result.repro()}")
+                    bar.set_postfix_str(report.closing_line(), refresh=False)
+                    bar.update(1)
+
+                runner.execute(tasks, device, jobs, on_result, args.timeout, trace=not args.no_trace,
+                               on_abandoned=report.abandoned.extend)
+            if args.kill_matrix:
+                _log(f"kill matrix on {device}:")
+                _run_matrix(report, selected, device, args, jobs)
+
+    stopped = _run_into(report, stages)
+    failed = report.counts()[1]
+    matrix_line, all_killed = matrix.verdict(report.kills or [], device)
+    code = stopped.exit_code if stopped else (1 if failed or not all_killed else 0)
+    if args.json:
+        print(json.dumps({"status": report.end_record()["status"], "exit_code": code, "report": args.report,
+                          "device": device, "cases_planned": len(tasks), "cases_finished": len(report.results),
+                          **dict(zip(("passed", "failed", "not_checked"), report.counts(), strict=True)),
+                          "failures": [{"verdict": r.verdict, "check": r.check, "family": r.family, "seed": r.seed,
+                                        "repro": r.repro()} for r in report.results if r.failed],
+                          "kill_matrix": None if report.kills is None else [asdict(k) for k in report.kills]},
+                         indent=2))
+        return code
     print(f"wall time {report.header['wall_s']:.1f} s; summary in {args.report}/summary.md")
+    if report.kills is not None:
+        print(matrix_line)
     print(report.closing_line())
-    return 1 if report.counts()[1] else 0
+    return code
 
 
 def cmd_repro(args) -> int:
     device = _select_device(args)
-    from stress import checks, runner
+    from stress import runner
 
-    check = checks.get(args.check)
-    case = runner.build_case(check, args.family, args.seed, device)
+    check = _checks([args.check], "CHECK")[0]
+    _family(check, args.family)
+    _mutant(check, args.mutant)
+    if args.launch is not None:
+        known = {k for shape in (check.sweep(device) if check.sweep else []) for k in shape}
+        if unknown := sorted(set(args.launch) - known):
+            raise UsageError("--launch", f"{unknown[0]!r} is not a launch knob of {check.name} on {device}",
+                             f"known: {', '.join(sorted(known)) or 'none'}")
+    case = runner.build_case(check, args.family, args.seed, device, args.launch)
     print(f"{check.name} / {args.family} / seed {args.seed} on {device}: {case.note}")
     print(f"launch: {case.launch or 'default'}")
     for name, value in case.inputs.items():
         shown = f"{tuple(value.shape)} {value.dtype}" if hasattr(value, "shape") else repr(value)
         print(f"  {name}: {shown}")
-    result = runner.run_case(runner.Task(args.check, args.family, args.seed, args.mutant), device,
-                             trace=not args.no_trace)
+    forced = tuple(sorted(args.launch.items())) if args.launch is not None else None
+    task = runner.Task(args.check, args.family, args.seed, args.mutant, forced)
+    results = []
+    # Here a deadline is an alarm signal; a kernel spinning on a GPU never sees it, so there a
+    # deadline runs the case in one worker process the pool can kill.
+    jobs = 1 if device == "cuda" and args.timeout else 0
+    runner.execute([task], device, jobs, results.append, args.timeout, trace=not args.no_trace)
+    result = results[0]
     print(f"verdict: {result.verdict}")
     for line in result.details:
         print(line)
@@ -204,19 +418,20 @@ def cmd_trace(args) -> int:
     from kernels import runtime
 
     if runtime.DEVICE != "cpu":
-        raise SystemExit("trace: needs the CPU interpreter; run with SPECSAN_DEVICE=cpu")
-    from stress import checks, mutants, runner
+        raise UsageError("SPECSAN_DEVICE", "trace needs the CPU interpreter", "run with SPECSAN_DEVICE=cpu")
+    from stress import mutants, runner
 
     if args.kernel:
         return _trace_own(args)
     if args.check is None:
-        raise SystemExit("trace: name a CHECK, or your own kernel with --kernel MODULE:NAME --args SCRIPT")
-    check = checks.get(args.check)
+        raise UsageError("CHECK", "missing", "name a registered check, or your own kernel with --kernel MODULE:NAME "
+                                             "--args SCRIPT")
+    check = _checks([args.check], "CHECK")[0]
     if (args.family is None) != (args.seed is None):
-        raise SystemExit("trace: give both FAMILY and SEED, or neither")
-    mutant = check.mutant(args.mutant) if args.mutant else None
+        raise UsageError("FAMILY SEED", "give both or neither", "e.g. `specsan trace CHECK FAMILY SEED`")
+    mutant = _mutant(check, args.mutant)
     if args.family is not None:
-        cases = [(args.family, args.seed)]
+        cases = [(_family(check, args.family), args.seed)]
     else:
         cases = [(f, runner.case_seed(0, check.name, f, i)) for f in check.families for i in range(args.seeds)]
     failed = 0
@@ -276,34 +491,26 @@ def cmd_mutants(args) -> int:
     device = _select_device(args)
     from stress import matrix, runner
 
+    selected = _checks(args.check)
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
-    rows = matrix.kill_matrix(_checks(args.check), device, max_iters=args.max_iters, seed=args.seed, jobs=jobs,
-                              by_shape=args.by_shape, path_iters=args.path_iters, path_only=args.path_only,
-                              on_row=None if args.json else lambda k: print(f"  {k.mutant}: {k.status}", flush=True))
-    if args.report:
-        os.makedirs(args.report, exist_ok=True)
-        with open(os.path.join(args.report, "mutants.json"), "w") as f:
-            json.dump([asdict(k) for k in rows], f, indent=2)
+    header = {"device": device, "max_iters": args.max_iters, "seed": args.seed, "jobs": jobs, "timeout": args.timeout,
+              "by_shape": args.by_shape, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    report = _open_report(args.report, header)
+
+    def stages():
+        _log(f"specsan mutants: kill matrix on {device} ({jobs} worker(s))")
+        _run_matrix(report, selected, device, args, jobs)
+
+    stopped = _run_into(report, stages)
+    rows = report.kills
+    line, all_killed = matrix.verdict(rows, device)
     if args.json:
         print(json.dumps([asdict(k) for k in rows], indent=2))
+        _log(line)
     else:
         print(matrix.table(rows))
-    # With --by-shape a mutant has one row per launch shape; it is killed when any shape kills it
-    # (a race can be invisible in some shapes, e.g. one warp, and certain in others).
-    status: dict[tuple[str, str], set[str]] = {}
-    for k in rows:
-        status.setdefault((k.check, k.mutant), set()).add(k.status)
-    checkable = [s for s in status.values() if s != {"not_checked"} and s != {"not_hunted"}]
-    killed = sum("killed" in s for s in checkable)
-    print(f"{killed} of {len(checkable)} checkable mutants killed on {device}; "
-          f"{len(status) - len(checkable)} not checked here")
-    path = {k.mutant: k.path for k in rows if k.path != "-"}
-    path_missed = sorted(m for m, p in path.items() if p not in ("killed", "unreachable"))
-    if path:
-        print(f"path column: {sum(p == 'killed' for p in path.values())} killed by the whole step, "
-              f"{sum(p == 'unreachable' for p in path.values())} unreachable (reasons above)"
-              + (f"; NOT killed: {', '.join(path_missed)}" if path_missed else ""))
-    return 0 if killed == len(checkable) and not path_missed else 1
+        print(line)
+    return stopped.exit_code if stopped else (0 if all_killed else 1)
 
 
 def cmd_tp(args) -> int:
@@ -325,18 +532,31 @@ def cmd_tp(args) -> int:
     return 0 if ok else 1
 
 
+COMMANDS = {"run": cmd_run, "repro": cmd_repro, "trace": cmd_trace, "list": cmd_list, "mutants": cmd_mutants,
+            "tp": cmd_tp}
+
+
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        commands = {"run": cmd_run, "repro": cmd_repro, "trace": cmd_trace, "list": cmd_list, "mutants": cmd_mutants,
-                    "tp": cmd_tp}
-        return commands[args.command](args)
-    except ValueError as exc:
-        print(f"specsan: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # output piped into `head` and closed early
-        sys.stderr.close()
-        return 0
+    # Signals are routed before anything slow is imported, so even an early Ctrl-C exits cleanly.
+    with interrupts.handled():
+        try:
+            args = _parser().parse_args(argv)
+            return COMMANDS[args.command](args)
+        except UsageError as exc:
+            _log(f"specsan: {exc}")
+            return 2
+        except ValueError as exc:  # a launcher-style "argument: problem; fix" from below the command line
+            _log(f"specsan: {exc}")
+            return 2
+        except interrupts.Interrupted as exc:
+            _log(f"specsan: interrupted by {exc.name}")
+            return exc.exit_code
+        except PoolError as exc:  # e.g. no GPU for a worker: the harness cannot run here
+            _log(f"specsan: {exc}")
+            return 1
+        except BrokenPipeError:  # output piped into `head` and closed early
+            sys.stderr.close()
+            return 0
 
 
 if __name__ == "__main__":

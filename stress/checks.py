@@ -18,8 +18,10 @@ import reference.rejection
 import reference.sampling
 import reference.spec.backends
 import reference.spec.depth
+import reference.spec.draft_step
 import reference.spec.graphs
 import reference.spec.slots
+import stress.graph_replay
 import stress.schedule
 from stress import distribution, engine_check, host
 from stress.compare import exact_chunked, exact_unless_near_tie, within_float32_baseline
@@ -29,6 +31,7 @@ from stress.families import block_table as bt_families
 from stress.families import depth as depth_families
 from stress.families import draft_inputs as di_families
 from stress.families import engine as engine_families
+from stress.families import graph_replay as replay_families
 from stress.families import graphs as graph_families
 from stress.families import kv_cache as kv_families
 from stress.families import rejection as rejection_families
@@ -343,20 +346,20 @@ _KV = "kernels.kv_cache:_write_kv_kernel"
 KV_CACHE_CHECKS = (
     Check(
         name="kv_cache.write",
-        kernel=kernels.kv_cache.write_kv,
-        reference=reference.kv_cache.write_kv,
+        kernel=kv_families.write_kv_pair,  # kernels.kv_cache.write_kv on the halves of one combined cache
+        reference=kv_families.write_kv_pair_reference,
         families=kv_families.FAMILIES,
-        outputs=("k_cache", "v_cache"),
+        outputs=("kv_cache",),
         compare=exact_chunked,
         sweep=kv_families.sweep,
         mutants=(
-            Mutant("pad-written", "PAD tokens (slot -1) are stored: the row before the cache is overwritten",
+            Mutant("pad-written", "PAD tokens (slot -1) are stored: the row before each cache is overwritten",
                    (Patch(_KV, "store = live & (slot >= 0)  # PAD writes nothing", "store = live"),),
                    oracles={"cpu": "oob", "cuda": "oob"}, families=("pad",)),
-            Mutant("int32-offset", "the K-cache row offset is computed in int32: past 2^31 elements it wraps below "
-                   "the cache",
-                   (Patch(_KV, "k_row = block * k_stride_b + offset * k_stride_t  # int64: the cache may pass 2^31 "
-                          "elements", "k_row = (block * k_stride_b + offset * k_stride_t).to(tl.int32)"),),
+            Mutant("int32-offset", "the V-cache row offset is computed in int32: past 2^31 elements it wraps into "
+                   "the K cache below it",
+                   (Patch(_KV, "v_row = block * v_stride_b + offset * v_stride_t",
+                          "v_row = (block * v_stride_b + offset * v_stride_t).to(tl.int32)"),),
                    oracles={"cuda": "divergence"}, families=("big_cache",),
                    why_not="needs a cache past 2^31 elements, big_cache's GPU-only size; a CPU-sized cache cannot "
                            "overflow int32 offsets"),
@@ -408,6 +411,53 @@ ATTENTION_CHECKS = (
     ),
 )
 
+_DRAFT_GRAPHS = "kernels.spec.draft_graphs:DraftGraphs"
+_STEP = "kernels.spec.draft_step:DraftStep"
+_NO_GRAPHS = "CUDA graphs need a GPU: capture, replay and the graph memory pool exist only on a CUDA device"
+_ON_GPU = {"cuda": "divergence"}
+
+
+def _graph_check(name: str, driver, reference_driver, families: dict, judge, mutants: tuple[Mutant, ...]) -> Check:
+    """A GPU-only check whose ``driver`` (stress.graph_replay) captures and replays kernels.spec.draft_graphs;
+    each case replays its graphs many times already, so it runs once."""
+    return Check(name=name, kernel=driver, reference=reference_driver, families=families, outputs=(RETURN,),
+                 compare=judge, devices=("cuda",), why_not=_NO_GRAPHS, repeats={"cuda": 1}, mutants=mutants)
+
+
+GRAPH_CHECKS = (
+    _graph_check(
+        "graphs.replay", stress.graph_replay.replay_draft_graphs, reference.spec.draft_step.expected_replay,
+        replay_families.REPLAY_FAMILIES, stress.graph_replay.judge_replay,
+        (
+            Mutant("replay-skipped", "a graph that does nothing: the dispatched graph is never replayed",
+                   (Patch(_DRAFT_GRAPHS, "graph.replay()", "pass"),), oracles=_ON_GPU, why_not=_NO_GRAPHS),
+            Mutant("kv-write-not-captured", "the capture misses a kernel: the query rows' K/V write runs eagerly "
+                   "but is left out of the graph",
+                   (Patch(_STEP, "kv_cache.write_kv(", "capturing() or kv_cache.write_kv("),),
+                   oracles=_ON_GPU, why_not=_NO_GRAPHS),
+            Mutant("padded-rows-slot-0", "spec fix 3 (pre-fix) in the draft step: padded sampling rows map to slot 0 "
+                   "and write its logits cache",
+                   (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
+                          "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
+                   oracles=_ON_GPU, families=("padded_graph",), why_not=_NO_GRAPHS),
+            # the spec.backends patch, hunted where its effect shows: host-planned attention captured for
+            # non-causal drafting replays with the lengths of the capture batch
+            dataclasses.replace(NON_CAUSAL_CLAIMS_FULL, oracles=_ON_GPU, families=("non_causal_draft",),
+                                why_not=_NO_GRAPHS),
+        ),
+    ),
+    _graph_check(
+        "graphs.lifetime", stress.graph_replay.lifetime_experiment, reference.spec.draft_step.expected_lifetime,
+        replay_families.LIFETIME_FAMILIES, stress.graph_replay.judge_lifetime,
+        (
+            Mutant("backbone-not-retained", "spec fix 8 (pre-fix): captured backbone outputs are not retained, so "
+                   "a later capture in the shared pool is handed their memory",
+                   (Patch(_DRAFT_GRAPHS, "self._captured_backbone_outputs.append(hidden)", "pass"),),
+                   oracles=_ON_GPU, why_not=_NO_GRAPHS),
+        ),
+    ),
+)
+
 _ENGINE = "kernels.spec.engine:Engine"
 
 ENGINE_CHECKS = (
@@ -440,7 +490,7 @@ ENGINE_CHECKS = (
 
 REGISTRY: tuple[Check, ...] = (BLOCK_TABLE_CHECKS + DRAFT_INPUT_CHECKS + SLOT_CHECKS + SAMPLING_CHECKS
                                  + REJECTION_CHECKS + HOST_CHECKS + KV_CACHE_CHECKS + ATTENTION_CHECKS
-                                 + ENGINE_CHECKS)
+                                 + GRAPH_CHECKS + ENGINE_CHECKS)
 BY_NAME = {check.name: check for check in REGISTRY}
 
 

@@ -43,8 +43,28 @@ def _as_tensor(v) -> torch.Tensor:
     return v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # float width -> same-size int
+
+
+def _shown(value: torch.Tensor, other: torch.Tensor):
+    """A float that equals ``other`` by value but not by bits (-0.0 vs 0.0, NaN payloads) shows its bits."""
+    v = value.item()
+    if value.is_floating_point() and (value == other or (value.isnan() & other.isnan())):
+        width = value.element_size() * 2
+        return f"{v} (bits 0x{int(value.view(_BITS[value.element_size()])) & ((1 << 4 * width) - 1):0{width}x})"
+    return v
+
+
+def _differ(want: torch.Tensor, have: torch.Tensor) -> torch.Tensor:
+    """Elements that differ, on the tensors' device; floats by their bits (-0.0 vs 0.0, NaN payloads)."""
+    if want.is_floating_point():
+        bits = _BITS[want.element_size()]
+        return want.contiguous().view(bits) != have.contiguous().view(bits)
+    return want != have
+
+
 def exact(output: str, expected, got) -> Divergence | None:
-    """Bitwise equality (NaN equals NaN of the same bits); ints, ids, bools and floats alike."""
+    """Bitwise equality: ints, ids, bools and floats alike (-0.0 differs from 0.0, NaN payloads must match)."""
     if got is None:
         return Divergence(output, 1, [], problem="missing from the kernel's outputs")
     want, have = _as_tensor(expected).cpu(), _as_tensor(got).detach().cpu()
@@ -52,15 +72,12 @@ def exact(output: str, expected, got) -> Divergence | None:
         return Divergence(output, 1, [], problem=f"shape {tuple(have.shape)}, expected {tuple(want.shape)}")
     if want.dtype != have.dtype:
         return Divergence(output, 1, [], problem=f"dtype {have.dtype}, expected {want.dtype}")
-    if want.is_floating_point():
-        differ = ~((want == have) | (torch.isnan(want) & torch.isnan(have)))
-    else:
-        differ = want != have
+    differ = _differ(want, have)
     total = int(differ.sum())
     if total == 0:
         return None
     idx = differ.nonzero()[:SHOW].tolist()
-    first = [(tuple(i), want[tuple(i)].item(), have[tuple(i)].item()) for i in idx]
+    first = [(tuple(i), _shown(want[tuple(i)], have[tuple(i)]), _shown(have[tuple(i)], want[tuple(i)])) for i in idx]
     return Divergence(output, total, first)
 
 
@@ -129,13 +146,17 @@ def _unravel(flat: int, shape) -> tuple[int, ...]:
 
 def exact_chunked(output: str, expected, got) -> Divergence | None:
     """``exact``, a slice of CHUNK elements at a time: a multi-GB output (a KV cache past 2^31
-    elements) never needs a second whole copy, or whole-size masks, on the host."""
+    elements) never needs a second whole copy, or whole-size masks, on the host. Where both sides
+    sit on one GPU a slice is compared there and copied to the host only when it differs."""
     if not (isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor)) or expected.numel() <= CHUNK \
             or expected.shape != got.shape or expected.dtype != got.dtype:
         return exact(output, expected, got)
     want, have = expected.reshape(-1), got.detach().reshape(-1)
+    on_device = want.device == have.device and want.device.type != "cpu"
     total, first = 0, []
     for start in range(0, want.numel(), CHUNK):
+        if on_device and not bool(_differ(want[start:start + CHUNK], have[start:start + CHUNK]).any()):
+            continue
         found = exact(output, want[start:start + CHUNK], have[start:start + CHUNK])
         if found is not None:
             total += found.total

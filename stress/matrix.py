@@ -1,13 +1,18 @@
-"""The kill matrix: hunt each planted bug through its check until the oracle that claims it fires."""
+"""The kill matrix: hunt each planted bug through its check until the oracle that claims it fires.
 
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
+A hunt is a sequence of cases (iteration i draws family ``i mod len(families)``); each case is
+one task of the same worker pool ``run`` uses, so a case that hangs or kills its worker is
+charged to that case (``fail:timeout`` / ``fail:crash`` among the hunt's other failures) and
+the hunt goes on. Idle workers run later iterations of unfinished hunts ahead of time; a hunt's
+result is still its first killing iteration in order, whatever ran in parallel.
+"""
+
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 
+from stress import interrupts, runner
 from stress import mutants as planted
-from stress.runner import Task, _init_worker, case_seed, run_case, worker_threads
-from stress.types import Check
+from stress.runner import Task, case_seed
+from stress.types import Check, Result
 
 
 @dataclass
@@ -16,13 +21,13 @@ class Kill:
     mutant: str
     device: str
     oracle: str
-    status: str  # killed | survived | not_checked | stale | crash
-    verdict: str = ""  # the failing verdict that killed it
+    status: str  # killed | survived | not_checked | stale | unfinished (not decided yet, or interrupted)
     iterations: int = 0  # cases run until the first kill (or in all, when it survived)
     launch: dict = field(default_factory=dict)
     repro: str = ""
     reason: str = ""
     other_failures: list[str] = field(default_factory=list)  # verdicts other than the claimed oracle
+    verdict: str = ""  # the failing verdict that killed it
     # The whole-path check's hunt of the same bug (the path column): status, verdict, cases, repro or reason
     path: str = "-"
     path_verdict: str = ""
@@ -33,40 +38,125 @@ class Kill:
 ANY = "any"  # a path hunt's oracle: any failure but a timeout kills
 
 
-def hunt(check_name: str, mutant_name: str, device: str, oracle: str, max_iters: int, seed: int,
-         launch: dict | None, timeout: float = 0) -> Kill:
-    """Run the mutant through its families round-robin until a case fails with ``oracle`` (``ANY``: any
-    failure but a timeout). A whole-path check hunts another check's bug through all its own families."""
-    from stress import checks
-
-    check = checks.get(check_name)
-    mutant = checks.find_mutant(mutant_name, check)
-    own = any(m is mutant for m in check.mutants)
-    if own:
-        families = list(mutant.families or check.families)
-    else:  # the families that reach this bug first, then the rest
-        families = list(dict.fromkeys(check.path_families.get(mutant.name, ()) + tuple(check.families)))
-    forced = tuple(sorted(launch.items())) if launch else None
-    kill = Kill(check.name, mutant.name, device, oracle, "survived", max_iters, launch=launch or {})
-    for i in range(max_iters):
-        family = families[i % len(families)]
-        r = run_case(Task(check.name, family, case_seed(seed, check.name, family, i), mutant.name, forced),
-                     device, timeout)
-        if r.verdict == f"fail:{oracle}" or (oracle == ANY and r.failed and r.verdict != "fail:timeout"):
-            kill.status, kill.iterations, kill.repro, kill.launch = "killed", i + 1, r.repro(), r.launch
-            kill.verdict = r.verdict
-            return kill
-        if r.failed and r.verdict not in kill.other_failures:
-            kill.other_failures.append(r.verdict)
-    return kill
+def _kills(oracle: str, verdict: str) -> bool:
+    return verdict == f"fail:{oracle}" or (oracle == ANY and verdict.startswith("fail:") and verdict != "fail:timeout")
 
 
-def _path_hunts(checks: list[Check], device: str, max_iters: int, seed: int, timeout: float):
-    """The path column: each whole-path check of the registry hunts every selected check's bugs but its own;
-    returns (hunts to run, rows' path fields for the bugs it cannot reach here)."""
+@dataclass
+class _Hunt:
+    """One mutant (in one launch shape) hunted through its families, iteration by iteration."""
+
+    kill: Kill
+    families: tuple[str, ...]
+    forced: tuple | None  # the launch shape every case must use (``--by-shape``)
+    max_iters: int
+    seed: int
+    started: int = 0  # iterations handed out so far
+    results: dict[int, Result] = field(default_factory=dict)
+    first_kill: int | None = None
+
+    def limit(self) -> int:
+        return self.max_iters if self.first_kill is None else self.first_kill + 1
+
+    def next_task(self) -> tuple[int, Task] | None:
+        if self.started >= self.limit():
+            return None
+        i, self.started = self.started, self.started + 1
+        family = self.families[i % len(self.families)]
+        k = self.kill
+        return i, Task(k.check, family, case_seed(self.seed, k.check, family, i), k.mutant, self.forced)
+
+    def record(self, i: int, result: Result) -> None:
+        self.results[i] = result
+        if _kills(self.kill.oracle, result.verdict) and (self.first_kill is None or i < self.first_kill):
+            self.first_kill = i
+
+    def running(self) -> int:
+        return self.started - len(self.results)
+
+    def decided(self) -> bool:
+        return all(i in self.results for i in range(self.limit()))
+
+    def finish(self, status: str | None = None) -> Kill:
+        """The row: killed at the first killing iteration, else survived (or ``status``)."""
+        k = self.kill
+        done = [self.results[i] for i in range(self.limit()) if i in self.results]
+        k.other_failures = list(dict.fromkeys(r.verdict for r in done if r.failed and not _kills(k.oracle, r.verdict)))
+        if status:
+            k.status, k.iterations = status, len(done)
+        elif self.first_kill is not None:
+            r = self.results[self.first_kill]
+            k.status, k.iterations, k.repro, k.launch = "killed", self.first_kill + 1, r.repro(), r.launch
+            k.verdict = r.verdict
+        else:
+            k.status, k.iterations = "survived", self.max_iters
+        return k
+
+
+def _new_hunt(check: Check, mutant_name: str, device: str, oracle: str, max_iters: int, seed: int,
+              launch: dict | None) -> _Hunt:
+    """A whole-path check hunts another check's bug through its own families, those that reach it first."""
     from stress import checks as registry
 
-    hunts, known = [], {}
+    mutant = registry.find_mutant(mutant_name, check)
+    forced = tuple(sorted(launch.items())) if launch else None
+    kill = Kill(check.name, mutant.name, device, oracle, "unfinished", launch=launch or {})
+    if any(m is mutant for m in check.mutants):
+        families = tuple(mutant.families or check.families)
+    else:
+        families = tuple(dict.fromkeys(check.path_families.get(mutant.name, ()) + tuple(check.families)))
+    return _Hunt(kill, families, forced, max_iters, seed)
+
+
+def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_row) -> None:
+    """Run the hunts' cases on one pool; ``on_row`` gets each hunt's row as it is decided."""
+    running: dict[int, tuple[_Hunt, int, Task]] = {}  # id(task) -> its hunt and iteration
+    open_hunts = list(hunts)
+
+    def source():
+        for h in sorted(open_hunts, key=lambda h: h.running()):  # stable: earlier hunts first among equals
+            if (step := h.next_task()) is not None:
+                i, task = step
+                running[id(task)] = (h, i, task)
+                return task
+        return None
+
+    def on_outcome(outcome):
+        h, i, _ = running.pop(id(outcome.item))
+        if h not in open_hunts:
+            return  # an iteration run ahead of a kill that was found earlier
+        h.record(i, runner.result_of(outcome, device, timeout, trace=True))
+        if h.decided():
+            open_hunts.remove(h)
+            on_row(h.finish())
+
+    with runner.worker_pool(runner.case_runner(device, jobs, timeout, True), device, jobs, timeout) as workers:
+        try:
+            workers.run(source, on_outcome)
+        except interrupts.Interrupted:
+            for h in open_hunts:
+                on_row(h.finish("unfinished"))
+            raise
+
+
+def hunt(check_name: str, mutant_name: str, device: str, oracle: str, max_iters: int, seed: int,
+         launch: dict | None, timeout: float = 0) -> Kill:
+    """Run one mutant through its families round-robin, in this process, until a case fails with ``oracle``."""
+    from stress import checks
+
+    rows: list[Kill] = []
+    h = _new_hunt(checks.get(check_name), mutant_name, device, oracle, max_iters, seed, launch)
+    _run_hunts([h], device, 0, timeout, rows.append)
+    return rows[0]
+
+
+def _path_hunts(checks: list[Check], device: str, max_iters: int, seed: int) -> tuple[dict[str, _Hunt], dict]:
+    """The path column: each whole-path check of the registry (``Check.unreachable`` set) hunts every
+    selected check's bugs but its own, with any failure as the oracle. Returns the hunts by mutant,
+    and the path fields of the bugs it cannot reach on this device."""
+    from stress import checks as registry
+
+    hunts, known = {}, {}
     for path in registry.REGISTRY:
         if path.unreachable is None or device not in path.devices:
             continue
@@ -75,19 +165,24 @@ def _path_hunts(checks: list[Check], device: str, max_iters: int, seed: int, tim
                 reason = path.unreachable.get(mutant.name, {}).get(device)
                 if reason:
                     known[mutant.name] = ("unreachable", "", 0, reason)
-                elif mutant.name not in known:
-                    known[mutant.name] = None
-                    hunts.append((path.name, mutant.name, device, ANY, max_iters, seed, None, timeout))
-    return hunts, {name: fields for name, fields in known.items() if fields}
+                elif mutant.name not in hunts and mutant.name not in known:
+                    hunts[mutant.name] = _new_hunt(path, mutant.name, device, ANY, max_iters, seed, None)
+    return hunts, known
 
 
 def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, jobs: int,
-                by_shape: bool = False, timeout: float = 0, on_row=None, path_iters: int = 40,
-                path_only: bool = False) -> list[Kill]:
-    """One row per mutant (per launch shape with ``by_shape``); hunts run in worker processes. Each row
-    also carries the path column: the whole-path check's hunt of the same bug (``path_iters`` cases).
-    ``path_only`` hunts the path column alone (the rows' own status is then "not_hunted")."""
-    rows, hunts = [], []
+                by_shape: bool = False, timeout: float = 0, on_row=None, rows: list | None = None,
+                path_iters: int = 40, path_only: bool = False) -> list[Kill]:
+    """One row per mutant (per launch shape with ``by_shape``), in registry order.
+
+    ``on_row`` sees each row as it is decided. ``rows``, when given, is filled with every planned
+    row up front (undecided ones say ``unfinished``), so a caller still holds the whole matrix
+    when a signal stops it; the hunts still open then go to ``on_row`` as ``unfinished`` too.
+    Each row also carries the path column: the whole-path check's hunt of the same bug
+    (``path_iters`` cases); ``path_only`` hunts that column alone (rows then say ``not_hunted``).
+    """
+    rows = [] if rows is None else rows
+    hunts: list[_Hunt] = []
     for check in checks:
         for mutant in check.mutants:
             oracle = mutant.oracles.get(device)
@@ -103,42 +198,53 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
                 rows.append(Kill(check.name, mutant.name, device, oracle, "not_hunted"))
                 continue
             for launch in (check.sweep(device) if by_shape and check.sweep else [None]):
-                hunts.append((check.name, mutant.name, device, oracle, max_iters, seed, launch, timeout))
-    path_hunts, path_fields = _path_hunts(checks, device, path_iters, seed, timeout)
+                hunts.append(_new_hunt(check, mutant.name, device, oracle, max_iters, seed, launch))
+                rows.append(hunts[-1].kill)
     for row in rows:
-        if on_row:
+        if on_row and row.status in ("not_checked", "stale", "not_hunted"):
             on_row(row)
-    done = []
+    path_hunts, path_fields = _path_hunts(checks, device, path_iters, seed)
+    by_kill = {id(h.kill): name for name, h in path_hunts.items()}
 
-    def finished(args, row):
-        if args in path_hunts:
-            path_fields[row.mutant] = (row.status, row.verdict, row.iterations, row.repro or row.reason)
-        else:
-            rows.append(row)
-            done.append(row)
+    def decided(row: Kill) -> None:
+        name = by_kill.get(id(row))
+        if name is None:
             if on_row:
                 on_row(row)
+            return
+        path_fields[name] = (row.status, row.verdict, row.iterations, row.repro or row.reason)
+        for unit in rows:
+            if unit.mutant == name:
+                unit.path, unit.path_verdict, unit.path_iterations, unit.path_detail = path_fields[name]
 
-    if jobs == 0:
-        for args in hunts + path_hunts:
-            finished(args, hunt(*args))
-    else:
-        counter = get_context("spawn").Value("i", 0)
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_init_worker,
-                                 initargs=(device, counter, timeout, True, worker_threads(jobs))) as pool:
-            futures = {pool.submit(hunt, *args): args for args in hunts + path_hunts}
-            for future in as_completed(futures):
-                args = futures[future]
-                try:
-                    row = future.result()
-                except BrokenProcessPool:
-                    row = Kill(args[0], args[1], device, args[3], "crash", launch=args[6] or {},
-                               reason="a worker process died during the hunt")
-                finished(args, row)
     for row in rows:
         if row.mutant in path_fields:
             row.path, row.path_verdict, row.path_iterations, row.path_detail = path_fields[row.mutant]
+        elif row.mutant in path_hunts:
+            row.path = "unfinished"
+    _run_hunts(hunts + list(path_hunts.values()), device, jobs, timeout, decided)
     return rows
+
+
+def verdict(rows: list[Kill], device: str) -> tuple[str, bool]:
+    """The matrix's closing line, and whether every checkable mutant was killed.
+
+    With ``--by-shape`` a mutant has one row per launch shape; it is killed when any shape kills
+    it (a race can be invisible in some shapes, e.g. one warp, and certain in others)."""
+    status: dict[tuple[str, str], set[str]] = {}
+    for k in rows:
+        status.setdefault((k.check, k.mutant), set()).add(k.status)
+    checkable = [s for s in status.values() if s != {"not_checked"} and s != {"not_hunted"}]
+    killed = sum("killed" in s for s in checkable)
+    line = (f"{killed} of {len(checkable)} checkable mutants killed on {device}; "
+            f"{sum(s == {'not_checked'} for s in status.values())} not checked here")
+    path = {k.mutant: k.path for k in rows if k.path != "-"}
+    missed = sorted(m for m, p in path.items() if p not in ("killed", "unreachable"))
+    if path:
+        line += (f"; path column: {sum(p == 'killed' for p in path.values())} killed by the whole step, "
+                 f"{sum(p == 'unreachable' for p in path.values())} unreachable"
+                 + (f", NOT killed: {', '.join(missed)}" if missed else ""))
+    return line, killed == len(checkable) and not missed
 
 
 def table(rows: list[Kill]) -> str:
@@ -152,7 +258,7 @@ def table(rows: list[Kill]) -> str:
         if k.other_failures:
             tail += f"  (also failed as {', '.join(k.other_failures)})"
         path = f" {k.path:11} {k.path_verdict:16} {k.path_iterations:>5}" if with_path else ""
-        if with_path and k.path in ("unreachable", "survived", "crash"):
+        if with_path and k.path not in ("killed", "-"):
             tail += f"  [path: {k.path_detail}]"
         lines.append(f"{k.check:28} {k.mutant:24} {k.oracle:10} {k.device:6} {k.status:11} {k.iterations:>5}{path}  "
                      f"{tail}")

@@ -5,22 +5,19 @@ every failure reproduces from one printed line.
 """
 
 import copy
-import json
 import os
 import signal
 import time
 import traceback
 import zlib
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict
-from multiprocessing import get_context
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from stress import interrupts, pool
 from stress.types import PASS, RETURN, Case, Check, Result
 
 
@@ -174,7 +171,8 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
     """
     from stress import checks, mutants
 
-    result = Result(task.check, task.family, task.seed, device, PASS, mutant=task.mutant)
+    result = Result(task.check, task.family, task.seed, device, PASS, launch=dict(task.launch or ()),
+                    mutant=task.mutant, timeout=timeout, trace=trace)
     start = time.perf_counter()
     if timeout:
         signal.signal(signal.SIGALRM, _on_alarm)
@@ -183,7 +181,7 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
         check = checks.get(task.check)
         mutant = checks.find_mutant(task.mutant, check) if task.mutant else None
         if device not in check.devices:
-            result.verdict = f"not_checked:{check.name} does not run on {device}"
+            result.verdict = f"not_checked:{check.why_not or f'{check.name} does not run on {device}'}"
             return result
         case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
         result.launch, result.note = case.launch, case.note
@@ -194,7 +192,7 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
             if trace and device == "cpu" and result.verdict == PASS:
                 result.verdict, result.details = traced(check, case, task.seed)
     except CaseTimeout:
-        result.verdict, result.details = "fail:timeout", [f"case ran past {timeout:.0f} s"]
+        result.verdict, result.details = "fail:timeout", [f"case ran past {timeout:g} s"]
     except Exception as exc:  # noqa: BLE001 - a crashing case is a verdict, not the end of the run
         result.verdict = "fail:crash"
         result.details = traceback.format_exception_only(exc)[-1:] + traceback.format_exc().splitlines()[-12:]
@@ -202,8 +200,20 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
     finally:
         if timeout:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        case = expected = None  # this case's tensors go before its cached device memory does
+        _release_device_memory(device)
         result.seconds = round(time.perf_counter() - start, 4)
     return result
+
+
+KEEP_CACHED_BYTES = 16 << 30
+
+
+def _release_device_memory(device: str) -> None:
+    """A case past 2^31 elements (``kv_cache.write``'s big_cache) leaves tens of GB in this process's
+    allocator cache; the workers sharing the GPU need them back. Smaller caches are kept."""
+    if device == "cuda" and torch.cuda.memory_reserved() > KEEP_CACHED_BYTES:
+        torch.cuda.empty_cache()
 
 
 def _on_alarm(signum, frame):
@@ -212,31 +222,44 @@ def _on_alarm(signum, frame):
 
 # ---------------------------------------------------------------- worker processes
 
-_DEVICE = "cpu"
-_TIMEOUT = 0.0
-_TRACE = True
 
-
-def _init_worker(device: str, counter, timeout: float, trace: bool, threads: int) -> None:
-    global _DEVICE, _TIMEOUT, _TRACE
-    _DEVICE, _TIMEOUT, _TRACE = device, timeout, trace
+def _init_worker(slot: int, device: str, threads: int) -> None:
+    """Set a pool worker up: device, its share of the cores, its GPU (slot modulo the GPUs)."""
     os.environ["SPECSAN_DEVICE"] = device
     torch.set_num_threads(threads)  # workers split the cores instead of each taking them all
     if device == "cuda":
-        with counter.get_lock():
-            index = counter.value
-            counter.value += 1
-        torch.cuda.set_device(index % torch.cuda.device_count())  # one worker per GPU
+        torch.cuda.set_device(slot % torch.cuda.device_count())
     import stress.checks  # noqa: F401  - define every kernel once, up front
 
 
-def _work(task: Task) -> Result:
-    return run_case(task, _DEVICE, _TIMEOUT, _TRACE)
+def worker_pool(fn, device: str, jobs: int, timeout: float) -> pool.Pool:
+    """The pool ``run`` and ``mutants`` share: a case past ``timeout`` is killed with its worker,
+    a dead worker is charged to its case, a CUDA-fatal result gets its worker replaced."""
+    return pool.Pool(fn, jobs, initializer=_init_worker, initargs=(device, worker_threads(jobs)),
+                     timeout=timeout if jobs else 0.0, retire=lambda result: result.fatal)
 
 
-def _crash_result(task: Task, device: str) -> Result:
-    return Result(task.check, task.family, task.seed, device, "fail:crash", mutant=task.mutant,
-                  details=["the worker process died running this case (segfault or abort)"])
+def case_runner(device: str, jobs: int, timeout: float, trace: bool):
+    """``run_case`` for a pool: in this process (jobs == 0) the deadline is an alarm signal,
+    in workers the pool's watchdog enforces it."""
+    return partial(run_case, device=device, timeout=timeout if jobs == 0 else 0, trace=trace)
+
+
+def result_of(outcome: pool.Outcome, device: str, timeout: float, trace: bool) -> Result:
+    """The case's Result, also when its worker was killed at the deadline or died under it."""
+    task = outcome.item
+    result = outcome.value
+    if outcome.failure:
+        result = Result(task.check, task.family, task.seed, device, "fail:crash", mutant=task.mutant,
+                        launch=dict(task.launch or ()), seconds=round(outcome.seconds, 4))
+        if outcome.failure == "timeout":
+            result.verdict, result.details = "fail:timeout", [f"case ran past {timeout:g} s; its worker was killed"]
+        elif outcome.failure == "died":
+            result.details = [f"the case killed its worker: {outcome.detail}"]
+        else:
+            result.details = outcome.detail.splitlines()[-12:]
+    result.timeout, result.trace = timeout, trace
+    return result
 
 
 def _cores() -> int:
@@ -260,44 +283,23 @@ def worker_threads(jobs: int) -> int:
 
 
 def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Result], None],
-            timeout: float = 0, trace: bool = True) -> None:
+            timeout: float = 0, trace: bool = True, on_abandoned: Callable[[list[Task]], None] | None = None) -> None:
     """Run every task, calling ``on_result`` as each finishes (in completion order).
 
-    ``jobs == 0`` runs in this process. Otherwise worker processes run the cases; a worker that
-    dies takes no result with it: the pool is rebuilt, the unfinished cases rerun one by one
-    until the one that kills its worker is found and reported as ``fail:crash``.
+    ``jobs == 0`` runs in this process. Otherwise ``stress.pool`` workers run the cases: a case
+    past ``timeout`` is ``fail:timeout`` and one that kills its worker ``fail:crash``, each
+    charged to that case alone while the run goes on. When a signal stops the run
+    (``stress.interrupts``), ``on_abandoned`` gets the cases that were running.
     """
-    if jobs == 0:
-        for task in tasks:
-            on_result(run_case(task, device, timeout, trace))
-        return
-    counter = get_context("spawn").Value("i", 0)
-    pending, isolate = list(tasks), False
-    while pending:
-        workers = 1 if isolate else jobs
-        finished: set[Task] = set()
-        broken = restart = False
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                                 initargs=(device, counter, timeout, trace, worker_threads(workers))) as pool:
-            futures = {pool.submit(_work, task): task for task in pending}
-            try:
-                for future in as_completed(futures):
-                    result = future.result()
-                    finished.add(futures[future])
-                    on_result(result)
-                    if result.fatal:
-                        restart = True  # a fresh process gets a fresh CUDA context
-                        break
-            except BrokenProcessPool:
-                broken = True
-            if broken or restart:
-                pool.shutdown(wait=True, cancel_futures=True)
-        pending = [t for t in pending if t not in finished]
-        if broken and isolate and pending:
-            on_result(_crash_result(pending.pop(0), device))
-            isolate = False
-        elif broken:
-            isolate = True
+    pending = iter(tasks)
+    with worker_pool(case_runner(device, jobs, timeout, trace), device, jobs, timeout) as workers:
+        try:
+            workers.run(lambda: next(pending, None),
+                        lambda outcome: on_result(result_of(outcome, device, timeout, trace)))
+        except interrupts.Interrupted:
+            if on_abandoned is not None:
+                on_abandoned(workers.abandoned)
+            raise
 
 
 # ---------------------------------------------------------------- the run command
@@ -305,7 +307,8 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
 
 def plan(checks: list[Check], families: list[str] | None, iters: int, seed: int,
          mutant: str | None = None) -> list[Task]:
-    """Iteration-major order, so an interrupted run has covered every family evenly."""
+    """Iteration-major order, so an interrupted run has covered every family evenly; ``mutant`` is
+    applied in every case."""
     # A check with an iteration share runs its n cases spread evenly over the iterations.
     at = {}
     for check in checks:
@@ -321,94 +324,3 @@ def plan(checks: list[Check], families: list[str] | None, iters: int, seed: int,
                     tasks.append(Task(check.name, family, case_seed(seed, check.name, family, at[check.name][i]),
                                       mutant))
     return tasks
-
-
-class Report:
-    """Streams results to DIR/results.jsonl as they arrive and writes DIR/summary.md at the end."""
-
-    def __init__(self, directory: str | None, header: dict):
-        self.results: list[Result] = []
-        self.directory = directory
-        self.stream = None
-        if directory:
-            os.makedirs(directory, exist_ok=True)
-            self.stream = open(os.path.join(directory, "results.jsonl"), "w", buffering=1)
-            self.stream.write(json.dumps({"run": header}) + "\n")
-        self.header = header
-        self.telemetry: dict = {}  # GPU envelope (stress.telemetry), filled during a GPU run
-
-    def add(self, result: Result) -> None:
-        self.results.append(result)
-        if self.stream:
-            record = asdict(result)
-            record["repro"] = result.repro()
-            self.stream.write(json.dumps(record) + "\n")
-
-    def counts(self) -> tuple[int, int, int]:
-        passed = sum(r.verdict == PASS for r in self.results)
-        failed = sum(r.failed for r in self.results)
-        return passed, failed, sum(r.not_checked for r in self.results)
-
-    def closing_line(self) -> str:
-        passed, failed, not_checked = self.counts()
-        line = f"{passed} passed, {failed} failed"
-        return line + (f", {not_checked} not checked" if not_checked else "")
-
-    def close(self) -> None:
-        if self.stream:
-            if self.telemetry:
-                self.stream.write(json.dumps({"telemetry": self.telemetry}) + "\n")
-            self.stream.close()
-            with open(os.path.join(self.directory, "summary.md"), "w") as f:
-                f.write(self.summary())
-
-    def summary(self) -> str:
-        rows: dict[tuple[str, str], list[Result]] = {}
-        for r in self.results:
-            rows.setdefault((r.check, r.family), []).append(r)
-        out = ["# specsan stress summary", "",
-               "  ".join(f"{k}: {v}" for k, v in self.header.items()), "",
-               "| check | family | passed | failed | not checked | seconds |", "|---|---|---|---|---|---|"]
-        for (check, family), rs in sorted(rows.items()):
-            out.append(f"| {check} | {family} | {sum(r.verdict == PASS for r in rs)} | {sum(r.failed for r in rs)} "
-                       f"| {sum(r.not_checked for r in rs)} | {sum(r.seconds for r in rs):.2f} |")
-        out += acceptance_lines(self.results)
-        failures = [r for r in self.results if r.failed]
-        if failures:
-            out += ["", "## Failures", ""]
-            for r in failures:
-                out.append(f"- `{r.verdict}` {r.check} / {r.family} ({r.note}) launch {r.launch}")
-                out.append(f"  - `{r.repro()}`")
-                out += [f"  - {d}" for d in r.details[:6]]
-        skipped = sorted({(r.check, r.family, r.verdict) for r in self.results if r.not_checked})
-        if skipped:
-            out += ["", "## Not checked", ""] + [f"- {c} / {f}: {v}" for c, f, v in skipped]
-        if self.telemetry:
-            from stress import telemetry
-
-            out += ["", "## GPU telemetry", ""] + [f"- {line}" for line in telemetry.lines(self.telemetry)]
-        out += ["", self.closing_line(), ""]
-        return "\n".join(out)
-
-
-def acceptance_lines(results: list[Result]) -> list[str]:
-    """Acceptance per (check, family) over the cases that report it: the engine's accepted drafts per
-    verified draft next to the reference's on the same workloads; a family whose rate falls below
-    the reference's is flagged."""
-    totals: dict[tuple[str, str], list[int]] = {}
-    for r in results:
-        if "drafted" in r.metrics:
-            t = totals.setdefault((r.check, r.family), [0, 0, 0, 0, 0])
-            t[0] += 1
-            for i, key in enumerate(("drafted", "accepted", "expected_drafted", "expected_accepted"), start=1):
-                t[i] += r.metrics[key]
-    if not totals:
-        return []
-    out = ["", "## Acceptance", "", "| check | family | cases | drafts | acceptance | reference | |",
-           "|---|---|---|---|---|---|---|"]
-    for (check, family), (cases, drafted, accepted, ref_drafted, ref_accepted) in sorted(totals.items()):
-        rate = accepted / drafted if drafted else float("nan")
-        ref_rate = ref_accepted / ref_drafted if ref_drafted else float("nan")
-        flag = "**FALLS**" if ref_drafted and (not drafted or rate < ref_rate) else ""
-        out.append(f"| {check} | {family} | {cases} | {drafted} | {rate:.3f} | {ref_rate:.3f} | {flag} |")
-    return out

@@ -6,6 +6,7 @@ from typing import Any
 
 PASS = "pass"
 RETURN = "return"  # output name that stands for the kernel's return value
+DEFAULT_TIMEOUT = 300.0  # seconds per case, for `run`, `mutants` and `repro` alike
 
 
 @dataclass
@@ -55,7 +56,8 @@ class Check:
     from, so a divergence can say where a wrong value came from. ``expected_order_dependence``
     is the reason a kernel may produce another valid output when its programs run in another
     order (positions handed out by atomic tickets); None (the default): the CPU tracer's
-    reorder reruns must reproduce the output, else ``fail:order-dependent``.
+    reorder reruns must reproduce the output, else ``fail:order-dependent``. ``why_not`` says
+    why a device outside ``devices`` cannot judge the check (its ``not_checked`` reason there).
     ``metrics(expected, outputs)`` (dicts by output name) gives numbers recorded with every case
     (the engine's acceptance). A whole-path check sets ``unreachable``: it also hunts every other
     check's planted bugs (the kill matrix's path column), and this maps each bug it cannot reach
@@ -76,6 +78,7 @@ class Check:
     provenance: dict[str, str] = field(default_factory=dict)
     repeats: dict[str, int] = field(default_factory=lambda: {"cpu": 1, "cuda": 3})
     expected_order_dependence: str | None = None
+    why_not: str = ""
     metrics: Callable | None = None
     unreachable: dict[str, dict[str, str]] | None = None
     path_families: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -104,6 +107,8 @@ class Result:
     mutant: str | None = None
     seconds: float = 0.0
     fatal: bool = False  # the process's CUDA context is unusable after this case
+    timeout: float = DEFAULT_TIMEOUT  # the deadline the case ran under (0 = none)
+    trace: bool = True  # whether a passing CPU case was also run under the tracer
     metrics: dict[str, float] = field(default_factory=dict)  # Check.metrics of the last run
 
     @property
@@ -115,5 +120,14 @@ class Result:
         return self.verdict.startswith("not_checked:")
 
     def repro(self) -> str:
-        extra = f" --mutant {self.mutant}" if self.mutant else ""
-        return f"specsan repro {self.check} {self.family} {self.seed} --device {self.device}{extra}"
+        """The command that reruns exactly this case from a checkout: launch shape, deadline and tracer too."""
+        line = f"./specsan repro {self.check} {self.family} {self.seed} --device {self.device}"
+        if self.mutant:
+            line += f" --mutant {self.mutant}"
+        if self.launch:
+            line += " --launch " + ",".join(f"{k}={v}" for k, v in sorted(self.launch.items()))
+        if self.timeout != DEFAULT_TIMEOUT:
+            line += f" --timeout {self.timeout:g}"
+        if not self.trace and self.device == "cpu":
+            line += " --no-trace"
+        return line

@@ -133,20 +133,28 @@ def test_bad_arguments_name_the_argument(changes, needle):
 
 
 @pytest.mark.parametrize("knob,needle", [({"block_n": 8}, "block_n"), ({"block_m": 1}, "block_m"),
-                                         ({"kv_splits": 0}, "kv_splits"), ({"num_warps": 3}, "num_warps")])
+                                         ({"kv_splits": 0}, "kv_splits"), ({"num_warps": 3}, "num_warps"),
+                                         ({"num_stages": 0}, "num_stages")])
 def test_bad_knobs_name_the_knob(knob, needle):
     with pytest.raises(ValueError, match=needle):
         attend_on_device(_args(), **knob)
 
 
-def test_launch_shape_follows_shapes_only():
-    """The split count aims at two programs per multiprocessor, bounded by what the table can address."""
+def test_launch_shape_follows_shapes_only(monkeypatch):
+    """The split count aims at several programs per multiprocessor, bounded by what the table can address."""
     cpu = torch.device("cpu")
     shape = katt.launch_shape(64, 4, 8, 8, 128, 32 * 1024, torch.bfloat16, cpu)
     assert shape["block_m"] == 128 and shape["queries_per_chunk"] == 16 and shape["kv_splits"] == 1
     decode = katt.launch_shape(4, 4, 8, 8, 128, 32 * 1024, torch.float32, cpu)
     assert decode["block_m"] == 16 and decode["block_n"] == 32
     assert katt.launch_shape(4, 4, 8, 8, 128, 32, torch.bfloat16, cpu, kv_splits=7)["kv_splits"] == 7
+    monkeypatch.setattr(katt, "_multiprocessors", lambda device: 132)  # an H200
+    programs = katt.PROGRAMS_PER_SM * 132
+    decode_32k = katt.launch_shape(4, 4, 8, 8, 128, 32 * 1024, torch.bfloat16, cpu)
+    assert decode_32k["kv_splits"] * 4 * 8 >= programs and decode_32k["num_stages"] == 3
+    draft_1k = katt.launch_shape(64, 4, 8, 8, 128, 1024, torch.bfloat16, cpu)  # 128 rows: 256 keys per split
+    assert draft_1k["kv_splits"] == 4 and draft_1k["num_stages"] == 2
+    assert katt.launch_shape(4, 4, 8, 8, 256, 1024, torch.float32, cpu)["num_stages"] == 2  # 64 KB per stage
 
 
 # ---------------------------------------------------------------- oracle 1 and its positive controls

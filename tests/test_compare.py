@@ -3,6 +3,7 @@
 import torch
 
 from reference.sampling import Decided
+from stress import compare
 from stress.compare import Divergence, Tolerated, Unjudged, exact_unless_near_tie
 
 
@@ -53,3 +54,16 @@ def test_runner_reports_an_unjudged_case_as_not_checked():
     case = runner.build_case(check, "f", 1, "cpu")
     verdict, details = runner.differential(check, case, runner.expected_outputs(check, case), "cpu")
     assert verdict == "not_checked:near ties" and "too few rows judged" in details[0]
+
+
+def test_floats_compare_bit_for_bit():
+    """-0.0 is not 0.0 and a NaN must keep its payload; the report shows the bits that differ."""
+    payload = torch.tensor([0x7FC00001], dtype=torch.int32).view(torch.float32)
+    found = compare.exact("x", torch.tensor([0.0, float("nan"), 1.0]), torch.cat([torch.tensor([-0.0]), payload,
+                                                                               torch.tensor([1.0])]))
+    assert found.total == 2
+    assert found.lines() == ["x: 2 element(s) differ",
+                             "  x[0]: expected 0.0 (bits 0x00000000), got -0.0 (bits 0x80000000)",
+                             "  x[1]: expected nan (bits 0x7fc00000), got nan (bits 0x7fc00001)"]
+    assert compare.exact("x", torch.tensor([float("nan")], dtype=torch.float64),
+                         torch.tensor([float("nan")], dtype=torch.float64)) is None

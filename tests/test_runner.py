@@ -8,7 +8,7 @@ import sys
 import torch
 
 from kernels import runtime
-from stress import checks, compare, guards, runner
+from stress import checks, compare, guards, matrix, pool, runner
 from stress.types import Case, Check, Result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,15 +87,53 @@ def test_execute_keeps_going_after_a_crash():
     assert [r.verdict for r in seen] == ["fail:crash", "pass"]
 
 
+def test_a_killed_or_dead_worker_is_charged_to_its_case():
+    task = runner.Task("block_table.shift", "overlap", 7, None, (("chunk", 16),))
+    timed_out = runner.result_of(pool.Outcome(task, failure="timeout", seconds=2.5), "cpu", 2.0, True)
+    assert (timed_out.verdict, timed_out.details) == ("fail:timeout", ["case ran past 2 s; its worker was killed"])
+    assert timed_out.repro().endswith("overlap 7 --device cpu --launch chunk=16 --timeout 2")
+    died = runner.result_of(pool.Outcome(task, failure="died", detail="its worker process died (killed by SIGSEGV)"),
+                            "cpu", 300, False)
+    assert died.verdict == "fail:crash" and "SIGSEGV" in died.details[0] and died.repro().endswith("--no-trace")
+
+
+def _verdict(i: int, verdict: str) -> Result:
+    return Result("block_table.shift", "overlap", i, "cpu", verdict)
+
+
+def test_a_hunt_is_decided_by_its_first_kill_in_order_whatever_ran_ahead():
+    hunt = matrix._new_hunt(checks.get("block_table.shift"), "no-barrier", "cpu", "race", 10, 0, None)
+    handed = [hunt.next_task()[0] for _ in range(4)]
+    assert handed == [0, 1, 2, 3]
+    hunt.record(2, _verdict(2, "fail:race"))
+    hunt.record(3, _verdict(3, "fail:race"))
+    assert hunt.next_task() is None and not hunt.decided()  # iterations 0 and 1 may still kill earlier
+    hunt.record(0, _verdict(0, "fail:crash"))  # its worker died: one more verdict, the hunt goes on
+    hunt.record(1, _verdict(1, "pass"))
+    assert hunt.decided()
+    kill = hunt.finish()
+    assert (kill.status, kill.iterations, kill.other_failures) == ("killed", 3, ["fail:crash"])
+
+
+def test_the_kill_matrix_does_not_depend_on_the_number_of_workers():
+    gather = [checks.get("block_table.gather")]
+    here = matrix.kill_matrix(gather, runtime.DEVICE, max_iters=20, seed=0, jobs=0)
+    pooled = matrix.kill_matrix(gather, runtime.DEVICE, max_iters=20, seed=0, jobs=2)
+    assert [(k.mutant, k.status, k.iterations, k.repro) for k in here] == \
+           [(k.mutant, k.status, k.iterations, k.repro) for k in pooled]
+
+
 def test_run_streams_jsonl_and_summary(tmp_path):
     done = cli("run", "--iters", "2", "--check", "block_table.shift", "--report", str(tmp_path), "--jobs", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     results = [r for r in lines if "check" in r]
     assert "run" in lines[0] and len(results) == 2 * 7
-    # a GPU run also closes the stream with its telemetry envelope
-    assert [next(iter(r)) for r in lines[1:] if "check" not in r] == (["telemetry"] if runtime.DEVICE == "cuda" else [])
-    assert all(r["verdict"] == "pass" and r["repro"].startswith("specsan repro block_table.shift") for r in results)
+    # a GPU run also records its telemetry envelope; every run ends with its closing record
+    assert [next(iter(r)) for r in lines[1:] if "check" not in r] == \
+           (["telemetry"] if runtime.DEVICE == "cuda" else []) + ["end"]
+    assert lines[-1]["end"]["status"] == "complete" and lines[-1]["end"]["cases_finished"] == 14
+    assert all(r["verdict"] == "pass" and r["repro"].startswith("./specsan repro block_table.shift") for r in results)
     assert done.stdout.strip().splitlines()[-1] == "14 passed, 0 failed"
     assert "| block_table.shift | overlap | 2 | 0 | 0 |" in (tmp_path / "summary.md").read_text()
 
@@ -116,10 +154,3 @@ def test_mutants_command_kills_and_exits_zero():
     assert checkable >= 3  # not_checked on this device must stay the exception
     assert (f"{checkable} of {checkable} checkable mutants killed on {runtime.DEVICE}; "
             f"{len(planted) - checkable} not checked here") in done.stdout
-
-
-def test_bad_names_are_clear_errors():
-    done = cli("repro", "no.such.check", "f", "1")
-    assert done.returncode == 2 and "check 'no.such.check' is not registered" in done.stderr
-    done = cli("run", "--iters", "1", "--family", "nope")
-    assert done.returncode != 0 and "--family nope" in done.stderr

@@ -1,6 +1,9 @@
 """Case families for the KV-cache write: PAD tokens, partial and null blocks, ragged tiles, dtypes, and
 (on the GPU) a cache past 2^31 elements.
 
+A case holds both caches in one ``kv_cache [2, num_blocks, block_size, H_kv, D]`` tensor (K then V,
+a combined KV allocation as engines keep it), so the runner guards and compares them as one buffer:
+a V write whose offset wraps below the V cache lands in the K cache, where the comparison sees it.
 Every slot a case does not write holds NaN and must come back bit for bit; slot-mapping entries
 past the token count name real slots, so a kernel that reads past T writes where it must not.
 """
@@ -8,8 +11,21 @@ past the token count name real slots, so a kernel that reads past T writes where
 import numpy as np
 import torch
 
+import reference.kv_cache
+from kernels.kv_cache import write_kv
 from stress.families.common import big, int64, pick
 from stress.types import Case
+
+
+def write_kv_pair(key, value, slot_mapping, kv_cache, **launch) -> None:
+    """The production write into the K and V halves of a combined cache."""
+    write_kv(key, value, slot_mapping, kv_cache[0], kv_cache[1], **launch)
+
+
+def write_kv_pair_reference(key, value, slot_mapping, kv_cache) -> torch.Tensor:
+    """The reference write, as a new combined cache. It runs where the case's tensors are: a cache past
+    2^31 elements stays on the GPU (its loop indexes a handful of rows; no float math)."""
+    return torch.stack(reference.kv_cache.write_kv(key, value, slot_mapping, kv_cache[0], kv_cache[1]))
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 PAD = -1
@@ -22,30 +38,18 @@ def sweep(device: str) -> list[dict]:
     return [{}, {"block_t": 4, "block_h": 1}, {"block_t": 16}]
 
 
-def _cache(shape, dtype, fill=float("nan")) -> torch.Tensor:
-    return torch.full(shape, fill, dtype=dtype)
-
-
-def kv_case(rng, *, slots, num_blocks, block_size, heads, head_dim, dtype, tail=(), lazy_zero=False,
-            note="") -> Case:
+def kv_case(rng, *, slots, num_blocks, block_size, heads, head_dim, dtype, tail=(), on=None, note="") -> Case:
     """Tokens write ``slots`` (PAD for none); ``tail`` lists slot-mapping entries past the tokens.
 
-    ``lazy_zero`` builds the caches from untouched zero pages instead of NaN, so a multi-GB cache
-    costs host memory only where it is copied.
+    ``on`` builds every input on that device (a multi-GB cache is never copied through the host: the
+    runner guards, runs the reference and compares where the tensors are).
     """
-    shape = (num_blocks, block_size, heads, head_dim)
-    if lazy_zero:
-        numel = int(np.prod(shape))
-        bits = {2: np.int16, 4: np.int32}[dtype.itemsize]  # numpy has no bfloat16; zero bits are 0.0 in all
-        caches = [torch.from_numpy(np.zeros(numel, dtype=bits)).view(dtype).view(shape) for _ in range(2)]
-    else:
-        caches = [_cache(shape, dtype), _cache(shape, dtype)]
+    kv_cache = torch.full((2, num_blocks, block_size, heads, head_dim), float("nan"), dtype=dtype, device=on)
     num_tokens = len(slots)
-    key = torch.from_numpy(rng.standard_normal((num_tokens, heads, head_dim), dtype=np.float32)).to(dtype)
-    value = torch.from_numpy(rng.standard_normal((num_tokens, heads, head_dim), dtype=np.float32)).to(dtype)
-    # v_cache before k_cache: placed in this order, a K write that wraps below its cache lands in V.
-    return Case(inputs={"key": key, "value": value, "slot_mapping": int64(list(slots) + list(tail)),
-                        "v_cache": caches[1], "k_cache": caches[0]},
+    key = torch.from_numpy(rng.standard_normal((num_tokens, heads, head_dim), dtype=np.float32)).to(on, dtype)
+    value = torch.from_numpy(rng.standard_normal((num_tokens, heads, head_dim), dtype=np.float32)).to(on, dtype)
+    return Case(inputs={"key": key, "value": value, "slot_mapping": int64(list(slots) + list(tail)).to(on),
+                        "kv_cache": kv_cache},
                 note=f"T={num_tokens} H={heads} D={head_dim} bs={block_size} {str(dtype)[6:]} {note}".strip())
 
 
@@ -123,15 +127,19 @@ def dtypes(rng, device, launch):
                    heads=heads, head_dim=head_dim, dtype=dtype)
 
 
-BIG_ELEMENTS = (1 << 31) + (1 << 16)  # just past 2^31: offsets of the top blocks overflow int32
-BIG_SHARE = 8  # one GPU case in BIG_SHARE is past 2^31 elements: each costs the runner about a minute and ~20 GB of
-# host copies (two 4.3 GB caches, cloned for the reference and copied in and out per repeat)
+BIG_ELEMENTS = (1 << 31) + (1 << 16)  # per cache, just past 2^31: offsets of the top blocks overflow int32
+BIG_SHARE = 4  # one GPU case in BIG_SHARE is past 2^31 elements: ~35 GB of device memory at its peak (the case's
+# 8.6 GB combined cache, the reference's copies, the guarded copy), so several workers rarely hold one at once
 
 
 def big_cache(rng, device, launch):
-    """Writes near the end of the cache (the highest offsets) and near its start. On the GPU one case in
-    BIG_SHARE has a cache past 2^31 elements, where int32 offsets overflow; the others, and every CPU case,
-    are the same pattern on a small cache."""
+    """Writes near the end of the caches (the highest offsets) and near their start. On the GPU one case in
+    BIG_SHARE has caches past 2^31 elements each, built on the device; the others, and every CPU case, are
+    the same pattern on a small cache.
+
+    Where int32 offsets overflow is deterministic: V slot offset E in [2^31, BIG_ELEMENTS) wraps to
+    E - 2^32, which from the V cache's start is E - 2^31 + (BIG_ELEMENTS - 2^31) elements into the K cache
+    just below it (same allocation), a NaN slot this case never writes: the comparison sees it."""
     heads, head_dim, bs = (8, 128, 16) if big(device) else (2, 8, 16)
     dtype = pick(rng, (torch.float16, torch.bfloat16))
     per_block = bs * heads * head_dim
@@ -141,7 +149,7 @@ def big_cache(rng, device, launch):
     low = _distinct_slots(rng, 2, 3, bs)
     slots = [int(s) for s in rng.permutation(high + low)]
     return kv_case(rng, slots=slots, num_blocks=num_blocks, block_size=bs, heads=heads, head_dim=head_dim,
-                   dtype=dtype, lazy_zero=huge,
+                   dtype=dtype, on=torch.device("cuda", torch.cuda.current_device()) if huge else None,
                    note=f"{num_blocks * per_block} elements" if huge else "small cache")
 
 

@@ -1,0 +1,61 @@
+"""Index inputs a kernel follows (slots, offsets, cache columns) are refused when out of range: always
+for CPU tensors, on a GPU only when asked (SPECSAN_CHECK_INDICES=1), since checking there would
+synchronize the stream on every launch."""
+
+import pytest
+import torch
+
+from kernels import runtime, validate
+from stress import checks, runner
+
+# (check, family, input, the value that is one past the end, the launcher's name for it)
+OUT_OF_RANGE = [
+    ("block_table.gather", "basic", "idx_mapping", lambda i: i["persistent"].shape[0], "slot"),
+    ("block_table.shift", "overlap", "idx_mapping", lambda i: i["num_cached_tokens"].numel(), "slot"),
+    ("block_table.slot_mapping", "basic", "query_start_loc", lambda i: i["positions"].numel() + 1, "offset"),
+    ("sampling.gumbel", "mixed", "idx_mapping", lambda i: i["temperature"].numel(), "slot"),
+    ("sampling.gumbel", "mixed", "cache_cols", lambda i: i["logits_cache"].shape[1], "column"),
+    ("rejection.verify", "mixed", "idx_mapping", lambda i: i["temperature"].numel(), "slot"),
+]
+
+
+def _case_with(check_name, family, name, value, device):
+    check = checks.get(check_name)
+    for seed in range(50):  # a case whose last entry is live (cache columns are only followed for live rows)
+        inputs = runner.fresh_inputs(runner.build_case(check, family, seed, "cpu"))
+        if "idx_mapping" not in inputs or int(inputs["idx_mapping"][-1]) >= 0:
+            break
+    inputs[name][-1] = value(inputs)
+    return check, {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+@pytest.mark.parametrize("check_name,family,name,value,what", OUT_OF_RANGE, ids=[f"{c}-{n}" for c, _, n, _, _ in
+                                                                                  OUT_OF_RANGE])
+def test_an_index_past_the_end_is_refused_on_the_cpu(check_name, family, name, value, what):
+    if runtime.DEVICE != "cpu":
+        pytest.skip("kernels run on the GPU here; see the opt-in test")
+    check, inputs = _case_with(check_name, family, name, value, "cpu")
+    with pytest.raises(ValueError, match=rf"^{name}: {what} -?\d+ at \[\d+\] is outside \[-?\d+, \d+\)"):
+        check.kernel(**inputs)
+
+
+def test_a_slot_below_minus_one_is_refused():
+    with pytest.raises(ValueError, match=r"idx_mapping: slot -2 at \[1\] is outside \[-1, 4\)"):
+        validate.indices("idx_mapping", torch.tensor([0, -2, 3], dtype=torch.int32), -1, 4, what="slot")
+    with pytest.raises(ValueError, match="offsets must not decrease"):
+        validate.offsets("query_start_loc", torch.tensor([0, 3, 2], dtype=torch.int32), 5)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_indices_are_not_read_back_unless_asked(monkeypatch):
+    """By default the check costs nothing on a GPU: no synchronization at all (sync debug mode
+    would raise); with SPECSAN_CHECK_INDICES=1 it refuses the bad slot like on the CPU."""
+    slots = torch.tensor([0, 9], dtype=torch.int32, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        validate.indices("idx_mapping", slots, -1, 4, what="slot")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    monkeypatch.setattr(validate, "CHECK_INDICES_ON_GPU", True)
+    with pytest.raises(ValueError, match=r"idx_mapping: slot 9 at \[1\] is outside \[-1, 4\)"):
+        validate.indices("idx_mapping", slots, -1, 4, what="slot")
