@@ -34,7 +34,15 @@ UNREACHABLE: dict[str, dict[str, str]] = {
         "placeholder-accepted": "the engine schedules real drafts only and verifies each request with exactly "
                                 "its drafts (one launch per draft count): no -1 placeholder is ever verified",
         "int32-offset": "the engine's KV caches hold far fewer than 2^31 elements",
+        "kv-write-not-captured": "the engine drafts through its own step (kernels.spec.engine), not "
+                                 "kernels.spec.draft_step, whose KV write this bug leaves out of the capture",
+        "backbone-not-retained": "the engine reads a replay's results only from static buffers the graph copies "
+                                 "its logits and tokens into, never a backbone output after the replay: an address "
+                                 "a later capture reuses changes nothing it reads",
     }.items()}
+UNREACHABLE["gqa-head-mapping"] = {"cpu": "the CPU model has one KV head: every query head reads it whatever the "
+                                          "mapping (the GPU model has two)"}
+UNREACHABLE["replay-skipped"] = {"cpu": "CUDA graphs exist only on a GPU: the CPU drafts eagerly, no replay to skip"}
 # The engine families that reach a planted bug of another check (its path hunt tries them first).
 _SAMPLED = ("seeded_sampling",)  # temperatures > 0: seeds, Gumbel noise, rejections, the draft-logits cache
 PATH_FAMILIES: dict[str, tuple[str, ...]] = {
@@ -48,6 +56,7 @@ PATH_FAMILIES: dict[str, tuple[str, ...]] = {
     "rises-to-target": _SAMPLED,  # acceptance below 100%: the adaptive depth falls, then climbs
     "zero-width-candidates": ("dsd_bands",), "depth-or-default": ("dsd_bands",), "limit-refuses-zero": ("dsd_bands",),
     "prefill-replays-decode-graph": ("mixed_prefill_decode",), "pad-written": _SAMPLED,
+    "replay-skipped": ("padded_graphs",),
 }
 NEAR_TIE_SHARE = 0.05  # followed decisions beyond this share of all decisions: the case is not judged
 

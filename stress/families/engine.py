@@ -109,7 +109,7 @@ def _sized(device: str, cpu, gpu):
 
 def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, block_sizes, block_share=1.0, k=3,
                 anchor_first=False, probabilistic=False, dsd_schedule=None, adaptive_window=2, max_model_len=None,
-                note="") -> Case:
+                cuda_graphs=False, graph_settings=None, note="") -> Case:
     """One case: settings, weights and ``requests_fn(rng, vocab)``'s request stream. Each pool holds
     ``block_share`` of the blocks every request needs at full length at once (1: no preemption)."""
     max_model_len = max_model_len or _sized(device, 64, 1024)
@@ -127,9 +127,9 @@ def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, bl
                       "max_model_len": max_model_len},
         "num_spec_tokens": k, "anchor_first": anchor_first, "draft_probabilistic": probabilistic,
         "dsd_schedule": dsd_schedule, "adaptive_window": adaptive_window, "seed": int(rng.integers(0, 2**31)),
-        "dtype": "bfloat16" if big(device) else "float32",
+        "dtype": "bfloat16" if big(device) else "float32", "cuda_graphs": cuda_graphs,
     }
-    config.update(_graph_settings(rng, max_num_reqs, k, anchor_first))
+    config.update(graph_settings or _graph_settings(rng, max_num_reqs, k, anchor_first))
     layout = "dspark" if anchor_first else "dflash"
     return Case(inputs={"config": config, "weights": weights, "requests": requests, "num_steps": num_steps,
                         "global_seed": int(rng.integers(0, 2**31))},
@@ -301,6 +301,27 @@ def slot_churn(rng, device, launch):
                        block_sizes=(4, 4), note="slot churn")
 
 
+def padded_graphs(rng, device, launch):
+    """The draft through ``DraftGraphs``: captured once per graph shape and replayed at padded sizes on the
+    GPU (the same padded path eagerly elsewhere). Batches grow and shrink across coarse capture sizes
+    and two DSD bands of different depth; greedy and sampled requests share the graphs."""
+    slots, k = _sized(device, 4, 12), _sized(device, 3, 4)
+    q = k + 1
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=int(rng.integers(0, 4)), max_new=int(rng.integers(3, 12)),
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(4, 16))),
+                        temperature=float(pick(rng, (0.0, 0.0, 1.0)))) for i in range(slots + 2)]
+
+    sizes = sorted({q, 2 * q, slots * q})
+    settings = {"capture_sizes": sizes, "small_grid": 0, "capability_major": 9, "draft_backends": ["specsan_paged"]}
+    half = slots // 2
+    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 12), max_num_reqs=slots,
+                       budget=_sized(device, 64, 2048), block_sizes=(4, 4) if not big(device) else (16, 16), k=k,
+                       dsd_schedule=[(1, half, k), (half + 1, slots, 2)], probabilistic=bool(rng.integers(2)),
+                       cuda_graphs=True, graph_settings=settings, note=f"graphs at {sizes} tokens")
+
+
 FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix, "preempt_resume": preempt_resume,
             "mixed_prefill_decode": mixed_prefill_decode, "dsd_bands": dsd_bands, "long_context": long_context,
-            "seeded_sampling": seeded_sampling}
+            "seeded_sampling": seeded_sampling, "padded_graphs": padded_graphs}
