@@ -476,14 +476,15 @@ ENGINE_CHECKS = (
         mutants=(
             Mutant("prefix-blocks-visible", "spec fix 4 (pre-fix): no restored counts reach the draft: seq_lens not "
                    "shortened, no shift, no fail-closed; the draft reads never-written (NaN) KV",
-                   (Patch(_ENGINE, "num_cached = torch.from_numpy(self.slots.num_cached_tokens).to(dev)",
-                          "num_cached = torch.zeros_like(torch.from_numpy(self.slots.num_cached_tokens)).to(dev)"),),
+                   (Patch(_ENGINE, "torch.from_numpy(self.slots.num_cached_tokens).to(self.device)",
+                          "torch.zeros_like(torch.from_numpy(self.slots.num_cached_tokens)).to(self.device)"),),
                    oracles=_EVERYWHERE, families=("shared_prefix", "preempt_resume", "unaligned_prefix")),
-            Mutant("refused-batch-skips-context-kv", "upstream order: a batch refused for an unaligned prefix "
-                   "returns before its context KV is written, so later drafts read never-written KV",
+            Mutant("refused-batch-skips-context-kv", "upstream order: a batch that drafts nothing (refused for an "
+                   "unaligned prefix, or at depth 0) returns before its context KV is written, so later drafts "
+                   "read never-written KV",
                    (Patch(_ENGINE, "        self.model.write_context_kv(",
                           "        prepared and self.model.write_context_kv("),),
-                   oracles=_EVERYWHERE, families=("unaligned_prefix",)),
+                   oracles=_EVERYWHERE, families=("unaligned_prefix", "dsd_bands")),
         ),
     ),
 )

@@ -313,7 +313,7 @@ def padded_graphs(rng, device, launch):
                         prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(4, 16))),
                         temperature=float(pick(rng, (0.0, 0.0, 1.0)))) for i in range(slots + 2)]
 
-    sizes = sorted({q, 2 * q, slots * q})
+    sizes = sorted({q, (slots // 2 + 1) * q, slots * q})  # coarse: most batches replay padded
     settings = {"capture_sizes": sizes, "small_grid": 0, "capability_major": 9, "draft_backends": ["specsan_paged"]}
     half = slots // 2
     return engine_case(rng, device, requests, num_steps=_sized(device, 6, 12), max_num_reqs=slots,
