@@ -95,7 +95,7 @@ class _Hunt:
 
 def _new_hunt(check: Check, mutant_name: str, device: str, oracle: str, max_iters: int, seed: int,
               launch: dict | None) -> _Hunt:
-    """A whole-path check hunts another check's bug through its own families, those that reach it first."""
+    """A whole-path check hunts another check's bug through its own families, mostly those that reach it."""
     from stress import checks as registry
 
     mutant = registry.find_mutant(mutant_name, check)
@@ -103,8 +103,9 @@ def _new_hunt(check: Check, mutant_name: str, device: str, oracle: str, max_iter
     kill = Kill(check.name, mutant.name, device, oracle, "unfinished", launch=launch or {})
     if any(m is mutant for m in check.mutants):
         families = tuple(mutant.families or check.families)
-    else:
-        families = tuple(dict.fromkeys(check.path_families.get(mutant.name, ()) + tuple(check.families)))
+    else:  # the families that reach the bug take four turns in every round
+        hints = check.path_families.get(mutant.name, ())
+        families = hints * 4 + tuple(f for f in check.families if f not in hints)
     return _Hunt(kill, families, forced, max_iters, seed)
 
 
