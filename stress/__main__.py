@@ -106,6 +106,11 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--max-iters", type=_count(1), default=200,
                         help="cases per mutant before it counts as survived (default: 200)")
         sp.add_argument("--by-shape", action="store_true", help="hunt separately in every launch shape of the sweep")
+        sp.add_argument("--path", action="store_true",
+                        help="add the path column: the whole-path check (engine.step) hunts every other check's bug "
+                             "too (default: off; it costs minutes)")
+        sp.add_argument("--path-iters", type=_count(1), default=40,
+                        help="with --path: cases of the whole-path check per other check's mutant (default: 40)")
 
     run = sub.add_parser("run", help="replay every (check, family) N times against the references")
     common(run)
@@ -164,10 +169,7 @@ def _parser() -> argparse.ArgumentParser:
     common(mut)
     mut.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
     matrix(mut)
-    mut.add_argument("--path-iters", type=_count(1), default=40,
-                     help="cases of the whole-path check (engine.step) per other check's mutant: the path column "
-                          "(default: 40)")
-    mut.add_argument("--path-only", action="store_true", help="hunt the path column alone")
+    mut.add_argument("--path-only", action="store_true", help="hunt the path column alone (implies --path)")
     pool(mut, "hunted")
     mut.add_argument("--json", action="store_true", help="print the matrix as JSON on stdout and nothing else")
     mut.add_argument("--report", help="also write results.jsonl, mutants.json, summary.md and the heat map to DIR, "
@@ -292,7 +294,8 @@ def _run_matrix(report, selected, device: str, args, jobs: int) -> None:
     report.kills = []
     matrix.kill_matrix(selected, device, max_iters=args.max_iters, seed=args.seed, jobs=jobs, by_shape=args.by_shape,
                        timeout=args.timeout, on_row=on_row, rows=report.kills,
-                       path_iters=getattr(args, "path_iters", 40), path_only=getattr(args, "path_only", False))
+                       path_iters=args.path_iters if args.path or getattr(args, "path_only", False) else 0,
+                       path_only=getattr(args, "path_only", False))
 
 
 def _run_into(report, stages) -> interrupts.Interrupted | None:

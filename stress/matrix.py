@@ -180,7 +180,8 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
     row up front (undecided ones say ``unfinished``), so a caller still holds the whole matrix
     when a signal stops it; the hunts still open then go to ``on_row`` as ``unfinished`` too.
     Each row also carries the path column: the whole-path check's hunt of the same bug
-    (``path_iters`` cases); ``path_only`` hunts that column alone (rows then say ``not_hunted``).
+    (``path_iters`` cases; 0 leaves the column out); ``path_only`` hunts that column alone (rows then
+    say ``not_hunted``).
     """
     rows = [] if rows is None else rows
     hunts: list[_Hunt] = []
@@ -204,7 +205,7 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
     for row in rows:
         if on_row and row.status in ("not_checked", "stale", "not_hunted"):
             on_row(row)
-    path_hunts, path_fields = _path_hunts(checks, device, path_iters, seed)
+    path_hunts, path_fields = _path_hunts(checks, device, path_iters, seed) if path_iters else ({}, {})
     by_kill = {id(h.kill): name for name, h in path_hunts.items()}
 
     def decided(row: Kill) -> None:

@@ -232,3 +232,16 @@ def test_tp_ranks_agree_on_the_engine_and_diverge_under_the_fix2_mutants():
     for mutant, outcome in outcomes.items():
         assert not outcome.agreed and "DIVERGED step " in outcome.message, outcome.message
         assert outcome.message.split(" field ")[1].split(":")[0] in first_field[mutant], outcome.message
+
+
+def test_path_column_is_opt_in_and_kills_through_the_whole_step():
+    """Without a path budget the matrix hunts only the unit checks; with one, engine.step kills the slot bugs too."""
+    from stress import matrix
+
+    slots = [checks.get("spec.slots")]
+    plain = matrix.kill_matrix(slots, "cpu", max_iters=20, seed=0, jobs=0, path_iters=0)
+    assert {k.path for k in plain} == {"-"} and {k.status for k in plain} == {"killed"}
+    with_path = matrix.kill_matrix(slots, "cpu", max_iters=20, seed=0, jobs=0, path_iters=20, path_only=True)
+    assert {k.mutant: k.path for k in with_path} == {"set-order-recycling": "killed", "global-rng-seeds": "killed"}
+    line, ok = matrix.verdict(with_path, "cpu")
+    assert ok and "path column: 2 killed by the whole step" in line
