@@ -61,7 +61,7 @@ PATH_FAMILIES: dict[str, tuple[str, ...]] = {
     "rises-to-target": _SAMPLED,  # acceptance below 100%: the adaptive depth falls, then climbs
     "zero-width-candidates": ("dsd_bands",), "depth-or-default": ("dsd_bands",), "limit-refuses-zero": ("dsd_bands",),
     "prefill-replays-decode-graph": ("mixed_prefill_decode",), "pad-written": _SAMPLED,
-    "replay-skipped": ("padded_graphs",),
+    "replay-skipped": ("padded_graphs",), "padded-draft-rows-slot-0": ("padded_graphs",),
 }
 NEAR_TIE_SHARE = 0.05  # followed decisions beyond this share of all decisions: the case is not judged
 

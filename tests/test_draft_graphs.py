@@ -168,7 +168,7 @@ def test_padded_rows_mapped_to_slot_0_write_its_logits_cache():
         return owner.step.logits_cache[0]
 
     assert bool(run().isnan().all())
-    with mutants.applied(checks.get("graphs.replay").mutant("padded-rows-slot-0")):
+    with mutants.applied(checks.get("graphs.replay").mutant("padded-draft-rows-slot-0")):
         assert not bool(run().isnan().any())
 
 

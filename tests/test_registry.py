@@ -27,6 +27,16 @@ def test_every_check_has_families_and_mutants():
         assert check.mutants, f"{check.name} has no planted bug: its oracle is unproven"
 
 
+def test_a_mutant_name_means_one_bug():
+    """The kill matrix's path column and `run --mutant` key results by name: two checks may share a
+    name only when they plant the same patches (one bug hunted in two places)."""
+    patches_by_name = {}
+    for check in checks.REGISTRY:
+        for mutant in check.mutants:
+            seen = patches_by_name.setdefault(mutant.name, mutant.patches)
+            assert seen == mutant.patches, f"{mutant.name} names two different bugs ({check.name})"
+
+
 def _same(a, b) -> bool:
     """Equal all the way down; tensors bitwise (NaN logits equal NaN)."""
     import torch
