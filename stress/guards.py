@@ -17,21 +17,48 @@ class Guarded:
     pad: int  # elements of canary on each side
 
     def damage(self) -> str | None:
+        """Canary bytes overwritten outside the view: before it, after it, or in the gaps a strided
+        view leaves between its rows (the row padding a kernel must not touch)."""
+        dense = self.view.is_contiguous()
+        if not dense:  # the view's own bytes read as canary while the buffer is checked, then come back
+            values = self.view.clone()
+            self.view.copy_(canary_like(self.view))
         raw = self.buffer.view(torch.uint8)
         step = self.buffer.element_size()
-        before, after = raw[: self.pad * step], raw[raw.numel() - self.pad * step:]
-        bad_before = int((before != CANARY).sum())
-        bad_after = int((after != CANARY).sum())
-        if not (bad_before or bad_after):
+        first, end = self.pad * step, raw.numel() - self.pad * step
+        bad_before = int((raw[:first] != CANARY).sum())
+        bad_after = int((raw[end:] != CANARY).sum())
+        bad_gaps = 0 if dense else int((raw[first:end] != CANARY).sum())
+        if not dense:
+            self.view.copy_(values)
+        if not (bad_before or bad_after or bad_gaps):
             return None
-        return f"{self.name}: guard zone overwritten ({bad_before} byte(s) before, {bad_after} after the tensor)"
+        gaps = f", {bad_gaps} in the gaps between its rows" if bad_gaps else ""
+        return f"{self.name}: guard zone overwritten ({bad_before} byte(s) before, {bad_after} after the tensor{gaps})"
+
+
+def canary_like(t: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``t``'s shape and dtype whose every byte is CANARY (broadcast, no copy per element)."""
+    one = torch.full((t.element_size(),), CANARY, dtype=torch.uint8, device=t.device).view(t.dtype)
+    return one.reshape((1,) * t.dim()).expand(t.shape)
+
+
+def span(t: torch.Tensor) -> int:
+    """Elements from a view's first to its last, as its strides lay it out (its storage extent)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
 
 
 def place(name: str, t: torch.Tensor, device: torch.device) -> Guarded:
-    """A copy of ``t`` on ``device``, contiguous, between two canary zones."""
+    """A copy of ``t`` on ``device`` between two canary zones, in ``t``'s layout: a contiguous tensor
+    stays contiguous, a strided view (row-padded, every other row) keeps its strides, and the bytes
+    its rows skip hold canaries too. Launchers accept such views, so the runner must not hide them."""
     pad = max(1, GUARD_BYTES // t.element_size())
-    buffer = torch.empty(t.numel() + 2 * pad, dtype=t.dtype, device=device)
+    dense = t.is_contiguous()
+    extent = t.numel() if dense else span(t)
+    buffer = torch.empty(extent + 2 * pad, dtype=t.dtype, device=device)
     buffer.view(torch.uint8).fill_(CANARY)
-    view = buffer[pad:pad + t.numel()].view(t.shape)
+    view = buffer[pad:pad + t.numel()].view(t.shape) if dense else buffer.as_strided(t.shape, t.stride(), pad)
     view.copy_(t)
     return Guarded(name, buffer, view, pad)

@@ -52,8 +52,16 @@ def build_case(check: Check, family: str, seed: int, device: str, launch: dict |
 
 
 def fresh_inputs(case: Case) -> dict:
-    """Private copies of a case's inputs, so no run can change what the next one sees."""
-    return {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in case.inputs.items()}
+    """Private copies of a case's inputs, so no run can change what the next one sees; a strided
+    view stays one (same strides), so the tracer sees the layout the kernel was given."""
+    return {k: same_layout(v) if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in case.inputs.items()}
+
+
+def same_layout(t: torch.Tensor) -> torch.Tensor:
+    """A copy with ``t``'s shape and strides (``clone`` makes a row-padded view contiguous)."""
+    if t.is_contiguous():
+        return t.clone()
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
 
 
 def expected_outputs(check: Check, case: Case) -> dict:

@@ -33,6 +33,17 @@ def test_guard_zone_catches_a_write_past_the_end():
     assert "(0 byte(s) before, 4 after the tensor)" in g.damage()
 
 
+def test_guard_zone_keeps_a_strided_view_and_watches_its_row_padding():
+    rows = torch.arange(12, dtype=torch.int32).view(3, 4)[:, :3]  # row-padded: stride 4, width 3
+    g = guards.place("t", rows, torch.device("cpu"))
+    assert g.view.stride() == (4, 1) and torch.equal(g.view, rows) and g.damage() is None
+    g.buffer[g.pad + 3] = 0  # the padding element after row 0
+    assert "1 after the tensor" not in g.damage() and "in the gaps between its rows" in g.damage()
+    assert torch.equal(g.view, rows), "checking the gaps must leave the view's values as they were"
+    copied = runner.same_layout(rows)
+    assert copied.stride() == rows.stride() and torch.equal(copied, rows)
+
+
 def test_exact_reports_first_divergence_and_its_source():
     source = torch.arange(10, dtype=torch.int32).view(1, 10)
     got = source[:, :].clone()
