@@ -17,9 +17,14 @@ Semantics, mirrored by ``reference.rejection``:
   [-2^126, 2^126], NaN to -2^126: +inf entries share all mass, and a row of NaN/-inf is
   uniform (2^126 keeps differences of clamped scores finite in float32). q is one-hot on
   the draft when no draft logits are given.
-* accept draft x iff ``0 <= x < V`` and ``p(x) >= u * q(x)``; resample from ``max(p - q, 0)``
-  (with one-hot q: the target distribution without x) by Gumbel-max. A placeholder is
-  rejected like any other draft and resampled the same way.
+* accept draft x iff ``0 <= x < V`` and ``p(x) > u * q(x)`` (upstream's ``log p(x) > log u +
+  log q(x)``: a token the target gives probability 0 is never accepted, whatever u and q(x));
+  resample from ``max(p - q, 0)`` (with one-hot q: the target distribution without x) by
+  Gumbel-max. A placeholder is rejected like any other draft and resampled the same way.
+* ``num_rejected`` counts the request's own drafts (upstream: its logit rows minus the tokens
+  sampled): trailing placeholders pad a shorter request to k and are not drafts, so a request
+  with d real drafts reports ``d + 1 - num_sampled``. Rejecting the first padding placeholder
+  resamples from target row d without exclusion, which is the bonus token upstream would draw.
 * NaN scores never win an argmax; ties go to the lowest token; all -inf gives token 0.
 * an inert row (slot -1) writes -1 tokens and zero counts.
 """
@@ -139,7 +144,7 @@ def _verify_kernel(target_ptr, target_request_stride, target_step_stride, draft_
                 q_x = _probability(q_row_ptr, x, temp, q_max, q_sum)
             else:  # one-hot q
                 q_max, q_sum, q_x = p_max, p_sum, 1.0
-            accepted = valid & (p_x >= uint_to_uniform_float(bits) * q_x)
+            accepted = valid & (p_x > uint_to_uniform_float(bits) * q_x)
             token = draft
             if accepted == 0:
                 token = _gumbel_argmax(row_ptr, q_row_ptr, temp, bits, draft, p_max, p_sum, q_max, q_sum, vocab,
@@ -159,9 +164,13 @@ def _verify_kernel(target_ptr, target_request_stride, target_step_stride, draft_
             bonus = _argmax(row_ptr, vocab, BLOCK_V)
         emitted = tl.where(lanes == num_drafts, bonus, emitted)
     sampled = step + verifying.to(tl.int32)
+    # the request's own drafts end at its last non-placeholder: trailing -1s only pad it to k
+    drafts = tl.load(draft_tokens_ptr + b.to(tl.int64) * draft_tokens_stride + lanes, mask=lanes < num_drafts,
+                     other=-1)
+    own_drafts = tl.max(tl.where(drafts >= 0, lanes + 1, 0), 0)
     tl.store(out_ptr + b.to(tl.int64) * out_stride + lanes, emitted, mask=lanes <= num_drafts)
     tl.store(num_sampled_ptr + b, sampled)
-    tl.store(num_rejected_ptr + b, tl.where(live, num_drafts + 1 - sampled, 0))
+    tl.store(num_rejected_ptr + b, tl.where(live, own_drafts + 1 - sampled, 0))
 
 
 def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, idx_mapping: torch.Tensor,
@@ -175,8 +184,8 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, idx_mapping:
     int64 (by slot); positions [B] int64 (position key of target row 0; row i uses +i);
     draft_logits [S, k, V] float32 (unscaled) or None for one-hot q.
     Outputs: out_tokens [R >= B, k+1] int64 (emitted tokens, then -1), num_sampled [R] int32
-    (accepted + 1), num_rejected [R] int32 (k + 1 - num_sampled). ``block_v`` and
-    ``num_warps`` are launch knobs (powers of two).
+    (accepted + 1), num_rejected [R] int32 (d + 1 - num_sampled, d = drafts before the trailing
+    placeholders). ``block_v`` and ``num_warps`` are launch knobs (powers of two).
     """
     validate.tensor("target_logits", target_logits, dtype=torch.float32, ndim=3)
     validate.tensor("draft_tokens", draft_tokens, dtype=torch.int64, ndim=2)

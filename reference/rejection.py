@@ -74,8 +74,10 @@ def verify_request(target, drafts, temp, seed, pos, draft_logits=None) -> tuple[
             p, p_tol = softmax(target[i], temp)
             q_x, q_x_tol = (float(q[0][x]), float(q[1][x])) if q is not None else (1.0, 0.0)
             margin = float(p[x]) - u * q_x
-            accepted = margin >= 0
-            near_tie |= abs(margin) <= float(p_tol[x]) + u * q_x_tol + EPS * u * q_x
+            accepted = margin > 0
+            # p(x) = 0 in float64 is 0 in float32 too: a certain rejection, never a near tie, so
+            # the absolute floor of the bound cannot excuse accepting it (when q(x) = 0 as well)
+            near_tie |= float(p[x]) > 0 and abs(margin) <= float(p_tol[x]) + u * q_x_tol + EPS * u * q_x
         if accepted:
             tokens.append(x)
             continue
@@ -85,12 +87,17 @@ def verify_request(target, drafts, temp, seed, pos, draft_logits=None) -> tuple[
     return tokens + [bonus], near_tie or tie
 
 
+def own_drafts(drafts: torch.Tensor) -> int:
+    """A request's drafts: those up to its last non-placeholder (trailing -1s pad it to k)."""
+    real = (drafts >= 0).nonzero()
+    return int(real[-1]) + 1 if real.numel() else 0
+
+
 def verify(target_logits, draft_tokens, idx_mapping, temperature, seeds, positions, out_tokens, num_sampled,
            num_rejected, *, draft_logits=None):
     """Returns ``Decided`` out_tokens, num_sampled, num_rejected (rows past the batch unchanged)."""
     out, sampled, rejected = out_tokens.clone(), num_sampled.clone(), num_rejected.clone()
     near_tie = torch.zeros(out.shape[0], dtype=torch.bool)
-    rows = target_logits.shape[1]
     for b, slot in enumerate(int(s) for s in idx_mapping):
         out[b] = -1
         if slot < 0:
@@ -100,5 +107,5 @@ def verify(target_logits, draft_tokens, idx_mapping, temperature, seeds, positio
             target_logits[b], draft_tokens[b], float(temperature[slot]), int(seeds[slot]), int(positions[b]),
             None if draft_logits is None else draft_logits[slot])
         out[b, :len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
-        sampled[b], rejected[b] = len(tokens), rows - len(tokens)
+        sampled[b], rejected[b] = len(tokens), own_drafts(draft_tokens[b]) + 1 - len(tokens)
     return Decided(out, near_tie), Decided(sampled, near_tie), Decided(rejected, near_tie)

@@ -212,7 +212,7 @@ SLOT_CHECKS = (
 _VERIFY = "kernels.rejection:_verify_kernel"
 _ACCEPT_IGNORES_U = Mutant(
     "accept-ignores-u", "accepts iff p(x) >= q(x): the uniform is dropped from the accept test",
-    (Patch(_VERIFY, "(p_x >= uint_to_uniform_float(bits) * q_x)", "(p_x >= q_x)"),),
+    (Patch(_VERIFY, "(p_x > uint_to_uniform_float(bits) * q_x)", "(p_x >= q_x)"),),
     oracles={"cpu": "divergence", "cuda": "divergence"})
 _RESAMPLE_FROM_TARGET = Mutant(
     "resample-from-target", "resamples from p (rejected draft included) instead of the residual max(p - q, 0)",
@@ -236,6 +236,16 @@ REJECTION_CHECKS = (
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",)),
             _ACCEPT_IGNORES_U,
             _RESAMPLE_FROM_TARGET,
+            Mutant("accepts-zero-target-probability", "accepts iff p(x) >= u q(x) (pre-fix): a token of target "
+                   "probability 0 passes when its draft probability is 0 too, where upstream's log test rejects it",
+                   (Patch(_VERIFY, "(p_x > uint_to_uniform_float(bits) * q_x)",
+                          "(p_x >= uint_to_uniform_float(bits) * q_x)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("extremes",)),
+            Mutant("padding-counted-as-rejected", "num_rejected (pre-fix) counts a shorter request's trailing "
+                   "placeholders as rejected drafts: k + 1 - num_sampled instead of its own d + 1 - num_sampled",
+                   (Patch(_VERIFY, "tl.where(live, own_drafts + 1 - sampled, 0)",
+                          "tl.where(live, num_drafts + 1 - sampled, 0)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",)),
             Mutant("seed-by-row", "the Philox seed is read by batch row instead of request slot",
                    (Patch(_VERIFY, "tl.load(seeds_ptr + slot,", "tl.load(seeds_ptr + b,"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),

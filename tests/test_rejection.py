@@ -10,7 +10,7 @@ from kernels import runtime
 from kernels.rejection import verify
 from kernels.sampling import gumbel_sample
 from reference import rejection as ref
-from stress.compare import Tolerated, exact_unless_near_tie
+from stress.compare import Divergence, Tolerated, exact_unless_near_tie
 
 NAN, INF = float("nan"), float("inf")
 SENTINEL = -7777
@@ -55,9 +55,60 @@ def test_greedy_accepts_while_draft_is_argmax():
 def test_placeholder_draft_token_rejected():
     """-1 never matches in greedy mode and never passes the accept test when sampling."""
     target = _spikes(0, 3)[None]
-    assert _verify(target, [[-1]], temps=[0.0]) == [[[0, -1]], [1], [1]]
+    assert _verify(target, [[-1]], temps=[0.0]) == [[[0, -1]], [1], [0]]
     tokens, sampled, _ = _verify(torch.zeros(1, 2, 6), [[-1]], temps=[1.0])
     assert sampled == [1] and 0 <= tokens[0][0] < 6 and tokens[0][1] == -1
+
+
+def test_num_rejected_counts_only_the_requests_own_drafts():
+    """Trailing placeholders pad a shorter request to k: upstream gives that request d + 1 logit rows,
+    so it reports d + 1 - num_sampled; a placeholder before a real draft is a rejected draft."""
+    target = _spikes(2, 4, 1, 3)[None]
+    assert _verify(target, [[2, -1, -1]], temps=[0.0]) == [[[2, 4, -1, -1]], [2], [0]]
+    assert _verify(target, [[5, -1, -1]], temps=[0.0]) == [[[2, -1, -1, -1]], [1], [1]]
+    assert _verify(target, [[2, -1, 1]], temps=[0.0]) == [[[2, 4, -1, -1]], [2], [2]]
+    assert _verify(target, [[-1, -1, -1]], temps=[0.0]) == [[[2, -1, -1, -1]], [1], [0]]
+    tokens, sampled, rejected = _verify(target * 4, [[2, 4, -1]], temps=[1.0])
+    assert tokens[0][:2] == [2, 4] and sampled == [3] and rejected == [0]
+
+
+def _zero_probability_case(seed: int) -> dict:
+    """Draft 0 has probability exactly 0 on the target side and on the draft side (logit -inf),
+    so the pre-fix test p(x) >= u q(x) reads 0 >= 0 and accepts it."""
+    target = torch.zeros(2, 2, 4)
+    target[:, 0, 0] = -INF
+    q = torch.zeros(2, 1, 4)
+    q[:, 0, 0], q[:, 0, 1] = -INF, 3.0  # the residual max(p - q, 0) lives on tokens 2 and 3
+    return {"target": target, "drafts": [[0], [0]], "temps": [1.0, 0.5], "seeds": [seed, seed + 1],
+            "draft_logits": q}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_zero_target_probability_is_never_accepted(seed):
+    """Upstream accepts iff log p(x) > log u + log q(x): p(x) = 0 fails for every u, even with q(x) = 0."""
+    case = _zero_probability_case(seed)
+    tokens, sampled, rejected = _verify(case["target"], case["drafts"], case["temps"], seeds=case["seeds"],
+                                        draft_logits=case["draft_logits"])
+    assert sampled == [1, 1] and rejected == [1, 1]
+    assert all(row[0] in (2, 3) for row in tokens)
+
+
+def test_zero_probability_is_judged_not_excused_as_a_near_tie():
+    """A real difference of zero (p(x) = q(x) = 0) is a certain rejection: the reference must not flag it
+    as a near tie, or exact_unless_near_tie would tolerate a kernel that accepts it."""
+    case = _zero_probability_case(0)
+    inputs = {"target_logits": case["target"], "draft_tokens": torch.tensor(case["drafts"]),
+              "idx_mapping": torch.tensor([0, 1], dtype=torch.int32), "temperature": torch.tensor(case["temps"]),
+              "seeds": torch.tensor(case["seeds"]), "positions": torch.tensor([5, 5]),
+              "out_tokens": torch.full((2, 2), SENTINEL), "num_sampled": torch.full((2,), SENTINEL, dtype=torch.int32),
+              "num_rejected": torch.full((2,), SENTINEL, dtype=torch.int32), "draft_logits": case["draft_logits"]}
+    out_tokens, num_sampled, _ = ref.verify(**inputs)
+    assert not out_tokens.near_tie.any()
+    accepted = out_tokens.value.clone()
+    accepted[:, 0] = 0  # what the pre-fix kernel emits: the draft, then a bonus
+    assert isinstance(exact_unless_near_tie("out_tokens", out_tokens, accepted), Divergence)
+    assert isinstance(exact_unless_near_tie("num_sampled", num_sampled, torch.tensor([2, 2], dtype=torch.int32)),
+                      Divergence)
 
 
 def test_probabilistic_accepts_a_certain_draft_and_emits_the_bonus():

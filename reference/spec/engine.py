@@ -129,8 +129,9 @@ def verify_request(rows: list[Row], drafts, temp, seed, pos, cached_q: list[Row]
             q_p, q_rel = _probs(q, temp)
             q_x, q_x_err = float(q_p[x]), float(q_p[x] * q_rel[x])
         margin = float(p[x]) - u * q_x
-        near |= abs(margin) <= float(p[x] * p_rel[x]) + u * q_x_err
-        if margin >= 0:
+        # accept iff p(x) > u q(x): p(x) = 0 is a certain rejection, never a near tie
+        near |= float(p[x]) > 0 and abs(margin) <= float(p[x] * p_rel[x]) + u * q_x_err
+        if margin > 0:
             tokens.append(x)
             continue
         token, tie = sample(rows[i], temp, seed, pos + i, excluded=x, q=q)

@@ -1,4 +1,4 @@
-"""Helpers the families share: sizes per device, distinct block ids, slot layouts, sentinels."""
+"""Helpers the families share: sizes per device, distinct block ids, slot layouts, sentinels, strided views."""
 
 import numpy as np
 import torch
@@ -35,3 +35,26 @@ def int32(values) -> torch.Tensor:
 
 def int64(values) -> torch.Tensor:
     return torch.as_tensor(np.asarray(values, dtype=np.int64))
+
+
+INT32_MAX = 2**31 - 1
+
+
+def padded_view(rng: np.random.Generator, t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in a view of the same shape whose outer dimensions skip memory: each inner size is
+    padded by 1..3 elements (row padding, so every outer stride grows) and, one time in two, only every
+    other outermost row is used. The innermost stride stays 1, as launchers require; 1-D and empty
+    tensors come back as they are. The runner keeps such views (``stress.guards.place``) and watches
+    the skipped bytes."""
+    if t.dim() < 2 or t.numel() == 0:
+        return t
+    step = int(rng.integers(1, 3))
+    padded = [size + int(rng.integers(1, 4)) for size in t.shape[1:]]
+    base = torch.empty((t.shape[0] * step, *padded), dtype=t.dtype)
+    view = base[(slice(None, None, step), *(slice(0, size) for size in t.shape[1:]))]
+    return view.copy_(t)
+
+
+def tile_boundary_sizes(tile: int) -> tuple[int, ...]:
+    """Sizes one below, at and one above one and two ``tile``s (the first size of each next tile count)."""
+    return tuple(n for m in (1, 2) for n in (m * tile - 1, m * tile, m * tile + 1) if n > 0)

@@ -1,10 +1,11 @@
 """Case families for verification (greedy / one-hot q / draft logits, placeholders, padding,
-nonfinite, long vocab, ties, depth 0), and the statistical family: many trials of one request."""
+nonfinite, long vocab, ties, depth 0, strided views, probabilities exactly 0, vocab tile boundaries),
+and the statistical family: many trials of one request."""
 
 import numpy as np
 import torch
 
-from stress.families.common import SENTINEL, big, pick, slots_for
+from stress.families.common import INT32_MAX, SENTINEL, big, padded_view, pick, slots_for, tile_boundary_sizes
 from stress.families.sampling import random_logits, seeds, temperatures
 from stress.types import Case
 
@@ -118,8 +119,88 @@ def ties(rng, device, launch):
     return _case(rng, batch=b, depth=k, vocab=v, target=target, greedy_share=0.7, note="tied logits")
 
 
+def layouts(rng, device, launch):
+    """Row-padded and every-other-row views of target logits, drafts, outputs and draft logits: the
+    kernel must follow each tensor's strides and leave the skipped bytes alone."""
+    b, k, v = _size(rng, device)
+    case = _case(rng, batch=b + int(rng.integers(0, 2)), depth=k, vocab=v, draft_logits=bool(rng.integers(2)),
+                 inert_share=0.2, pad_out=int(rng.integers(0, 3)), placeholder_share=0.2, note="strided views")
+    for name in ("target_logits", "draft_tokens", "out_tokens", "draft_logits"):
+        if case.inputs[name] is not None:
+            case.inputs[name] = padded_view(rng, case.inputs[name])
+    return case
+
+
+NEAR_ZERO_TEMPERATURES = (1e-30, 1e-20, 1e-6, 1e-3)  # all mass on the row max: every other p is exactly 0
+LONG_VOCABS = (151936, 256000, 262144)
+
+
+def extremes(rng, device, launch):
+    """Probabilities exactly 0 on the target side, the draft side or both (logits -inf, and temperatures
+    near 0, which leave all mass on the row max), with drafts proposing those tokens: a token of target
+    probability 0 must be rejected whatever u and q(x). Also drafts out of range (V, 2^31 - 1, 2^62),
+    seeds at the int64 limits, positions near 2^62, and vocabularies up to 256k on the GPU."""
+    b, k, v = _size(rng, device)
+    if big(device) and rng.integers(3) == 0:
+        b, v = min(b, 4), pick(rng, LONG_VOCABS)
+    side = pick(rng, ("target", "draft", "both", "both"))
+    case = _case(rng, batch=b, depth=k, vocab=v, greedy_share=0.1, draft_logits=rng.integers(4) > 0,
+                 placeholder_share=0.0, note=f"p = 0 on the {side} side, vocab {v}")
+    inputs = case.inputs
+    target, cached, drafts = inputs["target_logits"], inputs["draft_logits"], inputs["draft_tokens"]
+    zero = torch.from_numpy(rng.random((b, k + 1, v)) < 0.3)
+    if side != "draft":
+        target[zero] = float("-inf")
+    live = inputs["idx_mapping"] >= 0
+    if cached is not None and side != "target":
+        slots = inputs["idx_mapping"][live].long()
+        cached[slots] = cached[slots].masked_fill(zero[live, :k], float("-inf"))
+    for i in range(b):
+        for step in range(k):
+            candidates = zero[i, step].nonzero().flatten()
+            if len(candidates) and rng.random() < 0.6:
+                drafts[i, step] = int(candidates[int(rng.integers(len(candidates)))])
+            elif rng.random() < 0.1:
+                drafts[i, step] = pick(rng, (v, v - 1, 0, INT32_MAX, 2**62))
+    temps = inputs["temperature"]
+    near_zero = torch.from_numpy(rng.random(temps.numel()) < 0.4) & (temps > 0)
+    temps[near_zero] = torch.tensor([pick(rng, NEAR_ZERO_TEMPERATURES) for _ in range(int(near_zero.sum()))],
+                                    dtype=torch.float32)
+    seeds_ = inputs["seeds"]
+    seeds_[torch.from_numpy(rng.random(seeds_.numel()) < 0.3)] = pick(rng, (-(2**63), 2**63 - 1, 0))
+    inputs["positions"] = torch.from_numpy(rng.integers(2**62 - 2**20, 2**62, b, dtype=np.int64))
+    return case
+
+
+def _default_block_v(vocab: int) -> int:
+    """The launcher's vocab tile when the launch shape names none: the vocab rounded up to a power of
+    two, at most 1024 (kernels.rejection.verify)."""
+    return min(1024, 1 << max(0, vocab - 1).bit_length())
+
+
+def tiles(rng, device, launch):
+    """Vocabularies one below, at and one above one and two vocab tiles of the launch shape, with the
+    row max tied exactly at two tokens, inside one tile or across tiles (first and last lane of a tile,
+    the last token): greedy takes the lowest, a resample keeps its Gumbel order."""
+    if "block_v" in launch:
+        block = launch["block_v"]
+        vocab = pick(rng, tile_boundary_sizes(block))
+    else:
+        vocab = pick(rng, tile_boundary_sizes(pick(rng, (256, 1024) if big(device) else (16, 32))))
+        block = _default_block_v(vocab)
+    b, k, _ = _size(rng, device)
+    target = random_logits(rng, (b, k + 1, vocab))
+    edges = sorted({t for t in (0, block - 1, block, 2 * block - 1, vocab - 1) if 0 <= t < vocab})
+    for row in target.view(-1, vocab):
+        tied = rng.choice(sorted(set(edges) | {int(rng.integers(vocab))}), 2, replace=False)
+        row[torch.from_numpy(tied)] = row.max() + 1
+    return _case(rng, batch=b, depth=k, vocab=vocab, target=target, greedy_share=0.7,
+                 draft_logits=bool(rng.integers(2)), note=f"vocab {vocab}, tile {block}, tied maxima")
+
+
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
-            "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties}
+            "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
+            "extremes": extremes, "tiles": tiles}
 
 
 def target_distribution(rng, device, launch):
