@@ -120,7 +120,8 @@ def _shift_rows_kernel(block_table_ptr, block_table_stride, width, idx_mapping_p
     shift = num_cached // block_size
     if shift > 0:
         row_ptr = block_table_ptr + batch_row.to(tl.int64) * block_table_stride
-        needed = tl.cdiv(tl.load(seq_lens_ptr + batch_row), block_size)
+        # int64: cdiv adds block_size - 1 first, which wraps an int32 seq_len near 2^31 negative
+        needed = tl.cdiv(tl.load(seq_lens_ptr + batch_row).to(tl.int64), block_size)
         n = tl.minimum(width - shift, needed)
         # Ascending chunks, never pipelined or unrolled: a chunk's sources lie to its right and
         # must be read before the next chunk overwrites them.

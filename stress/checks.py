@@ -99,6 +99,11 @@ BLOCK_TABLE_CHECKS = (
                    (Patch(f"{_BT}:_shift_rows_kernel", "n = tl.minimum(width - shift, needed)",
                           "n = width - shift + needed * 0"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}),
+            Mutant("seq-len-blocks-int32", "the blocks a seq_len needs are counted in int32: cdiv's + block_size - 1 "
+                   "wraps a seq_len near 2^31 negative and the row is not shifted",
+                   (Patch(f"{_BT}:_shift_rows_kernel", "tl.load(seq_lens_ptr + batch_row).to(tl.int64), block_size)",
+                          "tl.load(seq_lens_ptr + batch_row), block_size)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("extremes",)),
         ),
     ),
     Check(

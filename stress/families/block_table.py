@@ -3,7 +3,20 @@
 import numpy as np
 import torch
 
-from stress.families.common import BLOCK_SIZES, SENTINEL, big, distinct_blocks, int32, int64, pick, slots_for
+from stress.families.common import (
+    BLOCK_SIZES,
+    INT32_MAX,
+    SENTINEL,
+    big,
+    distinct_blocks,
+    int32,
+    int64,
+    laid_out,
+    near_int32_max,
+    pick,
+    slots_for,
+    tile_boundary_sizes,
+)
 from stress.types import Case
 
 # ---------------------------------------------------------------- shift_block_table_rows
@@ -114,10 +127,40 @@ def shift_slot_vs_row(rng, device, launch):
     return case
 
 
+def shift_tiles(rng, device, launch):
+    """Copies of one below, at and one above one and two chunks: the last chunk's mask at its edge."""
+    chunk = launch.get("chunk", 1024)
+    rows = int(rng.integers(1, 4))
+    copied = [pick(rng, tile_boundary_sizes(chunk)) for _ in range(rows)]
+    shifts = [int(rng.integers(1, 2 * chunk + 2)) for _ in range(rows)]
+    width = max(s + n for s, n in zip(shifts, copied, strict=True)) + int(rng.integers(0, 3))
+    return _shift_case(rng, width=width, block_size=16, shifts=shifts, residuals=[0] * rows,
+                       seq_lens=[n * 16 - int(rng.integers(0, 16)) for n in copied],
+                       note=f"{copied} blocks copied, chunk {chunk}")
+
+
+def shift_extremes(rng, device, launch):
+    """Block ids at the top of the int32 range, seq_lens up to 2^31 - 1 (the blocks needed pass the
+    row) and cached counts up to 2^31 - 1 (shifts past the row: nothing to copy)."""
+    rows = int(rng.integers(1, 5))
+    width = int(rng.integers(2, 64))
+    bs = pick(rng, BLOCK_SIZES)
+    shifts = [int(rng.integers(1, width)) for _ in range(rows)]
+    seq_lens = [pick(rng, (INT32_MAX, INT32_MAX - int(rng.integers(bs)), width * bs + 1)) for _ in range(rows)]
+    case = _shift_case(rng, width=width, block_size=bs, shifts=shifts, residuals=[0] * rows, seq_lens=seq_lens,
+                       note="int32 extremes")
+    case.inputs["block_table"] = near_int32_max(rng, case.inputs["block_table"].shape)
+    cached = case.inputs["num_cached_tokens"]
+    past = torch.from_numpy(rng.random(cached.numel()) < 0.3)
+    cached[past] = INT32_MAX - torch.from_numpy(rng.integers(0, bs, int(past.sum())).astype(np.int32))
+    return case
+
+
 SHIFT_FAMILIES = {
     "overlap": shift_overlap, "partial_block": shift_partial_block, "long_row": shift_long_row,
     "zero_shift": shift_zero_shift, "zero_width": shift_zero_width, "padded": shift_padded,
-    "slot_vs_row": shift_slot_vs_row,
+    "slot_vs_row": shift_slot_vs_row, "layouts": laid_out(shift_padded, "block_table"), "tiles": shift_tiles,
+    "extremes": shift_extremes,
 }
 
 # ---------------------------------------------------------------- gather_block_tables
@@ -162,8 +205,26 @@ def gather_zero_width(rng, device, launch):
     return _gather_case(rng, batch_rows=3, pad_rows=0, width=0, extra_slots=1, note="width 0")
 
 
+def gather_tiles(rng, device, launch):
+    """Widths one below, at and one above the launcher's column block (the width rounded up to a power of
+    two, at most 1024) and twice it."""
+    width = pick(rng, tile_boundary_sizes(pick(rng, (16, 64, 1024))))
+    return _gather_case(rng, batch_rows=int(rng.integers(1, 4)), pad_rows=1, width=width, extra_slots=2,
+                        negative=0.2, note=f"width {width}")
+
+
+def gather_extremes(rng, device, launch):
+    """Block ids at the top of the int32 range, copied bit for bit."""
+    case = gather_negative_slot(rng, device, launch)
+    case.inputs["persistent"] = near_int32_max(rng, case.inputs["persistent"].shape)
+    case.note = "block ids near 2^31"
+    return case
+
+
 GATHER_FAMILIES = {"basic": gather_basic, "padded": gather_padded, "negative_slot": gather_negative_slot,
-                   "wide": gather_wide, "zero_width": gather_zero_width}
+                   "wide": gather_wide, "zero_width": gather_zero_width,
+                   "layouts": laid_out(gather_negative_slot, "persistent", "out"), "tiles": gather_tiles,
+                   "extremes": gather_extremes}
 
 # ---------------------------------------------------------------- compute_slot_mappings
 
@@ -229,9 +290,31 @@ def slots_zero_width(rng, device, launch):
                               out_extra=int(rng.integers(0, 5)), note="no tokens")
 
 
+def slots_tiles(rng, device, launch):
+    """Spans and padding tails one below, at and one above one and two 256-token program blocks."""
+    rows = int(rng.integers(1, 3))
+    return _slot_mapping_case(rng, query_lens=[pick(rng, tile_boundary_sizes(256)) for _ in range(rows)],
+                              width=40, block_size=16, out_extra=pick(rng, (0, *tile_boundary_sizes(256))),
+                              note="256-token block edges")
+
+
+def slots_extremes(rng, device, launch):
+    """Block ids at the top of the int32 range (id * block size passes 2^31: int64 slots) and positions
+    near 2^62 (a block index far past the row: PAD)."""
+    case = slots_partial_block(rng, device, launch)
+    table = case.inputs["block_table"]
+    case.inputs["block_table"] = near_int32_max(rng, table.shape).masked_fill(table == 0, 0)
+    positions = case.inputs["positions"]
+    far = torch.from_numpy(rng.random(positions.numel()) < 0.2)
+    positions[far] = torch.from_numpy(rng.integers(2**62 - 2**20, 2**62, int(far.sum()), dtype=np.int64))
+    case.note = "block ids near 2^31, positions near 2^62"
+    return case
+
+
 SLOT_MAPPING_FAMILIES = {"basic": slots_basic, "partial_block": slots_partial_block, "padded": slots_padded,
                          "past_width": slots_past_width, "long_query": slots_long_query,
-                         "zero_width": slots_zero_width}
+                         "zero_width": slots_zero_width, "layouts": laid_out(slots_padded, "block_table"),
+                         "tiles": slots_tiles, "extremes": slots_extremes}
 
 # ---------------------------------------------------------------- has_unaligned_cached_prefix
 

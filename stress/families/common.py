@@ -58,3 +58,24 @@ def padded_view(rng: np.random.Generator, t: torch.Tensor) -> torch.Tensor:
 def tile_boundary_sizes(tile: int) -> tuple[int, ...]:
     """Sizes one below, at and one above one and two ``tile``s (the first size of each next tile count)."""
     return tuple(n for m in (1, 2) for n in (m * tile - 1, m * tile, m * tile + 1) if n > 0)
+
+
+def laid_out(family, *names: str):
+    """``family`` with its inputs ``names`` (2-D or more) replaced by ``padded_view``s: the same
+    values in a strided layout, so every layout class reuses a family's value classes."""
+    def build(rng, device, launch):
+        case = family(rng, device, launch)
+        for name in names:
+            if isinstance(case.inputs.get(name), torch.Tensor):
+                case.inputs[name] = padded_view(rng, case.inputs[name])
+        case.note = ", ".join(filter(None, (case.note, "strided views")))
+        return case
+
+    build.__doc__ = f"{family.__name__} with {', '.join(names)} as row-padded or every-other-row views."
+    return build
+
+
+def near_int32_max(rng: np.random.Generator, shape) -> torch.Tensor:
+    """Distinct int32 ids from the top of the int32 range (products with a block size pass 2^31)."""
+    count = int(np.prod(shape))
+    return torch.from_numpy((INT32_MAX - rng.permutation(count)).astype(np.int32)).view(*shape)

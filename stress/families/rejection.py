@@ -5,7 +5,7 @@ and the statistical family: many trials of one request."""
 import numpy as np
 import torch
 
-from stress.families.common import INT32_MAX, SENTINEL, big, padded_view, pick, slots_for, tile_boundary_sizes
+from stress.families.common import INT32_MAX, SENTINEL, big, laid_out, pick, slots_for, tile_boundary_sizes
 from stress.families.sampling import random_logits, seeds, temperatures
 from stress.types import Case
 
@@ -119,16 +119,16 @@ def ties(rng, device, launch):
     return _case(rng, batch=b, depth=k, vocab=v, target=target, greedy_share=0.7, note="tied logits")
 
 
-def layouts(rng, device, launch):
-    """Row-padded and every-other-row views of target logits, drafts, outputs and draft logits: the
-    kernel must follow each tensor's strides and leave the skipped bytes alone."""
+def _any_mode(rng, device, launch):
+    """Greedy and sampled requests, draft logits or one-hot q, inert rows, output rows past the batch."""
     b, k, v = _size(rng, device)
-    case = _case(rng, batch=b + int(rng.integers(0, 2)), depth=k, vocab=v, draft_logits=bool(rng.integers(2)),
-                 inert_share=0.2, pad_out=int(rng.integers(0, 3)), placeholder_share=0.2, note="strided views")
-    for name in ("target_logits", "draft_tokens", "out_tokens", "draft_logits"):
-        if case.inputs[name] is not None:
-            case.inputs[name] = padded_view(rng, case.inputs[name])
-    return case
+    return _case(rng, batch=b + int(rng.integers(0, 2)), depth=k, vocab=v, draft_logits=bool(rng.integers(2)),
+                 inert_share=0.2, pad_out=int(rng.integers(0, 3)), placeholder_share=0.2)
+
+
+# Strided target logits, drafts, outputs and draft logits: the kernel must follow each tensor's strides
+# and leave the skipped bytes alone.
+layouts = laid_out(_any_mode, "target_logits", "draft_tokens", "out_tokens", "draft_logits")
 
 
 NEAR_ZERO_TEMPERATURES = (1e-30, 1e-20, 1e-6, 1e-3)  # all mass on the row max: every other p is exactly 0
