@@ -103,7 +103,9 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
         if damage:
             return "fail:oob", [tag + d for d in damage]
         lines = []
-        outputs = {name: returned if name == RETURN else placed[name].view for name in check.outputs}
+        # an optional output the case leaves out (None) is neither written nor compared
+        outputs = {name: returned if name == RETURN else placed[name].view for name in check.outputs
+                   if name == RETURN or name in placed}
         if metrics is not None and check.metrics:
             metrics.update(check.metrics(expected, outputs))
         for name, got in outputs.items():

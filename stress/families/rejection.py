@@ -5,8 +5,16 @@ and the statistical family: many trials of one request."""
 import numpy as np
 import torch
 
-from stress.families.common import INT32_MAX, SENTINEL, big, laid_out, pick, slots_for, tile_boundary_sizes
-from stress.families.sampling import random_logits, seeds, temperatures
+from stress.families.common import INT32_MAX, SENTINEL, big, laid_out, pick, slots_for
+from stress.families.sampling import (
+    LONG_VOCABS,
+    extreme_keys,
+    random_logits,
+    seeds,
+    temperatures,
+    tie_at_tile_edges,
+    tile_vocab,
+)
 from stress.types import Case
 
 
@@ -131,10 +139,6 @@ def _any_mode(rng, device, launch):
 layouts = laid_out(_any_mode, "target_logits", "draft_tokens", "out_tokens", "draft_logits")
 
 
-NEAR_ZERO_TEMPERATURES = (1e-30, 1e-20, 1e-6, 1e-3)  # all mass on the row max: every other p is exactly 0
-LONG_VOCABS = (151936, 256000, 262144)
-
-
 def extremes(rng, device, launch):
     """Probabilities exactly 0 on the target side, the draft side or both (logits -inf, and temperatures
     near 0, which leave all mass on the row max), with drafts proposing those tokens: a token of target
@@ -162,40 +166,20 @@ def extremes(rng, device, launch):
                 drafts[i, step] = int(candidates[int(rng.integers(len(candidates)))])
             elif rng.random() < 0.1:
                 drafts[i, step] = pick(rng, (v, v - 1, 0, INT32_MAX, 2**62))
-    temps = inputs["temperature"]
-    near_zero = torch.from_numpy(rng.random(temps.numel()) < 0.4) & (temps > 0)
-    temps[near_zero] = torch.tensor([pick(rng, NEAR_ZERO_TEMPERATURES) for _ in range(int(near_zero.sum()))],
-                                    dtype=torch.float32)
-    seeds_ = inputs["seeds"]
-    seeds_[torch.from_numpy(rng.random(seeds_.numel()) < 0.3)] = pick(rng, (-(2**63), 2**63 - 1, 0))
-    inputs["positions"] = torch.from_numpy(rng.integers(2**62 - 2**20, 2**62, b, dtype=np.int64))
+    inputs["positions"] = extreme_keys(rng, inputs["temperature"], inputs["seeds"], b)
     return case
-
-
-def _default_block_v(vocab: int) -> int:
-    """The launcher's vocab tile when the launch shape names none: the vocab rounded up to a power of
-    two, at most 1024 (kernels.rejection.verify)."""
-    return min(1024, 1 << max(0, vocab - 1).bit_length())
 
 
 def tiles(rng, device, launch):
     """Vocabularies one below, at and one above one and two vocab tiles of the launch shape, with the
     row max tied exactly at two tokens, inside one tile or across tiles (first and last lane of a tile,
     the last token): greedy takes the lowest, a resample keeps its Gumbel order."""
-    if "block_v" in launch:
-        block = launch["block_v"]
-        vocab = pick(rng, tile_boundary_sizes(block))
-    else:
-        vocab = pick(rng, tile_boundary_sizes(pick(rng, (256, 1024) if big(device) else (16, 32))))
-        block = _default_block_v(vocab)
+    vocab, tile = tile_vocab(rng, device, launch)
     b, k, _ = _size(rng, device)
     target = random_logits(rng, (b, k + 1, vocab))
-    edges = sorted({t for t in (0, block - 1, block, 2 * block - 1, vocab - 1) if 0 <= t < vocab})
-    for row in target.view(-1, vocab):
-        tied = rng.choice(sorted(set(edges) | {int(rng.integers(vocab))}), 2, replace=False)
-        row[torch.from_numpy(tied)] = row.max() + 1
+    tie_at_tile_edges(rng, target, tile)
     return _case(rng, batch=b, depth=k, vocab=vocab, target=target, greedy_share=0.7,
-                 draft_logits=bool(rng.integers(2)), note=f"vocab {vocab}, tile {block}, tied maxima")
+                 draft_logits=bool(rng.integers(2)), note=f"vocab {vocab}, tile {tile}, tied maxima")
 
 
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,

@@ -1,10 +1,11 @@
 """Case families for Gumbel-max sampling: mixed greedy/sampled rows, inert padding, nonfinite
-logits, long vocabularies, exact ties, and no rows at all."""
+logits, long vocabularies, exact ties, no rows at all, strided views, extreme temperatures, seeds and
+positions, vocab tile boundaries, and no logits cache; with the helpers verification shares."""
 
 import numpy as np
 import torch
 
-from stress.families.common import big, pick, slots_for
+from stress.families.common import big, laid_out, pick, slots_for, tile_boundary_sizes
 from stress.types import Case
 
 SENTINEL_LOGIT = -7777.0  # pre-filled cache entries no row may write
@@ -26,6 +27,44 @@ def temperatures(rng, num_slots: int, greedy_share: float) -> torch.Tensor:
 
 def seeds(rng, num_slots: int) -> torch.Tensor:
     return torch.from_numpy(rng.integers(-(2**63), 2**63 - 1, num_slots, dtype=np.int64))
+
+
+NEAR_ZERO_TEMPERATURES = (1e-30, 1e-20, 1e-6, 1e-3)  # all mass on the row max: every other p is exactly 0
+LONG_VOCABS = (151936, 256000, 262144)
+
+
+def extreme_keys(rng, temperature: torch.Tensor, seeds_: torch.Tensor, count: int) -> torch.Tensor:
+    """Pushes the noise keys to their limits: some sampled slots get a temperature near 0 and some seeds
+    the int64 limits (both in place); returns ``count`` positions near 2^62 (drafting adds 2^30)."""
+    near_zero = torch.from_numpy(rng.random(temperature.numel()) < 0.4) & (temperature > 0)
+    temperature[near_zero] = torch.tensor([pick(rng, NEAR_ZERO_TEMPERATURES) for _ in range(int(near_zero.sum()))],
+                                          dtype=torch.float32)
+    seeds_[torch.from_numpy(rng.random(seeds_.numel()) < 0.3)] = pick(rng, (-(2**63), 2**63 - 1, 0))
+    return torch.from_numpy(rng.integers(2**62 - 2**20, 2**62, count, dtype=np.int64))
+
+
+def default_block_v(vocab: int) -> int:
+    """The vocab tile the launchers use when the launch shape names none: the vocab rounded up to a power
+    of two, at most 1024."""
+    return min(1024, 1 << max(0, vocab - 1).bit_length())
+
+
+def tile_vocab(rng, device, launch) -> tuple[int, int]:
+    """(vocab, tile): a vocabulary one below, at or one above one or two tiles of the launch shape."""
+    if "block_v" in launch:
+        return pick(rng, tile_boundary_sizes(launch["block_v"])), launch["block_v"]
+    vocab = pick(rng, tile_boundary_sizes(pick(rng, (256, 1024) if big(device) else (16, 32))))
+    return vocab, default_block_v(vocab)
+
+
+def tie_at_tile_edges(rng, logits: torch.Tensor, tile: int) -> None:
+    """In place: each row's maximum, raised by 1, tied exactly at two tokens among the first and last
+    lane of the first two tiles, the last token and one random token (inside a tile or across tiles)."""
+    vocab = logits.shape[-1]
+    edges = {t for t in (0, tile - 1, tile, 2 * tile - 1, vocab - 1) if 0 <= t < vocab}
+    for row in logits.view(-1, vocab):
+        tied = rng.choice(sorted(edges | {int(rng.integers(vocab))}), 2, replace=False)
+        row[torch.from_numpy(tied)] = row.max() + 1
 
 
 def random_logits(rng, shape, scale: float | None = None) -> torch.Tensor:
@@ -99,5 +138,38 @@ def ties(rng, device, launch):
     return _case(rng, rows=rows, vocab=vocab, logits=logits, greedy_share=0.7, note="tied logits")
 
 
+def extremes(rng, device, launch):
+    """Temperatures near 0 (scores near 1e30: only the row max can win), seeds at the int64 limits,
+    positions near 2^62, and vocabularies up to 256k on the GPU."""
+    if big(device) and rng.integers(3) == 0:
+        rows, vocab = int(rng.integers(1, 5)), pick(rng, LONG_VOCABS)
+    else:
+        rows, vocab = int(rng.integers(1, 9)) if big(device) else 1, int(rng.integers(2, 4096 if big(device) else 64))
+    case = _case(rng, rows=rows, pad_rows=int(rng.integers(0, 2)), vocab=vocab, greedy_share=0.1,
+                 note=f"extreme keys, vocab {vocab}")
+    inputs = case.inputs
+    inputs["positions"] = extreme_keys(rng, inputs["temperature"], inputs["seeds"], inputs["positions"].numel())
+    return case
+
+
+def tiles(rng, device, launch):
+    """Vocabularies one below, at and one above one and two tiles of the launch shape, the row max tied
+    exactly inside a tile or across tiles: greedy takes the lowest tied token."""
+    vocab, tile = tile_vocab(rng, device, launch)
+    rows = int(rng.integers(1, 5)) if big(device) else 1
+    logits = random_logits(rng, (rows, vocab))
+    tie_at_tile_edges(rng, logits, tile)
+    return _case(rng, rows=rows, vocab=vocab, logits=logits, greedy_share=0.7, note=f"vocab {vocab}, tile {tile}")
+
+
+def no_cache(rng, device, launch):
+    """The optional logits cache left out (verification's bonus sampling): tokens only."""
+    case = mixed(rng, device, launch)
+    case.inputs["logits_cache"] = case.inputs["cache_cols"] = None
+    case.note = "no logits cache"
+    return case
+
+
 FAMILIES = {"mixed": mixed, "padded": padded, "zero_width": zero_width, "nonfinite": nonfinite,
-            "long_vocab": long_vocab, "ties": ties}
+            "long_vocab": long_vocab, "ties": ties, "layouts": laid_out(padded, "logits", "logits_cache"),
+            "extremes": extremes, "tiles": tiles, "no_cache": no_cache}
