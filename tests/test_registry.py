@@ -1,6 +1,7 @@
 """Every (check, family) of the registry against its reference, a few seeds each; --iters raises it."""
 
 import pytest
+import torch
 
 from kernels import runtime
 from stress import checks, runner
@@ -39,12 +40,10 @@ def test_a_mutant_name_means_one_bug():
 
 def _same(a, b) -> bool:
     """Equal all the way down; tensors bitwise (NaN logits equal NaN)."""
-    import torch
-
     from stress.compare import exact
 
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and exact("", a, b) is None
+    if isinstance(a, torch.Tensor):  # the layout too: a strided view must come back with the same strides
+        return isinstance(b, torch.Tensor) and a.stride() == b.stride() and exact("", a, b) is None
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
@@ -61,3 +60,14 @@ def test_families_are_deterministic():
             assert a.launch == b.launch and a.note == b.note
             for name, value in a.inputs.items():
                 assert _same(value, b.inputs[name]), name
+
+
+def test_layout_families_give_the_kernel_strided_views():
+    """A ``layouts`` family that stopped making views would pass silently: most cases must hold one."""
+    for check in checks.REGISTRY:
+        if "layouts" not in check.families:
+            continue
+        strided = sum(any(isinstance(v, torch.Tensor) and not v.is_contiguous()
+                          for v in runner.build_case(check, "layouts", seed, "cpu").inputs.values())
+                      for seed in range(10))
+        assert strided >= 7, f"{check.name}: {strided} of 10 layouts cases hold a strided view"

@@ -13,7 +13,7 @@ from kernels.block_table import shift_block_table_rows
 from kernels.draft_inputs import prepare_draft_inputs
 from kernels.kv_cache import write_kv
 from stress.compare import Float64Expected
-from stress.families.common import SENTINEL, big, distinct_blocks, int32, int64, pick, slots_for
+from stress.families.common import SENTINEL, big, distinct_blocks, int32, int64, laid_out, pick, slots_for
 from stress.types import Case
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -162,7 +162,10 @@ def dtypes(rng, device, launch):
 
 
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
-            "dtypes": dtypes}
+            "dtypes": dtypes,
+            # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
+            # the launcher asks K and V for the same strides)
+            "layouts": laid_out(edges, "query", "out", "block_table")}
 
 # ---------------------------------------------------------------- prefix-cache masking end to end
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from kernels.draft_inputs import MAX_BLOCK
+from stress.families import common
 from stress.families.common import BLOCK_SIZES, SENTINEL, big, distinct_blocks, int32, int64, pick, slots_for
 from stress.types import Case
 
@@ -167,6 +168,42 @@ def null_block(rng, device, launch):
     return draft_case(rng, batch_rows=_batch(rng, device, 2), null_frac=0.4, **_padding(rng), note="null blocks")
 
 
+def tiles(rng, device, launch):
+    """Prefill spans up to one past the program block and padding tails one below, at and one above one
+    and two blocks: every masked edge of the row and padding loops."""
+    block = launch.get("block", MAX_BLOCK)
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), prefill=0.5, chunk=block + 2,
+                      pad_rows=int(rng.integers(0, 2)), pad_tokens=pick(rng, common.tile_boundary_sizes(block)),
+                      note=f"block {block} edges")
+
+
+def extremes(rng, device, launch):
+    """Block ids, token ids and the mask id at the top of the int32 range, idle slots cached 2^31 - 1
+    tokens, and (one case in two) every position moved up by about 2^30 with max_model_len: int64
+    position and slot arithmetic, block indices far past the row."""
+    case = draft_case(rng, batch_rows=_batch(rng, device, 2), null_frac=0.2, **_padding(rng), note="int32 extremes")
+    inputs = case.inputs
+    table = inputs["block_table"]
+    inputs["block_table"] = common.near_int32_max(rng, table.shape).masked_fill(table == 0, 0)
+    num_slots = inputs["last_sampled"].numel()
+    inputs["last_sampled"] = int64(common.INT32_MAX - rng.integers(0, 1000, num_slots))
+    inputs["next_prefill_tokens"] = int32(common.INT32_MAX - rng.integers(0, 1000, num_slots))
+    inputs["mask_token_id"] = common.INT32_MAX
+    cached = inputs["num_cached_tokens"]
+    live = torch.zeros(num_slots, dtype=torch.bool)
+    live[inputs["idx_mapping"].long()] = True
+    cached[~live] = common.INT32_MAX
+    if rng.integers(2):
+        moved = (2**30 // inputs["block_size"]) * inputs["block_size"]  # a whole number of blocks
+        positions = inputs["target_positions"]
+        positions[positions != POISON] += moved
+        cached[live] += moved
+        inputs["max_model_len"] += moved
+        case.note += ", positions near 2^30"
+    return case
+
+
 FAMILIES = {"decode": decode, "padded": padded, "prefix_cache": prefix_cache, "rejected_suffix": rejected_suffix,
             "chunked_prefill": chunked_prefill, "zero_width": zero_width, "max_model_len": max_model_len,
-            "null_block": null_block, "long_prefill": long_prefill}
+            "null_block": null_block, "long_prefill": long_prefill, "tiles": tiles, "extremes": extremes,
+            "layouts": common.laid_out(prefix_cache, "block_table", "draft_tokens")}

@@ -13,7 +13,7 @@ import torch
 
 import reference.kv_cache
 from kernels.kv_cache import write_kv
-from stress.families.common import big, int64, pick
+from stress.families.common import big, int64, laid_out, pick
 from stress.types import Case
 
 
@@ -127,6 +127,22 @@ def dtypes(rng, device, launch):
                    heads=heads, head_dim=head_dim, dtype=dtype)
 
 
+_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+
+
+def bit_patterns(rng, device, launch):
+    """Keys and values of random bits: NaNs with payloads of both signs, infinities, -0.0, subnormals and
+    the largest finite values, which a copy must store bit for bit (no arithmetic, no flush to zero)."""
+    case = dtypes(rng, device, launch)
+    for name in ("key", "value"):
+        t = case.inputs[name]
+        info = torch.iinfo(_BITS[t.dtype])
+        bits = rng.integers(info.min, info.max, tuple(t.shape), dtype=np.int64, endpoint=True)
+        case.inputs[name] = torch.from_numpy(bits).to(_BITS[t.dtype]).view(t.dtype)
+    case.note += " random bits"
+    return case
+
+
 BIG_ELEMENTS = (1 << 31) + (1 << 16)  # per cache, just past 2^31: offsets of the top blocks overflow int32
 BIG_SHARE = 4  # one GPU case in BIG_SHARE is past 2^31 elements: ~35 GB of device memory at its peak (the case's
 # 8.6 GB combined cache, the reference's copies, the guarded copy), so several workers rarely hold one at once
@@ -154,4 +170,6 @@ def big_cache(rng, device, launch):
 
 
 FAMILIES = {"pad": pad, "partial_block": partial_block, "null_block": null_block, "ragged": ragged,
-            "dtypes": dtypes, "big_cache": big_cache}
+            "dtypes": dtypes, "big_cache": big_cache, "bit_patterns": bit_patterns,
+            # key and value as slices of a fused projection, and a padded combined cache
+            "layouts": laid_out(partial_block, "key", "value", "kv_cache")}
