@@ -127,7 +127,7 @@ def _verify_kernel(target_ptr, target_request_stride, target_step_stride, draft_
     lanes = tl.arange(0, BLOCK_K)
     # Tokens are collected in registers and stored once: no lane rereads what another wrote.
     emitted = tl.full((BLOCK_K,), -1, tl.int64)
-    step = b * 0
+    step = b.to(tl.int64) * 0  # int64: step * stride passes 2^31 elements in a view with a wide step stride
     verifying = live
     while verifying & (step < num_drafts):
         row_ptr = target_row_ptr + step * target_step_stride
@@ -156,7 +156,7 @@ def _verify_kernel(target_ptr, target_request_stride, target_step_stride, draft_
         verifying = accepted
         step += 1
     if verifying:  # every draft accepted: the bonus token from row k
-        row_ptr = target_row_ptr + num_drafts * target_step_stride
+        row_ptr = target_row_ptr + step * target_step_stride  # step == num_drafts here
         if temp > 0:
             bits = tl.randint(seed, pos + num_drafts)
             bonus = _gumbel_argmax(row_ptr, row_ptr, temp, bits, -1, 0.0, 1.0, 0.0, 1.0, vocab, False, BLOCK_V)

@@ -251,6 +251,12 @@ REJECTION_CHECKS = (
                    (Patch(_VERIFY, "tl.where(live, own_drafts + 1 - sampled, 0)",
                           "tl.where(live, num_drafts + 1 - sampled, 0)"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",)),
+            Mutant("step-offset-int32", "the draft step is an int32 counter: step * the target's step stride "
+                   "wraps past 2^31 elements and the bonus row is read 8 GB before the logits",
+                   (Patch(_VERIFY, "step = b.to(tl.int64) * 0", "step = b * 0"),),
+                   oracles={"cuda": "crash"}, families=("big_offsets",),
+                   why_not="needs a view past 2^31 elements, big_offsets' GPU-only size; on the CPU its rows "
+                           "are a few thousand elements apart"),
             Mutant("seed-by-row", "the Philox seed is read by batch row instead of request slot",
                    (Patch(_VERIFY, "tl.load(seeds_ptr + slot,", "tl.load(seeds_ptr + b,"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),

@@ -90,6 +90,8 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
     notes = []  # what a comparator tolerated (and says so) in a passing case
     unjudged = []  # outputs a comparator could not judge: the case is not_checked
     for repeat in range(check.repeats.get(device, 1)):
+        # the last repeat's guarded copies go before new ones are made (a view past 2^31 elements is GBs)
+        placed = args = returned = outputs = None
         placed = {k: guards.place(k, v, dev) for k, v in tensors.items()}
         args = {**copy.deepcopy({k: v for k, v in case.inputs.items() if k not in placed}),
                 **{k: g.view for k, g in placed.items()}}

@@ -79,3 +79,19 @@ def near_int32_max(rng: np.random.Generator, shape) -> torch.Tensor:
     """Distinct int32 ids from the top of the int32 range (products with a block size pass 2^31)."""
     count = int(np.prod(shape))
     return torch.from_numpy((INT32_MAX - rng.permutation(count)).astype(np.int32)).view(*shape)
+
+
+def spread(t: torch.Tensor, dim: int, reach: int) -> torch.Tensor:
+    """``t``'s values in a view whose last index along ``dim`` lies at least ``reach`` elements after its
+    first (``reach`` = 2^31: element offsets that int32 address arithmetic wraps). Dimensions inside
+    ``dim`` stay contiguous, outer ones stack after it. Only the view's elements are written: the rest
+    of the allocation is never touched (a CPU allocation keeps no memory behind it; the runner's guarded
+    GPU copy fills it with canaries, 4 bytes an element)."""
+    sizes = list(t.shape)
+    strides = [0] * len(sizes)
+    inner = 1
+    for d in range(len(sizes) - 1, -1, -1):
+        strides[d] = max(inner, -(-reach // (sizes[d] - 1))) if d == dim and sizes[d] > 1 else inner
+        inner = strides[d] * sizes[d]
+    storage = torch.empty(1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True)), dtype=t.dtype)
+    return storage.as_strided(sizes, strides).copy_(t)

@@ -5,7 +5,7 @@ and the statistical family: many trials of one request."""
 import numpy as np
 import torch
 
-from stress.families.common import INT32_MAX, SENTINEL, big, laid_out, pick, slots_for
+from stress.families.common import INT32_MAX, SENTINEL, big, laid_out, pick, slots_for, spread
 from stress.families.sampling import (
     LONG_VOCABS,
     extreme_keys,
@@ -182,9 +182,21 @@ def tiles(rng, device, launch):
                  draft_logits=bool(rng.integers(2)), note=f"vocab {vocab}, tile {tile}, tied maxima")
 
 
+def big_offsets(rng, device, launch):
+    """On the GPU, target logits whose three rows lie 2^30 elements apart: the bonus row's offset passes
+    2^31, which int32 step arithmetic wraps (an 8.6 GB view; only its rows are written). The CPU runs the
+    same layout with rows a few thousand elements apart (the guard fill of 8 GB is too slow there)."""
+    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    vocab = int(rng.integers(2, 4096 if big(device) else 48))
+    case = _case(rng, batch=1, depth=2, vocab=vocab, greedy_share=0.5, draft_logits=bool(rng.integers(2)),
+                 placeholder_share=0.0, note=f"target rows {reach // 2} elements apart")
+    case.inputs["target_logits"] = spread(case.inputs["target_logits"], 1, reach)
+    return case
+
+
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
-            "extremes": extremes, "tiles": tiles}
+            "extremes": extremes, "tiles": tiles, "big_offsets": big_offsets}
 
 
 def target_distribution(rng, device, launch):

@@ -5,7 +5,7 @@ positions, vocab tile boundaries, and no logits cache; with the helpers verifica
 import numpy as np
 import torch
 
-from stress.families.common import big, laid_out, pick, slots_for, tile_boundary_sizes
+from stress.families.common import big, laid_out, pick, slots_for, spread, tile_boundary_sizes
 from stress.types import Case
 
 SENTINEL_LOGIT = -7777.0  # pre-filled cache entries no row may write
@@ -170,6 +170,18 @@ def no_cache(rng, device, launch):
     return case
 
 
+def big_offsets(rng, device, launch):
+    """On the GPU, three logits rows 2^30 elements apart, or cache slots spread over 2^31 elements: the
+    last row's or slot's offset passes 2^31, which int32 offset arithmetic wraps (a view of about 8.6 GB;
+    only its rows are written). The CPU runs the same layouts a few thousand elements apart."""
+    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    case = _case(rng, rows=2, pad_rows=1, vocab=int(rng.integers(2, 4096 if big(device) else 48)), greedy_share=0.5)
+    name = pick(rng, ("logits", "logits_cache"))
+    case.inputs[name] = spread(case.inputs[name], 0, reach)
+    case.note = f"{name} spread over {reach} elements"
+    return case
+
+
 FAMILIES = {"mixed": mixed, "padded": padded, "zero_width": zero_width, "nonfinite": nonfinite,
             "long_vocab": long_vocab, "ties": ties, "layouts": laid_out(padded, "logits", "logits_cache"),
-            "extremes": extremes, "tiles": tiles, "no_cache": no_cache}
+            "extremes": extremes, "tiles": tiles, "no_cache": no_cache, "big_offsets": big_offsets}
