@@ -349,8 +349,9 @@ def prefix_unaligned(rng, device, launch):
 
 
 def prefix_multi_group(rng, device, launch):
-    """Several draft KV groups: aligned to one block size is not enough."""
-    sizes = [16, pick(rng, (32, 48, 64))]
+    """Several draft KV groups: aligned to one block size is not enough, also when neither size divides
+    the other (16 and 24, 3 and 16)."""
+    sizes = pick(rng, ([16, 32], [16, 48], [16, 64], [16, 24], [3, 16], [24, 64]))
     return _prefix_case(rng, block_sizes=sizes, unaligned_live=bool(rng.integers(2)), note=f"block sizes {sizes}")
 
 
