@@ -44,6 +44,16 @@ def test_guard_zone_keeps_a_strided_view_and_watches_its_row_padding():
     assert copied.stride() == rows.stride() and torch.equal(copied, rows)
 
 
+def test_a_spread_view_reaches_its_offset_and_keeps_its_values():
+    from stress.families.common import spread
+
+    rows = torch.arange(12, dtype=torch.float32).view(3, 4)
+    view = spread(rows, 0, 1 << 20)  # big_offsets uses 2^31 on the GPU
+    assert 2 * view.stride(0) >= 1 << 20 and view.stride(1) == 1 and torch.equal(view, rows)
+    g = guards.place("t", view, torch.device("cpu"))
+    assert g.view.stride() == view.stride() and g.damage() is None
+
+
 def test_exact_reports_first_divergence_and_its_source():
     source = torch.arange(10, dtype=torch.int32).view(1, 10)
     got = source[:, :].clone()
