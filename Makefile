@@ -7,7 +7,7 @@ JOBS ?=
 REPORT ?= reports/stress
 JUNIT ?= reports/junit.xml
 SELECT = $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE))
-STRESS_ARGS = $(if $(PATH_COLUMN),--path) --iters $(ITER) --seed $(SEED) --report $(REPORT) $(SELECT) $(if $(FAMILY),--family $(FAMILY)) \
+STRESS_ARGS = $(if $(PATH_COLUMN),--path) --hunt --iters $(ITER) --seed $(SEED) --report $(REPORT) $(SELECT) $(if $(FAMILY),--family $(FAMILY)) \
 	$(if $(JOBS),--jobs $(JOBS))
 
 .PHONY: test stress mutants bench lint env

@@ -125,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--mutant", help="apply this planted bug in every case of the checks that plant it or hunt every "
                                       "bug (engine.step): what it does to the verdicts and the acceptance "
                                       "(default: the production code)")
+    run.add_argument("--hunt", action="store_true",
+                     help="then hunt the race-prone checks (those with hunt seconds for this device) back to back on "
+                          "device-resident cases (see `hunt`), into the same report")
     run.add_argument("--kill-matrix", action="store_true", help="then run the kill matrix into the same report")
     matrix(run)
     run.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
@@ -174,6 +177,31 @@ def _parser() -> argparse.ArgumentParser:
     mut.add_argument("--json", action="store_true", help="print the matrix as JSON on stdout and nothing else")
     mut.add_argument("--report", help="also write results.jsonl, mutants.json, summary.md and the heat map to DIR, "
                                       "cleared of an earlier run's files (default: no report)")
+
+    hunt = sub.add_parser("hunt", help="launch one check's kernel back to back on device-resident cases, checked "
+                                       "on the device in batches, until the first failure or the time is up")
+    common(hunt)
+    hunt.add_argument("check", metavar="CHECK")
+    hunt.add_argument("--family", action="append",
+                      help="only this family, repeatable (default: the mutant's families, else all)")
+    hunt.add_argument("--seconds", type=_seconds, default=10.0,
+                      help="hunting time, compiles excluded; per launch shape with --by-shape (default: 10)")
+    hunt.add_argument("--case-seed", type=_seed,
+                      help="hammer this one case (with one --family) instead of fresh ones, e.g. from a failure's "
+                           "hunt line (default: fresh cases from --seed)")
+    hunt.add_argument("--launch", type=_launch, help="only this launch shape, e.g. chunk=4096,num_warps=4 "
+                                                     "(default: cycle through the check's sweep)")
+    hunt.add_argument("--mutant", help="with this planted bug applied (default: the production code)")
+    hunt.add_argument("--launches-per-case", type=_count(1), default=16,
+                      help="launches of each fresh case before the next is drawn (default: 16)")
+    hunt.add_argument("--cases-per-sync", type=_count(1), default=8,
+                      help="cases checked per host synchronization (default: 8)")
+    hunt.add_argument("--load", action="store_true",
+                      help="memory traffic on a side stream while the kernel runs (GPU; default: off)")
+    hunt.add_argument("--by-shape", action="store_true",
+                      help="hunt each launch shape on its own for --seconds; report the time to the first failure "
+                           "in each")
+    hunt.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
 
     tp = sub.add_parser("tp", help="TP determinism: N rank processes replay one schedule and compare every step")
     common(tp)
@@ -324,7 +352,7 @@ def _run_into(report, stages) -> interrupts.Interrupted | None:
 
 def cmd_run(args) -> int:
     device = _select_device(args)
-    from stress import matrix, runner, telemetry
+    from stress import hunt, matrix, runner, telemetry
 
     selected = _checks(args.check)
     if args.mutant:
@@ -340,7 +368,7 @@ def cmd_run(args) -> int:
     tasks = runner.plan(selected, args.family, args.iters, args.seed, args.mutant)
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
     header = {"device": device, "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
-              "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix,
+              "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix, "hunt": args.hunt,
               **({"mutant": args.mutant} if args.mutant else {}),
               "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     report = _open_report(args.report, header)
@@ -359,6 +387,12 @@ def cmd_run(args) -> int:
 
                 runner.execute(tasks, device, jobs, on_result, args.timeout, trace=not args.no_trace,
                                on_abandoned=report.abandoned.extend)
+            if args.hunt:
+                def on_hunt(result):
+                    report.add_hunt(result)
+                    _log("\n".join(result.lines()))
+
+                hunt.run_hunts(selected, device, args.seed, jobs, args.timeout, on_hunt)
             if args.kill_matrix:
                 _log(f"kill matrix on {device}:")
                 _run_matrix(report, selected, device, args, jobs)
@@ -366,6 +400,7 @@ def cmd_run(args) -> int:
     stopped = _run_into(report, stages)
     failed = report.counts()[1]
     matrix_line, all_killed = matrix.verdict(report.kills or [], device)
+    failed += sum(h.failed for h in report.hunts)
     code = stopped.exit_code if stopped else (1 if failed or not all_killed else 0)
     if args.json:
         print(json.dumps({"status": report.end_record()["status"], "exit_code": code, "report": args.report,
@@ -373,7 +408,8 @@ def cmd_run(args) -> int:
                           **dict(zip(("passed", "failed", "not_checked"), report.counts(), strict=True)),
                           "failures": [{"verdict": r.verdict, "check": r.check, "family": r.family, "seed": r.seed,
                                         "repro": r.repro()} for r in report.results if r.failed],
-                          "kill_matrix": None if report.kills is None else [asdict(k) for k in report.kills]},
+                          "kill_matrix": None if report.kills is None else [asdict(k) for k in report.kills],
+                          "hunts": [hunt.as_record(h) for h in report.hunts]},
                          indent=2))
         return code
     print(f"wall time {report.header['wall_s']:.1f} s; summary in {args.report}/summary.md")
@@ -516,6 +552,32 @@ def cmd_mutants(args) -> int:
     return stopped.exit_code if stopped else (0 if all_killed else 1)
 
 
+def cmd_hunt(args) -> int:
+    device = _select_device(args)
+    from stress import hunt
+
+    check = _checks([args.check], "CHECK")[0]
+    if (why := hunt.supports(check, device)) is not None:
+        raise UsageError("CHECK", f"{check.name} has no hunt support on {device} ({why})",
+                         f"huntable here: {', '.join(hunt.huntable(device)) or 'none'}")
+    for family in args.family or ():
+        _family(check, family, "--family")
+    _mutant(check, args.mutant)
+    if args.case_seed is not None and len(args.family or ()) != 1:
+        raise UsageError("--case-seed", "names one case, so it needs exactly one --family", "add --family F")
+    if args.load and device != "cuda":
+        raise UsageError("--load", "background load needs a GPU", "drop --load on the CPU")
+    result = hunt.hunt(check, device, seconds=args.seconds, families=args.family, seed=args.seed,
+                       case_seed=args.case_seed, launch=args.launch, mutant=args.mutant,
+                       launches_per_case=args.launches_per_case, cases_per_sync=args.cases_per_sync,
+                       load=args.load, by_shape=args.by_shape)
+    if args.json:
+        print(json.dumps(hunt.as_record(result), indent=2))
+    else:
+        print("\n".join(result.lines()))
+    return 1 if result.failed else 0
+
+
 def cmd_tp(args) -> int:
     _select_device(args)
     from stress import tp
@@ -536,7 +598,7 @@ def cmd_tp(args) -> int:
 
 
 COMMANDS = {"run": cmd_run, "repro": cmd_repro, "trace": cmd_trace, "list": cmd_list, "mutants": cmd_mutants,
-            "tp": cmd_tp}
+            "hunt": cmd_hunt, "tp": cmd_tp}
 
 
 def main(argv=None) -> int:

@@ -87,6 +87,7 @@ BLOCK_TABLE_CHECKS = (
         outputs=("block_table",),
         sweep=bt_families.shift_sweep,
         provenance={"block_table": "block_table"},
+        hunt_seconds={"cpu": 0.5, "cuda": 4.0},  # in-place and chunked: races between warps (fix 5)
         mutants=(
             Mutant("no-barrier", "spec fix 5: the barrier between a chunk's loads and its stores is removed",
                    (Patch(f"{_BT}:_shift_rows_kernel", "tl.debug_barrier()", "pass"),),

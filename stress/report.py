@@ -45,6 +45,7 @@ class Report:
         self.directory, self.header = directory, header
         self.results: list[Result] = []
         self.kills: list | None = None  # stress.matrix.Kill rows in registry order, once the matrix is planned
+        self.hunts: list = []  # stress.hunt.HuntResult of `run --hunt`, in the order they finished
         self.abandoned: list = []  # tasks that were running when a signal stopped the run
         self.interrupted: str | None = None
         self.telemetry: dict = {}  # GPU envelope (stress.telemetry), filled during a GPU run
@@ -67,6 +68,12 @@ class Report:
         """Stream one decided kill-matrix row (``kills`` holds the whole matrix, decided or not)."""
         self._write({"kill": asdict(row)})
 
+    def add_hunt(self, result) -> None:
+        from stress import hunt
+
+        self.hunts.append(result)
+        self._write({"hunt": hunt.as_record(result)})
+
     def counts(self) -> tuple[int, int, int]:
         passed = sum(r.verdict == PASS for r in self.results)
         failed = sum(r.failed for r in self.results)
@@ -76,6 +83,8 @@ class Report:
         """``N passed, N failed[, N not checked]``, then what stopped the run early, if anything."""
         passed, failed, not_checked = self.counts()
         line = f"{passed} passed, {failed} failed" + (f", {not_checked} not checked" if not_checked else "")
+        if caught := sum(h.failed for h in self.hunts):
+            line += f"; {caught} hunt(s) found a failure"
         return line + (f" (interrupted by {self.interrupted}: {'; '.join(self.progress())})" if self.interrupted
                        else "")
 
@@ -126,6 +135,8 @@ class Report:
         out += [f"- {line}" for line in self.progress()] + [""]
         if self.results:
             out += self._replay_section()
+        if self.hunts:
+            out += ["", "## Hunts", ""] + [f"    {line}" for h in self.hunts for line in h.lines()]
         if self.abandoned:
             out += ["", "## Abandoned (running at the signal)", ""]
             out += [f"- {t.check} / {t.family} seed {t.seed}" + (f" mutant {t.mutant}" if t.mutant else "")

@@ -64,6 +64,8 @@ class Check:
     to, per device, the reason; ``path_families`` names, per bug, the families that reach it (its
     hunt tries them first). ``iteration_share``: the fraction of ``--iters`` a run gives each
     family (at least one case), for checks whose one case replays many steps of many kernels.
+    ``hunt_seconds``: per device, how long ``run --hunt`` (``make stress``) hammers the kernel with
+    ``stress.hunt`` (race-prone kernels; a device missing is not hunted).
     """
 
     name: str
@@ -83,6 +85,7 @@ class Check:
     unreachable: dict[str, dict[str, str]] | None = None
     path_families: dict[str, tuple[str, ...]] = field(default_factory=dict)
     iteration_share: float = 1.0
+    hunt_seconds: dict[str, float] = field(default_factory=dict)  # race-prone: `run --hunt` hunts it this long
 
     def mutant(self, name: str) -> Mutant:
         for planted in self.mutants:
