@@ -71,8 +71,8 @@ BLOCK_TABLE_CHECKS = (
         outputs=("out",),
         mutants=(
             Mutant("pad-tail-unwritten", "tokens past the batch keep stale slots instead of PAD",
-                   (Patch(f"{_BT}:_slot_mapping_kernel", "range(start, num_out, BLOCK):  # padding tail",
-                          "range(start, start, BLOCK):"),),
+                   (Patch(f"{_BT}:_slot_mapping_kernel", "mask=tokens < num_out)  # tokens past the batch: PAD",
+                          "mask=live)"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",)),
             Mutant("null-block-writable", "the null block 0 gets a real slot instead of PAD",
                    (Patch(f"{_BT}:_slot_mapping_kernel", "in_row & (block_id != 0)", "in_row"),),
