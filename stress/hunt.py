@@ -22,6 +22,8 @@ import torch
 from stress import compare, mutants, runner
 from stress.types import RETURN, Check, Result
 
+STREAMS = 16  # concurrent launch streams on a GPU
+
 
 @dataclass
 class ShapeStats:
@@ -136,8 +138,14 @@ class _Staged:
                 self.args[name] = value.to(dev)
                 self.pristine[name] = self.args[name].clone()
 
-    def launch(self, kernel, i: int) -> None:
-        kernel(**self.args, **{name: work[i] for name, work in self.work.items()}, **self.case.launch)
+    def launch(self, kernel, i: int, streams=None) -> None:
+        """Launch ``i`` writes its own output copies; on a GPU it runs on stream ``i mod len(streams)``, so
+        launches that cannot fill the GPU (one program per row) run side by side."""
+        if not streams:
+            kernel(**self.args, **{name: work[i] for name, work in self.work.items()}, **self.case.launch)
+            return
+        with torch.cuda.stream(streams[i % len(streams)]):
+            kernel(**self.args, **{name: work[i] for name, work in self.work.items()}, **self.case.launch)
 
     def bad_launches(self, launches: int) -> torch.Tensor:
         """[launches] bool on the device: which launches left a wrong output; a modified read-only input
@@ -228,6 +236,8 @@ def _fresh(check: Check, family: str, seed: int, device: str, shape: dict):
 def _hunt_group(check, device, dev, kernel, result: HuntResult, shapes, fams, seed, case_seed, seconds,
                 launches_per_case, cases_per_sync, traffic, min_cases, stop_on_failure) -> None:
     """Hunt over ``shapes`` until ``seconds`` pass or a failure shows; fills ``result``."""
+    streams = [torch.cuda.Stream(dev) for _ in range(STREAMS)] if device == "cuda" else []
+    main = torch.cuda.current_stream(dev) if device == "cuda" else None
     pending = []  # (staged case, family, seed, shape key, its bad-launch flags) since the last sync
     start = time.perf_counter()
     first, cases = (0 if case_seed is not None else result.cases), 0
@@ -238,8 +248,12 @@ def _hunt_group(check, device, dev, kernel, result: HuntResult, shapes, fams, se
         staged = _Staged(check, *_fresh(check, family, case_i, device, shape), dev, launches_per_case)
         if traffic is not None:
             traffic.kick()
+        for s in streams:
+            s.wait_stream(main)  # the uploads come first
         for j in range(launches_per_case):
-            staged.launch(kernel, j)
+            staged.launch(kernel, j, streams)
+        for s in streams:
+            main.wait_stream(s)  # then the comparison
         pending.append((staged, family, case_i, shape_key(shape), staged.bad_launches(launches_per_case)))
         cases += 1
         elapsed = time.perf_counter() - start
