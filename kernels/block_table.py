@@ -62,23 +62,36 @@ def _slot_mapping_kernel(block_table_ptr, block_table_stride, width, query_start
                          BLOCK: tl.constexpr):
     # One program per tile of output tokens, whatever the batch rows' lengths: a long prefill row
     # is spread over many programs, and the padding tail is just tokens past the batch.
-    tokens = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    live = (tokens >= tl.load(query_start_loc_ptr)) & (tokens < tl.load(query_start_loc_ptr + num_batch_rows))
-    # Each token's batch row: the last b with query_start_loc[b] <= token (empty rows share a start,
-    # the last of them owns the tokens), by a binary search over the (cached) offsets.
-    lo = tl.zeros((BLOCK,), tl.int32)
+    first = tl.program_id(0).to(tl.int64) * BLOCK
+    tokens = first + tl.arange(0, BLOCK)
+    end_of_batch = tl.load(query_start_loc_ptr + num_batch_rows)
+    live = (tokens >= tl.load(query_start_loc_ptr)) & (tokens < end_of_batch)
+    # A token's batch row is the last b with query_start_loc[b] <= token (empty rows share a start;
+    # the last of them owns the tokens). The tile's first token's row comes from one scalar binary
+    # search; when the whole tile lies in that row (prefill-sized rows) every lane takes it.
+    lo = first.to(tl.int32) * 0
     hi = lo + num_batch_rows - 1
     for _ in range(search_steps):
         mid = (lo + hi + 1) // 2
-        right = tl.load(query_start_loc_ptr + mid, mask=live, other=0) <= tokens
+        right = tl.load(query_start_loc_ptr + mid) <= first
         lo = tl.where(right, mid, lo)
         hi = tl.where(right, hi, mid - 1)
+    rows = tl.zeros((BLOCK,), tl.int32) + lo
+    row_end = tl.load(query_start_loc_ptr + lo + 1, mask=num_batch_rows > 0, other=0)
+    if (first + BLOCK > row_end) & (first < end_of_batch):
+        # Several rows in the tile (decode-sized rows): a binary search per lane, from the first row on.
+        hi_lanes = rows * 0 + num_batch_rows - 1
+        for _ in range(search_steps):
+            mid = (rows + hi_lanes + 1) // 2
+            right = tl.load(query_start_loc_ptr + mid, mask=live, other=0) <= tokens
+            rows = tl.where(right, mid, rows)
+            hi_lanes = tl.where(right, hi_lanes, mid - 1)
     # The bounds are kernel arguments (not loaded values), so these accesses stay vectorized.
     pos = tl.load(positions_ptr + tokens, mask=tokens < num_positions, other=0)
     block_idx = pos // block_size
     # Never read outside the row: an index past the width (or a negative position) is PAD.
     in_row = live & (pos >= 0) & (block_idx < width)
-    block_id = tl.load(block_table_ptr + lo.to(tl.int64) * block_table_stride + block_idx, mask=in_row,
+    block_id = tl.load(block_table_ptr + rows.to(tl.int64) * block_table_stride + block_idx, mask=in_row,
                        other=0).to(tl.int64)
     slot_id = tl.where(in_row & (block_id != 0), block_id * block_size + pos % block_size, -1)
     tl.store(out_ptr + tokens, slot_id, mask=tokens < num_out)  # tokens past the batch: PAD

@@ -196,6 +196,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="launches of each fresh case before the next is drawn (default: 16)")
     hunt.add_argument("--cases-per-sync", type=_count(1), default=8,
                       help="cases checked per host synchronization (default: 8)")
+    hunt.add_argument("--streams", type=_count(1), default=8,
+                      help="CUDA streams a case's launches are spread over (GPU; default: 8)")
     hunt.add_argument("--load", action="store_true",
                       help="memory traffic on a side stream while the kernel runs (GPU; default: off)")
     hunt.add_argument("--by-shape", action="store_true",
@@ -570,7 +572,7 @@ def cmd_hunt(args) -> int:
     result = hunt.hunt(check, device, seconds=args.seconds, families=args.family, seed=args.seed,
                        case_seed=args.case_seed, launch=args.launch, mutant=args.mutant,
                        launches_per_case=args.launches_per_case, cases_per_sync=args.cases_per_sync,
-                       load=args.load, by_shape=args.by_shape)
+                       load=args.load, by_shape=args.by_shape, streams=args.streams)
     if args.json:
         print(json.dumps(hunt.as_record(result), indent=2))
     else:

@@ -22,8 +22,6 @@ import torch
 from stress import compare, mutants, runner
 from stress.types import RETURN, Check, Result
 
-STREAMS = 16  # concurrent launch streams on a GPU
-
 
 @dataclass
 class ShapeStats:
@@ -79,7 +77,7 @@ class HuntResult:
         if self.failure:
             f = self.failure
             out += [f"  first failure: {f.family} seed {f.seed}, launch {self.failed_launch} of its case, shape "
-                    f"{shape_key(f.launch)} ({f.note})", f"  {f.repro()}", f"  {self.hunt_line()}"]
+                    f"{shape_key(f.launch) or 'default'} ({f.note})", f"  {f.repro()}", f"  {self.hunt_line()}"]
             out += [f"  {d}" for d in f.details[:8]]
         if len(self.shapes) > 1 or any(s.caught_after_s is not None for s in self.shapes.values()):
             for key, s in self.shapes.items():
@@ -121,22 +119,45 @@ def huntable(device: str) -> list[str]:
     return [c.name for c in checks.REGISTRY if supports(c, device) is None]
 
 
+def _upload(tensors: list[torch.Tensor], dev: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Copy CPU tensors to ``dev`` in one transfer: each in its own 64-byte-aligned segment of one buffer
+    (a small host-to-device copy costs about as much as a launch). Returns the buffer and the views."""
+    offsets, total = [], 0
+    for t in tensors:
+        offsets.append(total)
+        total += -(-t.numel() * t.element_size() // 64) * 64
+    host = torch.zeros(total, dtype=torch.uint8)  # zeroed gaps: two copies of a region compare equal
+    for t, at in zip(tensors, offsets, strict=True):
+        host[at:at + t.numel() * t.element_size()].view(t.dtype).copy_(t.reshape(-1))
+    buffer = host.to(dev)
+    return buffer, [buffer[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+                    for t, at in zip(tensors, offsets, strict=True)]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Floats as same-size integers, so the device comparison is bit for bit (NaN payloads, -0.0)."""
+    return t.view(compare._BITS[t.element_size()]) if t.is_floating_point() else t
+
+
 class _Staged:
-    """One case on the device: read-only inputs, a copy of every output per launch, the expected outputs."""
+    """One case on the device: read-only inputs (and a pristine copy of them), a copy of every output per
+    launch, the expected outputs; uploaded in one transfer."""
 
     def __init__(self, check: Check, case, expected: dict, dev: torch.device, launches: int):
         self.case = case
-        self.args, self.pristine, self.work, self.expected = {}, {}, {}, {}
-        for name, value in case.inputs.items():
-            if not isinstance(value, torch.Tensor):
-                self.args[name] = value
-            elif name in check.outputs:
-                start = value.to(dev)
-                self.work[name] = start.unsqueeze(0).repeat(launches, *([1] * start.dim()))
-                self.expected[name] = expected[name].to(dev)
-            else:
-                self.args[name] = value.to(dev)
-                self.pristine[name] = self.args[name].clone()
+        tensors = {k: v for k, v in case.inputs.items() if isinstance(v, torch.Tensor)}
+        read_only = [k for k in tensors if k not in check.outputs]
+        outputs = [k for k in tensors if k in check.outputs]
+        order = [tensors[k] for k in read_only] * 2 + [tensors[k] for k in outputs] + [expected[k] for k in outputs]
+        buffer, views = _upload(order, dev)
+        ro_bytes = sum(-(-t.numel() * t.element_size() // 64) * 64 for t in order[:len(read_only)])
+        self.read_only, self.pristine = buffer[:ro_bytes], buffer[ro_bytes:2 * ro_bytes]
+        self.args = {k: v for k, v in case.inputs.items() if not isinstance(v, torch.Tensor)}
+        self.args.update(zip(read_only, views, strict=False))
+        self.pristine_views = dict(zip(read_only, views[len(read_only):], strict=False))
+        starts = views[2 * len(read_only):2 * len(read_only) + len(outputs)]
+        self.work = {k: v.unsqueeze(0).repeat(launches, *([1] * v.dim())) for k, v in zip(outputs, starts, strict=True)}
+        self.expected = dict(zip(outputs, views[2 * len(read_only) + len(outputs):], strict=True))
 
     def launch(self, kernel, i: int, streams=None) -> None:
         """Launch ``i`` writes its own output copies; on a GPU it runs on stream ``i mod len(streams)``, so
@@ -150,13 +171,10 @@ class _Staged:
     def bad_launches(self, launches: int) -> torch.Tensor:
         """[launches] bool on the device: which launches left a wrong output; a modified read-only input
         marks every launch (it cannot be pinned to one)."""
-        bad = torch.zeros(launches, dtype=torch.bool, device=next(iter(self.work.values())).device)
+        bad = (self.read_only != self.pristine).any().expand(launches)
         for name, work in self.work.items():
             if work[0].numel():
-                bad |= (work != self.expected[name].unsqueeze(0)).flatten(1).any(1)
-        for name, copy in self.pristine.items():
-            if copy.numel():
-                bad |= (self.args[name] != copy).any()
+                bad = bad | (_bits(work) != _bits(self.expected[name]).unsqueeze(0)).flatten(1).any(1)
         return bad
 
     def details(self, check: Check, i: int) -> list[str]:
@@ -165,7 +183,7 @@ class _Staged:
             found = compare.exact(name, self.expected[name], work[i])
             if found is not None:
                 lines += found.lines(self.case.inputs.get(check.provenance.get(name, "")))
-        for name, copy in self.pristine.items():
+        for name, copy in self.pristine_views.items():
             if (found := compare.unchanged(name, copy, self.args[name])) is not None:
                 lines += found.lines()
         return lines
@@ -182,12 +200,13 @@ def _load(device: str, dev: torch.device):
 def hunt(check: Check, device: str, *, seconds: float, families: list[str] | None = None, seed: int = 0,
          case_seed: int | None = None, launch: dict | None = None, mutant: str | None = None,
          launches_per_case: int = 16, cases_per_sync: int = 8, load: bool = False, by_shape: bool = False,
-         min_cases: int = 1) -> HuntResult:
+         min_cases: int = 1, streams: int = 8) -> HuntResult:
     """Hunt ``check`` for ``seconds`` of launches (at least ``min_cases`` cases, whatever the time).
 
     Cases cycle through ``families`` (default: the mutant's, else all) and launch shapes (``launch``,
     else the check's sweep); ``case_seed`` hammers that one case instead of drawing fresh ones.
-    With ``by_shape`` each shape is hunted on its own for ``seconds``, until its first failure.
+    With ``by_shape`` each shape is hunted on its own for ``seconds``, until its first failure. On a GPU a
+    case's launches are spread over ``streams`` streams.
     """
     from stress import checks
 
@@ -211,7 +230,7 @@ def hunt(check: Check, device: str, *, seconds: float, families: list[str] | Non
         groups = [[s] for s in shapes] if by_shape else [shapes]
         for group in groups:
             _hunt_group(check, device, dev, kernel, result, group, fams, seed, case_seed, seconds,
-                        launches_per_case, cases_per_sync, traffic, min_cases, stop_on_failure=not by_shape)
+                        launches_per_case, cases_per_sync, traffic, min_cases, streams)
             if result.failed and not by_shape:
                 break
         if traffic is not None:
@@ -234,9 +253,9 @@ def _fresh(check: Check, family: str, seed: int, device: str, shape: dict):
 
 
 def _hunt_group(check, device, dev, kernel, result: HuntResult, shapes, fams, seed, case_seed, seconds,
-                launches_per_case, cases_per_sync, traffic, min_cases, stop_on_failure) -> None:
+                launches_per_case, cases_per_sync, traffic, min_cases, num_streams) -> None:
     """Hunt over ``shapes`` until ``seconds`` pass or a failure shows; fills ``result``."""
-    streams = [torch.cuda.Stream(dev) for _ in range(STREAMS)] if device == "cuda" else []
+    streams = [torch.cuda.Stream(dev) for _ in range(num_streams)] if device == "cuda" else []
     main = torch.cuda.current_stream(dev) if device == "cuda" else None
     pending = []  # (staged case, family, seed, shape key, its bad-launch flags) since the last sync
     start = time.perf_counter()
