@@ -56,7 +56,9 @@ def gather_block_tables(persistent: torch.Tensor, idx_mapping: torch.Tensor, out
     _gather_rows_kernel[grid](persistent, persistent.stride(0), idx_mapping, out, out.stride(0), width, BLOCK=block)
 
 
-@triton.jit
+# Only the token counts are specialized (their divisibility keeps positions and out vectorized); the
+# rest change from batch to batch and would each double the compiled variants.
+@triton.jit(do_not_specialize=["block_table_stride", "width", "block_size", "num_batch_rows", "search_steps"])
 def _slot_mapping_kernel(block_table_ptr, block_table_stride, width, query_start_loc_ptr, positions_ptr,
                          num_positions, out_ptr, num_out, block_size, num_batch_rows, search_steps,
                          BLOCK: tl.constexpr):
