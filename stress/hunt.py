@@ -200,7 +200,7 @@ def _load(device: str, dev: torch.device):
 def hunt(check: Check, device: str, *, seconds: float, families: list[str] | None = None, seed: int = 0,
          case_seed: int | None = None, launch: dict | None = None, mutant: str | None = None,
          launches_per_case: int = 16, cases_per_sync: int = 8, load: bool = False, by_shape: bool = False,
-         min_cases: int = 1, streams: int = 8) -> HuntResult:
+         min_cases: int = 1, streams: int = 4) -> HuntResult:
     """Hunt ``check`` for ``seconds`` of launches (at least ``min_cases`` cases, whatever the time).
 
     Cases cycle through ``families`` (default: the mutant's, else all) and launch shapes (``launch``,
