@@ -204,6 +204,8 @@ def _parser() -> argparse.ArgumentParser:
     hunt.add_argument("--by-shape", action="store_true",
                       help="hunt each launch shape on its own for --seconds; report the time to the first failure "
                            "in each")
+    hunt.add_argument("--jobs", type=_count(1), default=1,
+                      help="hunt in this many processes at once, each with its own cases (default: 1)")
     hunt.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
 
     tp = sub.add_parser("tp", help="TP determinism: N rank processes replay one schedule and compare every step")
@@ -570,10 +572,13 @@ def cmd_hunt(args) -> int:
         raise UsageError("--case-seed", "names one case, so it needs exactly one --family", "add --family F")
     if args.load and device != "cuda":
         raise UsageError("--load", "background load needs a GPU", "drop --load on the CPU")
-    result = hunt.hunt(check, device, seconds=args.seconds, families=args.family, seed=args.seed,
-                       case_seed=args.case_seed, launch=args.launch, mutant=args.mutant,
-                       launches_per_case=args.launches_per_case, cases_per_sync=args.cases_per_sync,
-                       load=args.load, by_shape=args.by_shape, streams=args.streams)
+    options = dict(seconds=args.seconds, families=args.family, seed=args.seed, case_seed=args.case_seed,
+                   launch=args.launch, mutant=args.mutant, launches_per_case=args.launches_per_case,
+                   cases_per_sync=args.cases_per_sync, load=args.load, by_shape=args.by_shape, streams=args.streams)
+    if args.jobs > 1:
+        result = hunt.hunt_processes(check, device, args.jobs, **options)
+    else:
+        result = hunt.hunt(check, device, **options)
     if args.json:
         print(json.dumps(hunt.as_record(result), indent=2))
     else:

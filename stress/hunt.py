@@ -47,6 +47,7 @@ class HuntResult:
     failure: Result | None = None  # the failing case, with its launch shape, seed and details
     failed_launch: int | None = None  # which launch of the failing case (0-based)
     shapes: dict[str, ShapeStats] = field(default_factory=dict)  # by launch shape, "k=v,..." keys
+    processes: int = 1  # hunts that ran side by side (merged)
     fatal: bool = False  # the worker's CUDA context is unusable (a raised hunt is reported by the pool instead)
 
     @property
@@ -72,7 +73,8 @@ class HuntResult:
         head = (f"hunt {self.check} on {self.device}{f' (mutant {self.mutant})' if self.mutant else ''}: "
                 f"{self.verdict}: {self.launches} checked launches, {self.cases} fresh cases in {self.seconds:.2f} s "
                 f"({self.launches_per_s:.0f} launches/s, {self.cases_per_s:.0f} cases/s; warm-up "
-                f"{self.warmup_s:.1f} s{', background load' if self.load else ''})")
+                f"{self.warmup_s:.1f} s{', background load' if self.load else ''}"
+                f"{f', {self.processes} processes' if self.processes > 1 else ''})")
         out = [head]
         if self.failure:
             f = self.failure
@@ -317,8 +319,52 @@ def _account(result: HuntResult, pending, flags, launches_per_case: int, seconds
 def _hunt_task(item: tuple, device: str) -> HuntResult:
     from stress import checks
 
-    name, seconds, seed = item
-    return hunt(checks.get(name), device, seconds=seconds, seed=seed)
+    name, options = item
+    return hunt(checks.get(name), device, **options)
+
+
+def _failed_process(name: str, device: str, seed: int, outcome) -> HuntResult:
+    """A hunt whose worker hung past its deadline, died or raised: the hunt fails, charged to no case."""
+    verdict = "fail:timeout" if outcome.failure == "timeout" else "fail:crash"
+    failed = HuntResult(name, device, verdict)
+    failed.failure = Result(name, "hunt", seed, device, verdict,
+                            details=(outcome.detail or outcome.failure).splitlines()[-12:])
+    return failed
+
+
+def merged(results: list[HuntResult]) -> HuntResult:
+    """Hunts that ran side by side as one: launches and cases summed over the wall time of the longest,
+    the first failure reported, per shape the earliest catch."""
+    first = next((r for r in results if r.failed), results[0])
+    out = HuntResult(first.check, first.device, first.verdict, mutant=first.mutant, load=first.load,
+                     failure=first.failure, failed_launch=first.failed_launch, processes=len(results))
+    out.launches, out.cases = sum(r.launches for r in results), sum(r.cases for r in results)
+    out.seconds, out.warmup_s = max(r.seconds for r in results), max(r.warmup_s for r in results)
+    for r in results:
+        for key, stats in r.shapes.items():
+            into = out.shapes.setdefault(key, ShapeStats())
+            into.launches, into.cases = into.launches + stats.launches, into.cases + stats.cases
+            into.seconds = max(into.seconds, stats.seconds)
+            if stats.caught_after_s is not None:
+                into.caught_after_s = min(stats.caught_after_s, into.caught_after_s or stats.caught_after_s)
+    return out
+
+
+def hunt_processes(check: Check, device: str, jobs: int, *, seed: int = 0, **options) -> HuntResult:
+    """``hunt`` in ``jobs`` worker processes at once, each drawing its own cases (a hunt is bound by
+    building cases in Python, so processes add launches until the device is full); merged."""
+    from functools import partial
+
+    items = iter([(check.name, {**options, "seed": runner.case_seed(seed, check.name, "hunt process", k)})
+                  for k in range(jobs)])
+    results = []
+
+    def on_outcome(outcome) -> None:
+        results.append(_failed_process(check.name, device, seed, outcome) if outcome.failure else outcome.value)
+
+    with runner.worker_pool(partial(_hunt_task, device=device), device, jobs, 0.0) as workers:
+        workers.run(lambda: next(items, None), on_outcome)
+    return merged(results)
 
 
 def run_hunts(checks: list[Check], device: str, seed: int, jobs: int, timeout: float, on_result) -> None:
@@ -326,18 +372,11 @@ def run_hunts(checks: list[Check], device: str, seed: int, jobs: int, timeout: f
     worker process (the GPU to itself; a hang or a crash is charged to that hunt), ``on_result`` per hunt."""
     from functools import partial
 
-    items = iter([(c.name, c.hunt_seconds[device], seed) for c in checks
+    items = iter([(c.name, {"seconds": c.hunt_seconds[device], "seed": seed}) for c in checks
                   if device in c.hunt_seconds and supports(c, device) is None])
 
     def on_outcome(outcome) -> None:
-        if outcome.failure:
-            verdict = "fail:timeout" if outcome.failure == "timeout" else "fail:crash"
-            failed = HuntResult(outcome.item[0], device, verdict)
-            failed.failure = Result(outcome.item[0], "hunt", seed, device, verdict,
-                                    details=(outcome.detail or outcome.failure).splitlines()[-12:])
-            on_result(failed)
-        else:
-            on_result(outcome.value)
+        on_result(_failed_process(outcome.item[0], device, seed, outcome) if outcome.failure else outcome.value)
 
     with runner.worker_pool(partial(_hunt_task, device=device), device, min(jobs, 1), timeout) as workers:
         workers.run(lambda: next(items, None), on_outcome)

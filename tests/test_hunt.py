@@ -72,3 +72,11 @@ def test_run_hunt_puts_the_hunt_in_the_same_report(tmp_path):
     hunts = [r["hunt"] for r in records if "hunt" in r]
     assert len(hunts) == 1 and hunts[0]["check"] == SHIFT.name and hunts[0]["launches"] > 0
     assert "## Hunts" in (tmp_path / "summary.md").read_text()
+
+
+def test_hunt_in_processes_merges_their_counts_and_reports_a_failure():
+    found = hunt.hunt_processes(SHIFT, DEV, 2, seconds=60, mutant="count-by-batch-row", launches_per_case=1,
+                                cases_per_sync=1)
+    assert found.processes == 2 and found.failed
+    assert found.cases >= 2 and found.launches == found.cases
+    assert found.failure.repro().startswith(f"./specsan repro {SHIFT.name}")
