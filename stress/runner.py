@@ -27,6 +27,7 @@ class Task(NamedTuple):
     seed: int
     mutant: str | None = None
     launch: tuple | None = None  # forced launch shape, as sorted (key, value) pairs
+    tool: str | None = None  # run under this compute-sanitizer tool (stress.sanitizer) instead
 
 
 class CaseTimeout(Exception):
@@ -167,9 +168,15 @@ def _background_load(device: str):
 def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) -> Result:
     """Build, run and judge one case. Never raises: a crash is a verdict.
 
-    On the CPU a case that matches its reference is also traced (``trace=False`` skips it).
+    On the CPU a case that matches its reference is also traced (``trace=False`` skips it). A task
+    with a ``tool`` runs in a process of its own under compute-sanitizer instead.
     """
     from stress import checks, mutants
+
+    if task.tool:
+        from stress import sanitizer
+
+        return sanitizer.run_case(task, task.tool, timeout)
 
     result = Result(task.check, task.family, task.seed, device, PASS, launch=dict(task.launch or ()),
                     mutant=task.mutant, timeout=timeout, trace=trace)
@@ -306,9 +313,9 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
 
 
 def plan(checks: list[Check], families: list[str] | None, iters: int, seed: int,
-         mutant: str | None = None) -> list[Task]:
+         mutant: str | None = None, tool: str | None = None) -> list[Task]:
     """Iteration-major order, so an interrupted run has covered every family evenly; ``mutant`` is
-    applied in every case."""
+    applied in every case, and every case runs under compute-sanitizer's ``tool`` when one is given."""
     # A check with an iteration share runs its n cases spread evenly over the iterations.
     at = {}
     for check in checks:
@@ -322,5 +329,5 @@ def plan(checks: list[Check], families: list[str] | None, iters: int, seed: int,
             for family in check.families:
                 if not families or family in families:
                     tasks.append(Task(check.name, family, case_seed(seed, check.name, family, at[check.name][i]),
-                                      mutant))
+                                      mutant, tool=tool))
     return tasks
