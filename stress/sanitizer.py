@@ -99,11 +99,15 @@ def _current_gpu() -> int:
     return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
 
 
-def _die_with_parent() -> None:
-    """In the sanitizer's process, before exec: SIGKILL it when the worker that started it dies."""
+def _dying_with_parent():
+    """A ``preexec_fn`` that makes the sanitizer SIGKILLed when the worker that started it dies.
+
+    prctl is looked up here, before the fork: the forked child only calls it (no dlopen there,
+    whose lock another thread of this process may have held at the fork)."""
     import ctypes
 
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _run_child(tool: str, child_args: list[str], timeout: float = 0) -> tuple[int, str, str, dict]:
@@ -117,7 +121,7 @@ def _run_child(tool: str, child_args: list[str], timeout: float = 0) -> tuple[in
         argv = command(tool, xml_path, ["--record", record_path, *child_args])
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=_environment(_current_gpu()), start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=_dying_with_parent())
         try:
             output, _ = proc.communicate(timeout=timeout or None)
         except subprocess.TimeoutExpired:

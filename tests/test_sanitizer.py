@@ -3,6 +3,7 @@
 command line where no sanitizer can run."""
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -160,7 +161,7 @@ def test_a_case_runs_in_its_own_process_with_caching_off(fake):
     assert result.verdict == "fail:oob" and result.note == "width 4097" and result.tool == "memcheck"
     assert result.repro() == ("./specsan repro block_table.gather wide 1 --device cuda --mutant row-overread "
                               "--timeout 0 --sanitizer memcheck")
-    argv = argv_file.read_text().splitlines()
+    argv = argv_file.read_text().splitlines()[:-1]  # the last line is the fake's process id
     assert argv[argv.index("--tool") + 1] == "memcheck" and "--xml" in argv and "--padding" in argv
     assert argv[argv.index("--error-exitcode") + 1] == str(sanitizer.ERROR_EXIT)
     assert argv[argv.index(sys.executable):][:3] == [sys.executable, "-m", "stress.sanitize_case"]
@@ -174,6 +175,31 @@ def test_a_case_past_its_deadline_is_killed_with_its_process_group(fake):
     start = time.perf_counter()
     result = sanitizer.run_case(task, "memcheck", timeout=0.5)
     assert result.verdict == "fail:timeout" and time.perf_counter() - start < 10
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] == "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def test_a_worker_killed_at_its_deadline_takes_its_sanitizer_along(fake):
+    """The pool kills a worker whose case outlives its deadline; the sanitizer it started must not live on."""
+    argv_file = fake(sleep=60)
+    worker = subprocess.Popen([sys.executable, "-c", "from stress import sanitizer; "
+                               "sanitizer._run_child('memcheck', ['case', 'block_table.gather', 'basic', '1'])"])
+    deadline = time.monotonic() + 60  # the worker imports torch first
+    while not (argv_file.exists() and argv_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sanitizer_pid = int(argv_file.read_text().splitlines()[-1])
+    worker.kill()
+    worker.wait()
+    for _ in range(100):
+        if _gone(sanitizer_pid):
+            break
+        time.sleep(0.05)
+    assert _gone(sanitizer_pid)
 
 
 def test_checks_that_cannot_be_sanitized_say_why_without_a_process(fake):
