@@ -177,7 +177,12 @@ def _parser() -> argparse.ArgumentParser:
 
     tp = sub.add_parser("tp", help="TP determinism: N rank processes replay one schedule and compare every step")
     common(tp)
-    tp.add_argument("--ranks", type=_count(2), default=2, help="rank processes (default: 2)")
+    tp.add_argument("--ranks", type=_count(1), default=2,
+                    help="rank processes; 1 runs the production code alone, to exercise the process group "
+                         "(default: 2)")
+    tp.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
+                    help="process group: nccl gathers on one GPU per rank, gloo on the CPU; auto: nccl when the "
+                         "kernels run on CUDA with a GPU per rank, else gloo (default: auto)")
     tp.add_argument("--mutant", action="append",
                     help="also replay with this planted bug in every rank; it must diverge, repeatable "
                          "(default: production code only)")
@@ -540,13 +545,15 @@ def cmd_tp(args) -> int:
     ok = True
     for workload in tp.WORKLOADS if args.workload == "all" else (args.workload,):
         outcomes = tp.run_ranks(args.ranks, mutants=scenarios, seed=args.seed, num_steps=args.steps,
-                                workload=workload)
+                                workload=workload, backend=args.backend)
         for name, outcome in outcomes.items():
             as_expected = outcome.agreed == (name is None)
             ok &= as_expected
             verdict = "as expected" if as_expected else f"UNEXPECTED: must {'diverge' if name else 'agree'}"
             print(f"[{workload}] {name or 'production code'}: {outcome.message}  [{verdict}]")
-        print(f"[{workload}] {args.ranks} ranks in {next(iter(outcomes.values())).seconds:.1f} s")
+        first = next(iter(outcomes.values()))
+        print(f"[{workload}] {args.ranks} rank(s) over {first.backend} in {first.seconds:.1f} s: "
+              + ("; ".join(first.ranks) or "no rank reported its device"))
     return 0 if ok else 1
 
 

@@ -1,6 +1,6 @@
 """Several GPUs, faked on the CPU (``torch.cuda`` and the NVML reader monkeypatched): stress workers and
 xdist workers spread evenly over every GPU, each case records the GPU it ran on, the report's per-GPU
-counts add up to the run and carry each GPU's own telemetry."""
+counts add up to the run and carry each GPU's own telemetry, and TP ranks get NCCL only with a GPU each."""
 
 import json
 import sys
@@ -12,7 +12,7 @@ import torch
 
 import conftest
 from kernels import runtime
-from stress import gpus, pool, runner, telemetry
+from stress import gpus, pool, runner, telemetry, tp
 from stress.report import Report
 from stress.runner import Task
 from stress.types import Result
@@ -119,3 +119,12 @@ def test_per_gpu_counts_add_up_and_carry_each_gpus_own_telemetry(fake_gpus, monk
     assert "| 3 | Fake GPU 3 | 2 | 2 | 2 | 0 | 0 | 0.00 | 0 | 1980 | 30 -> 40 | 120.5 | 0 | 1 |" in summary
     assert "uuid-0" not in summary.split("## GPUs")[0]  # the header line leaves the GPU list to its section
 
+
+def test_nccl_needs_a_gpu_per_rank(fake_gpus, monkeypatch):
+    monkeypatch.setattr(runtime, "DEVICE", "cuda")
+    assert [tp.choose_backend("auto", n) for n in (1, 4, 5)] == ["nccl", "nccl", "gloo"]
+    assert tp.choose_backend("nccl", 4) == "nccl" and tp.choose_backend("gloo", 2) == "gloo"
+    with pytest.raises(ValueError, match=r"^--backend: nccl needs one GPU per rank, but 5 ranks and 4 GPU\(s\) "
+                                         r"are visible; pass --ranks 4 \(or fewer\), or --backend gloo$"):
+        tp.choose_backend("nccl", 5)
+    assert [gpus.gpu_of(rank, FAKE_GPUS) for rank in range(FAKE_GPUS)] == [0, 1, 2, 3]  # rank_main's placement
