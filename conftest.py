@@ -39,12 +39,15 @@ def _gpus_for_tests(config) -> int:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto`` with GPUs: the cores rounded down to a multiple of the GPUs, so each GPU gets the same
-    number of workers. Without a GPU (or with PYTEST_XDIST_AUTO_NUM_WORKERS set) xdist decides."""
+    """``-n auto`` with GPUs: xdist's own number (the cores) rounded down to a multiple of the GPUs, at least
+    one per GPU, so each GPU gets the same number of workers. Without a GPU, or with
+    PYTEST_XDIST_AUTO_NUM_WORKERS set, xdist decides alone."""
     count = _gpus_for_tests(config)
-    if count and not os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return gpus.fill_cores(count)
-    return None
+    if not count or os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    from xdist import plugin
+
+    return count * max(1, plugin.pytest_xdist_auto_num_workers(config) // count)
 
 
 def pytest_report_header(config):

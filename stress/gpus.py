@@ -29,11 +29,6 @@ def workers_per_gpu(workers: int, gpus: int) -> list[int]:
     return [len(range(gpu, workers, gpus)) for gpu in range(gpus)]
 
 
-def fill_cores(gpus: int) -> int:
-    """Workers for a test run: the cores, rounded down to a multiple of the GPUs (at least one per GPU)."""
-    return gpus * max(1, cores() // gpus)
-
-
 def _uuid(index: int) -> str:
     """The device's UUID in NVML's spelling without its ``GPU-`` prefix, so telemetry can be matched to it
     whatever ``CUDA_VISIBLE_DEVICES`` renumbered."""

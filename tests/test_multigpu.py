@@ -51,11 +51,15 @@ def test_xdist_workers_take_one_gpu_each_and_auto_fills_the_cores_evenly(fake_gp
         assert conftest.pin_worker_gpu() == n % FAKE_GPUS
     assert fake_gpus == [n % FAKE_GPUS for n in range(2 * FAKE_GPUS)]
 
-    monkeypatch.setattr(gpus, "cores", lambda: 18)
+    from xdist import plugin
+
+    monkeypatch.setattr(plugin, "pytest_xdist_auto_num_workers", lambda config: 18)  # xdist's count of the cores
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     options = {"--device": None}
     config = SimpleNamespace(getoption=options.get)
-    assert conftest.pytest_xdist_auto_num_workers(config) == 16  # 18 cores, rounded down to 4 per GPU
+    assert conftest.pytest_xdist_auto_num_workers(config) == 16  # rounded down to 4 per GPU
+    monkeypatch.setattr(plugin, "pytest_xdist_auto_num_workers", lambda config: 2)
+    assert conftest.pytest_xdist_auto_num_workers(config) == FAKE_GPUS  # never a GPU without a worker
     assert "GPUs: 4 (0 Fake GPU 0, 1 Fake GPU 1" in conftest.pytest_report_header(config)
     options["--device"] = "cpu"
     assert conftest.pytest_xdist_auto_num_workers(config) is None  # xdist's own default: one per core
