@@ -60,7 +60,9 @@ def unavailable(device: str) -> str | None:
 def default_jobs() -> int:
     """One sanitized case per core: each is a process that imports torch, compiles and is instrumented,
     so the CPU, not the GPU, is what they share."""
-    return max(1, len(os.sched_getaffinity(0)))
+    from stress import gpus
+
+    return gpus.cores()
 
 
 def why_not(check: Check) -> str | None:

@@ -240,6 +240,7 @@ def test_a_caught_control_opens_the_gate(fake, monkeypatch):
 def test_a_sanitizer_oracle_kills_through_the_matrix(fake, monkeypatch):
     monkeypatch.setattr(sanitizer, "unavailable", lambda device: None)
     fake("memcheck_row_overread")  # the control and every case leave the recorded row-overread findings
+    monkeypatch.setattr(runner, "_gpu_of", lambda outcome, device: 0)  # no CUDA here to ask which GPU
     rows = matrix.kill_matrix([checks.get("block_table.gather")], "cuda", max_iters=2, seed=0, jobs=0, path_iters=0,
                               only=["row-overread"])
     assert (rows[0].status, rows[0].iterations, rows[0].verdict) == ("killed", 1, "fail:oob")
