@@ -94,10 +94,8 @@ def _parser() -> argparse.ArgumentParser:
         if seed:
             sp.add_argument("--seed", type=_seed, default=0, help="base seed, >= 0 (default: 0)")
 
-    def pool(sp, what):
-        sp.add_argument("--jobs", type=_count(0),
-                        help="worker processes; 0 runs in this process (default: one per CPU core, "
-                             "or up to 8 per GPU)")
+    def pool(sp, what, jobs="one per CPU core, or up to 8 per GPU"):
+        sp.add_argument("--jobs", type=_count(0), help=f"worker processes; 0 runs in this process (default: {jobs})")
         sp.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT,
                         help=f"seconds per {what} case before it is killed as fail:timeout; 0 = none "
                              f"(default: {DEFAULT_TIMEOUT:g})")
@@ -196,7 +194,7 @@ def _parser() -> argparse.ArgumentParser:
     san.add_argument("--baseline", metavar="DIR",
                      help="a `run` report folder: the summary then gives the slowdown per case against its replay "
                           "of the same checks and families (default: none)")
-    pool(san, "sanitized")
+    pool(san, "sanitized", jobs="one per CPU core: each case is a process of its own")
 
     tp = sub.add_parser("tp", help="TP determinism: N rank processes replay one schedule and compare every step")
     common(tp)
