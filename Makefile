@@ -10,6 +10,11 @@ SELECT = $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE))
 STRESS_ARGS = $(if $(PATH_COLUMN),--path) --hunt --iters $(ITER) --seed $(SEED) --report $(REPORT) $(SELECT) $(if $(FAMILY),--family $(FAMILY)) \
 	$(if $(JOBS),--jobs $(JOBS))
 
+# SANITIZE=1: then a sampled compute-sanitizer memcheck pass, a few cases per check and family.
+SANITIZE_ITERS ?= 2
+SANITIZE_ARGS = --iters $(SANITIZE_ITERS) --seed $(SEED) --report $(REPORT)/sanitize --baseline $(REPORT) $(SELECT) \
+	$(if $(FAMILY),--family $(FAMILY))
+
 .PHONY: test stress mutants bench lint env
 
 env:
@@ -22,7 +27,8 @@ test:
 # One process, one report: the replay, then the kill matrix (even after replay failures: either
 # half fails the target). A bad argument stops it before anything runs (exit 2).
 stress:
-	$(PY) -m stress run $(STRESS_ARGS) --kill-matrix
+	$(PY) -m stress run $(STRESS_ARGS) --kill-matrix$(if $(SANITIZE),; status=$$?; \
+	$(PY) -m stress sanitize $(SANITIZE_ARGS) || status=$$(( status ? status : 1 )); exit $$status)
 
 mutants:
 	$(PY) -m stress mutants $(SELECT)
