@@ -175,6 +175,25 @@ def _parser() -> argparse.ArgumentParser:
     mut.add_argument("--report", help="also write results.jsonl, mutants.json, summary.md and the heat map to DIR, "
                                       "cleared of an earlier run's files (default: no report)")
 
+    mt = sub.add_parser("mutate", help="generate mutants of each check's production code and hunt them: the "
+                                       "mutation score per check")
+    common(mt)
+    mt.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
+    mt.add_argument("--operator", action="append",
+                    help="only this operator, repeatable (default: all of cmp-flip, const, mask-term, load-other, "
+                         "no-int64, barrier, min-max, cdiv-floor, index-swap, where-swap, and-or, default)")
+    mt.add_argument("--mutant", action="append", help="only this generated mutant id, repeatable (default: all)")
+    mt.add_argument("--iters", type=_count(1), default=3, help="cases per family before a mutant survives (default: 3)")
+    mt.add_argument("--sample", type=_count(0), default=0,
+                    help="at most this many mutants per check, a deterministic sample by --seed (default: 0 = all)")
+    mt.add_argument("--fail-under", type=float, default=0.0,
+                    help="exit 1 when a check's score is below this percentage (default: 0, no gate)")
+    mt.add_argument("--report", default="reports/mutate",
+                    help="directory for mutate.jsonl, one line per decided mutant (default: reports/mutate)")
+    pool(mt, "hunted")
+    mt.set_defaults(timeout=60.0)
+    mt.add_argument("--json", action="store_true", help="print the summary as JSON on stdout and nothing else")
+
     tp = sub.add_parser("tp", help="TP determinism: N rank processes replay one schedule and compare every step")
     common(tp)
     tp.add_argument("--ranks", type=_count(2), default=2, help="rank processes (default: 2)")
@@ -226,6 +245,10 @@ def _family(check, family: str, argument: str = "FAMILY") -> str:
 def _mutant(check, name: str | None):
     if name is None:
         return None
+    from stress import mutate_ops
+
+    if name.startswith(mutate_ops.PREFIX):  # a generated mutant (python -m stress mutate) names its own patch
+        return mutate_ops.resolve(name)
     if name not in {m.name for m in check.mutants}:
         raise UsageError("--mutant", f"{name!r} is not a planted bug of {check.name}",
                          f"known: {', '.join(m.name for m in check.mutants) or 'none'}")
@@ -516,6 +539,44 @@ def cmd_mutants(args) -> int:
     return stopped.exit_code if stopped else (0 if all_killed else 1)
 
 
+def cmd_mutate(args) -> int:
+    device = _select_device(args)
+    from stress import mutate, mutate_ops, runner
+
+    unknown = [o for o in args.operator or () if o not in mutate_ops.OPERATORS]
+    if unknown:
+        raise UsageError("--operator", f"{unknown[0]!r} is not an operator",
+                         f"known: {', '.join(mutate_ops.OPERATORS)}")
+    selected = _checks(args.check)
+    if args.mutant:
+        for name in args.mutant:
+            mutate_ops.resolve(name)  # a stale or malformed id is a usage error before anything runs
+    jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
+    summary = mutate.run(selected, device, iters=args.iters, seed=args.seed, jobs=jobs, timeout=args.timeout,
+                         operators=args.operator, only=args.mutant, sample=args.sample, report=args.report, log=_log)
+    rows = summary.pop("rows")
+    out = print if not args.json else _log
+    out(mutate.score_table("check", summary["by_check"]))
+    out("")
+    out(mutate.score_table("module", summary["by_module"]))
+    for line in mutate.survivor_lines(rows, device, args.iters):
+        out(line)
+    for entry in summary["stale_equivalences"]:
+        out(f"STALE equivalence entry (matches no generated mutant): {entry['target']} {entry['operator']}: "
+            f"{entry['old'].strip()!r} -> {entry['new'].strip()!r}")
+    equivalent = sum(g["equivalent"] + g["reasoned"] for g in summary["by_check"].values())
+    killed = sum(g["killed"] + g["hang"] for g in summary["by_check"].values())
+    judged = killed + sum(g["survived"] for g in summary["by_check"].values())
+    out(f"{killed} of {judged} non-equivalent mutants killed on {device} "
+        f"({sum(g['hang'] for g in summary['by_check'].values())} of them as a hang, fail:timeout); "
+        f"{equivalent} equivalent (same TTIR/bytecode, or reasoned in stress/equivalent_mutants.toml); "
+        f"{summary['wall_s']:.0f} s")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    low = [name for name, g in summary["by_check"].items() if g["score"] is not None and g["score"] < args.fail_under]
+    return 1 if low or summary["stale_equivalences"] else 0
+
+
 def cmd_tp(args) -> int:
     _select_device(args)
     from stress import tp
@@ -536,7 +597,7 @@ def cmd_tp(args) -> int:
 
 
 COMMANDS = {"run": cmd_run, "repro": cmd_repro, "trace": cmd_trace, "list": cmd_list, "mutants": cmd_mutants,
-            "tp": cmd_tp}
+            "mutate": cmd_mutate, "tp": cmd_tp}
 
 
 def main(argv=None) -> int:
