@@ -165,11 +165,7 @@ def _key(target: str, operator: str, old: str, new: str) -> tuple:
 
 def load_reasoned(path: str = EQUIVALENT_FILE) -> dict[tuple, str]:
     """(target, operator, old, new) -> the reason the mutant is the same program."""
-    if not os.path.exists(path):
-        return {}
-    with open(path, "rb") as f:
-        entries = tomllib.load(f).get("mutant", [])
-    return {_key(e["target"], e["operator"], e["old"], e["new"]): e["reason"] for e in entries}
+    return {_key(e["target"], e["operator"], e["old"], e["new"]): e["reason"] for e in _entries(path)}
 
 
 # ---------------------------------------------------------------- the run
@@ -230,13 +226,17 @@ def classify(rows: list[Row], cov: Coverage, device: str, on_row) -> None:
         workers.run(lambda: next(queue, None), decided)
 
 
-def stale_entries(rows: list[Row], targets: set[str]) -> list[dict]:
+def _entries(path: str = EQUIVALENT_FILE) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as f:
+        return tomllib.load(f).get("mutant", [])
+
+
+def stale_entries(rows: list[Row], targets: set[str], entries: list[dict] | None = None) -> list[dict]:
     """Data-file entries for the targets generated here that no longer match a generated mutant."""
     generated = {_key(r.target, r.operator, r.old, r.new) for r in rows}
-    if not os.path.exists(EQUIVALENT_FILE):
-        return []
-    with open(EQUIVALENT_FILE, "rb") as f:
-        entries = tomllib.load(f).get("mutant", [])
+    entries = _entries() if entries is None else entries
     return [e for e in entries if e["target"] in targets
             and _key(e["target"], e["operator"], e["old"], e["new"]) not in generated]
 

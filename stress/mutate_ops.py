@@ -54,15 +54,19 @@ def callers(target: str) -> list[str]:
                if hasattr(obj, "fn") and getattr(obj.fn, "__module__", None) == module_name}
     if attr not in kernels:
         return []
-    reached, order = {attr}, []
-    while True:
-        # a kernel joins once every reached function it mentions is already in the order
-        ready = [n for n, text in kernels.items() if n not in reached
-                 and any(re.search(rf"\b{r}\(", text) for r in reached)]
-        if not ready:
-            return [f"{module_name}:{n}" for n in order]
-        reached.update(ready)
-        order += sorted(ready)
+    reached, grew = {attr}, True
+    while grew:  # every kernel that mentions a reached function, transitively
+        grown = {n for n, text in kernels.items() if any(re.search(rf"\b{r}\(", text) for r in reached)}
+        grew = not grown <= reached
+        reached |= grown
+    order: list[str] = []
+    pending = sorted(reached - {attr})
+    while pending:  # callees first: a kernel is rebuilt after every reached function it mentions
+        ready = [n for n in pending if all(r in order or r == attr or r == n or not re.search(rf"\b{r}\(", kernels[n])
+                                           for r in reached)]
+        order += ready or pending[:1]  # (mutual recursion cannot happen in Triton; never loop forever)
+        pending = [n for n in pending if n not in order]
+    return [f"{module_name}:{n}" for n in order]
 
 
 class _Source:
@@ -375,8 +379,7 @@ def _mutant_id(target: str, operator: str, patch: Patch) -> str:
 
 def generate(target: str, operators: list[str] | None = None) -> list[Generated]:
     """Every mutant of ``target`` ("module:attribute") the operators make, in source order, each once."""
-    module_name, attr = target.split(":")
-    fn, text = source_of(getattr(importlib.import_module(module_name), attr))
+    fn, text = source_of(_target(target))
     first_line = _first_line(fn)
     tree = ast.parse(text)
     src = _Source(text)
@@ -393,6 +396,11 @@ def generate(target: str, operators: list[str] | None = None) -> list[Generated]
             out.append(Generated(_mutant_id(target, name, patch), target, name, line, patch))
     out.sort(key=lambda g: (g.line, g.operator, g.id))
     return out
+
+
+def _target(target: str):
+    module_name, attr = target.split(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def _first_line(fn) -> int:
