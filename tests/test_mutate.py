@@ -1,9 +1,8 @@
 """python -m stress mutate: operators, the equivalence filter (positive and negative controls), the data
 file of reasoned equivalences, and one generated mutant hunted end to end."""
 
-import tomllib
-
 import pytest
+import tomllib
 import torch
 
 from kernels import runtime
@@ -55,9 +54,8 @@ def test_a_helper_mutant_rebuilds_the_kernels_that_call_it():
 
 
 def test_applied_swaps_every_imported_name():
-    from stress.families import kv_cache as kv_families
-
     import kernels.kv_cache
+    from stress.families import kv_cache as kv_families
 
     g = mutate_ops.generate("kernels.kv_cache:write_kv", ["cmp-flip"])[0]
     with mutants.applied(g.mutant()):
