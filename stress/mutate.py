@@ -75,19 +75,25 @@ def _module_of(filename: str, root: str) -> str | None:
     return rel[:-3].replace(os.sep, ".").removesuffix(".__init__")
 
 
-def discover(checks: list[Check], device: str, seed: int) -> Coverage:
-    """Run iteration 0 of every family of each check in this process, recording the production
-    functions executed (a trace function sees every new frame of ``kernels/`` code) and the kernels
-    launched, with their signatures."""
+@dataclass
+class _Traced:
+    seen: list[str]
+    launches: dict[str, set]
+    failure: str  # the case's failing verdict and repro line ("" when it passed)
+    fatal: bool  # its CUDA context is unusable: the pool replaces the worker
+
+
+def _traced_case(task: Task, device: str, timeout: float) -> _Traced:
+    """Run one case recording the production functions executed (a trace function sees every new
+    frame of ``kernels/`` code) and the kernels launched with their signatures; and its failure, if any."""
     from stress import mutate_equiv
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cov = Coverage({}, {}, {})
     seen: dict[str, None] = {}
-
+    launches: dict[str, set] = {}
     modules: dict[str, str | None] = {}
 
-    def profile(frame, event, arg):  # a global trace function: called once per new frame, never per line
+    def trace(frame, event, arg):  # a global trace function: called once per new frame, never per line
         filename = frame.f_code.co_filename
         if filename not in modules:
             modules[filename] = _module_of(filename, root)
@@ -96,37 +102,59 @@ def discover(checks: list[Check], device: str, seed: int) -> Coverage:
         if module and module not in EXCLUDED and not name.startswith("<"):
             seen[f"{module}:{name}"] = None
 
-    import kernels.block_table  # noqa: F401 - any kernel: its class is the one every launch goes through
+    import kernels.block_table
 
-    kernel_class = type(kernels.block_table._gather_rows_kernel)
+    kernel_class = type(kernels.block_table._gather_rows_kernel)  # every launch goes through its run
     original_run = kernel_class.run
 
     def recording_run(self, *args, grid, warmup, **kwargs):
         name = f"{self.fn.__module__}:{self.fn.__name__}"
         if (sig := mutate_equiv.signature(self, args, kwargs)) is not None:
-            cov.launches.setdefault(name, set()).add(sig)
+            launches.setdefault(name, set()).add(sig)
         seen[name] = None
         return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     kernel_class.run = recording_run
+    sys.settrace(trace)
     try:
-        for check in checks:
-            seen.clear()
-            failures = []
-            if device in check.devices:
-                for family in check.families:
-                    task = Task(check.name, family, case_seed(seed, check.name, family, 0))
-                    sys.settrace(profile)
-                    try:
-                        result = runner.run_case(task, device, trace=False)
-                    finally:
-                        sys.settrace(None)
-                    if result.failed:
-                        failures.append(f"{result.verdict}: {result.repro()}")
-            cov.targets[check.name] = [t for t in seen if _has_source(t)]
-            cov.baseline[check.name] = failures
+        result = runner.run_case(task, device, timeout=timeout, trace=False)
     finally:
+        sys.settrace(None)
         kernel_class.run = original_run
+    return _Traced(list(seen), launches, f"{result.verdict}: {result.repro()}" if result.failed else "", result.fatal)
+
+
+def discover(checks: list[Check], device: str, seed: int, jobs: int, timeout: float, log) -> Coverage:
+    """Iteration 0 of every family of each check, in the pool: what each check executes and launches,
+    and whether the production code itself passes (a check that fails unmutated is not scored)."""
+    from functools import partial
+
+    cov = Coverage({c.name: [] for c in checks}, {}, {c.name: [] for c in checks})
+    tasks = [Task(c.name, f, case_seed(seed, c.name, f, 0)) for c in checks if device in c.devices for f in c.families]
+    left = {c.name: sum(t.check == c.name for t in tasks) for c in checks}
+    queue = iter(tasks)
+
+    def done(outcome) -> None:
+        task = outcome.item
+        if outcome.failure:
+            cov.baseline[task.check].append(f"{outcome.failure}: {outcome.detail.strip().splitlines()[-1][:200]}")
+        else:
+            traced = outcome.value
+            known = cov.targets[task.check]
+            known += [t for t in traced.seen if t not in known and _has_source(t)]
+            for name, sigs in traced.launches.items():
+                cov.launches.setdefault(name, set()).update(sigs)
+            if traced.failure:
+                cov.baseline[task.check].append(traced.failure)
+        left[task.check] -= 1
+        if left[task.check] == 0:
+            log(f"  {task.check}: {len(cov.targets[task.check])} target(s)"
+                + (f"; the production code FAILS, not scored: {cov.baseline[task.check][0]}"
+                   if cov.baseline[task.check] else ""))
+
+    with runner.worker_pool(partial(_traced_case, device=device, timeout=timeout if jobs == 0 else 0), device, jobs,
+                            timeout) as workers:
+        workers.run(lambda: next(queue, None), done)
     return cov
 
 
@@ -348,15 +376,11 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
               "operators": operators, "checks": [c.name for c in checks],
               "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     stream = Stream(report, header)
-    log(f"specsan mutate: finding the production code each check executes on {device}")
-    cov = discover(checks, device, seed)
+    log(f"specsan mutate: finding the production code each check executes on {device} (one case per family)")
     for check in checks:
         if device not in check.devices:
             log(f"  {check.name}: not_checked on {device} ({check.why_not})")
-        elif cov.baseline[check.name]:
-            log(f"  {check.name}: SKIPPED, the production code itself fails: {cov.baseline[check.name][0]}")
-        else:
-            log(f"  {check.name}: {len(cov.targets[check.name])} target(s)")
+    cov = discover(checks, device, seed, jobs, timeout, log)
     rows = plan(checks, cov, operators, only, sample, seed)
     done, reported = [0], set()
     by_check: dict[str, list[Row]] = {}

@@ -383,11 +383,14 @@ def generate(target: str, operators: list[str] | None = None) -> list[Generated]
     first_line = _first_line(fn)
     tree = ast.parse(text)
     src = _Source(text)
+    quiet = _messages(tree, src)
     seen, out = set(), []
     for name, operator in OPERATORS.items():
         if operators and name not in operators:
             continue
         for edit in operator(tree, src):
+            if any(a <= edit.start and edit.end <= b for a, b in quiet):
+                continue
             patch = _unique_patch(target, text, edit)
             if patch is None or patch in seen or not _parses(text.replace(patch.old, patch.new)):
                 continue
@@ -396,6 +399,17 @@ def generate(target: str, operators: list[str] | None = None) -> list[Generated]
             out.append(Generated(_mutant_id(target, name, patch), target, name, line, patch))
     out.sort(key=lambda g: (g.line, g.operator, g.id))
     return out
+
+
+def _messages(tree, src: _Source) -> list[tuple[int, int]]:
+    """Spans no mutant touches: what a ``raise`` raises, f-strings, docstrings (text, not behaviour)."""
+    spans = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            spans.append(src.span(node.exc))
+        elif isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+            spans.append(src.span(node))
+    return spans
 
 
 def _target(target: str):
