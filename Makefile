@@ -10,7 +10,7 @@ SELECT = $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE))
 STRESS_ARGS = $(if $(PATH_COLUMN),--path) --iters $(ITER) --seed $(SEED) --report $(REPORT) $(SELECT) $(if $(FAMILY),--family $(FAMILY)) \
 	$(if $(JOBS),--jobs $(JOBS))
 
-.PHONY: test stress mutants bench lint env
+.PHONY: test stress mutants mutate bench lint env
 
 env:
 	@echo $(PY)
@@ -26,6 +26,15 @@ stress:
 
 mutants:
 	$(PY) -m stress mutants $(SELECT)
+
+# Generated mutants of every check's production code (all of them, on the current device): the
+# mutation score per check and module, every survivor with its rerun line. MUTATE_ITERS cases per
+# family per mutant; SAMPLE=N takes N mutants per check.
+MUTATE_ITERS ?= 3
+MUTATE_REPORT ?= reports/mutate
+mutate:
+	$(PY) -m stress mutate $(SELECT) --iters $(MUTATE_ITERS) $(if $(SAMPLE),--sample $(SAMPLE)) \
+		$(if $(JOBS),--jobs $(JOBS)) --report $(MUTATE_REPORT)
 
 bench:
 	$(if $(DEVICE),SPECSAN_DEVICE=$(DEVICE)) $(PY) -m stress.bench
