@@ -554,8 +554,10 @@ def cmd_mutate(args) -> int:
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
     summary = mutate.run(selected, device, iters=args.iters, seed=args.seed, jobs=jobs, timeout=args.timeout,
                          operators=args.operator, only=args.mutant, sample=args.sample, report=args.report, log=_log)
-    rows = summary.pop("rows")
+    rows, stopped = summary.pop("rows"), summary.pop("exit_code")
     out = print if not args.json else _log
+    if stopped:
+        out(f"INTERRUPTED by {summary['interrupted']}: the scores below count the mutants decided so far")
     out(mutate.score_table("check", summary["by_check"]))
     out("")
     out(mutate.score_table("module", summary["by_module"]))
@@ -574,7 +576,7 @@ def cmd_mutate(args) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     low = [name for name, g in summary["by_check"].items() if g["score"] is not None and g["score"] < args.fail_under]
-    return 1 if low or summary["stale_equivalences"] else 0
+    return stopped or (1 if low or summary["stale_equivalences"] else 0)
 
 
 def cmd_tp(args) -> int:

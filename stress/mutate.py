@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import tomllib
 
-from stress import matrix, mutate_ops, runner
+from stress import interrupts, matrix, mutate_ops, runner
 from stress.runner import Task, case_seed
 from stress.types import Check
 
@@ -380,7 +380,11 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
     for check in checks:
         if device not in check.devices:
             log(f"  {check.name}: not_checked on {device} ({check.why_not})")
-    cov = discover(checks, device, seed, jobs, timeout, log)
+    try:
+        cov = discover(checks, device, seed, jobs, timeout, log)
+    except interrupts.Interrupted:
+        stream.close({"complete": False, "interrupted": "during discovery"})
+        raise
     rows = plan(checks, cov, operators, only, sample, seed)
     done, reported = [0], set()
     by_check: dict[str, list[Row]] = {}
@@ -402,14 +406,16 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
                 f"{g['killed'] + g['hang'] + g['survived']} non-equivalent)")
 
     log(f"specsan mutate: {len(rows)} mutant(s) of {len(owners(checks, cov))} target(s); deciding equivalence")
-    classify(rows, cov, device, on_row)
-    log(f"specsan mutate: hunting {sum(r.status == 'pending' for r in rows)} mutant(s), up to {iters} case(s) per "
-        f"family, {jobs} worker(s)")
     interrupted = None
     try:
+        classify(rows, cov, device, on_row)
+        log(f"specsan mutate: hunting {sum(r.status == 'pending' for r in rows)} mutant(s), up to {iters} case(s) "
+            f"per family, {jobs} worker(s)")
         hunt(rows, device, iters=iters, seed=seed, jobs=jobs, timeout=timeout, on_row=on_row)
+    except interrupts.Interrupted as exc:  # what was decided is scored; the rest stays pending
+        interrupted = exc
     except BaseException as exc:
-        interrupted = type(exc).__name__
+        interrupted = exc
         raise
     finally:
         stale = stale_entries(rows, {r.target for r in rows}) if not only and not sample else []
@@ -418,7 +424,9 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
                    "survivors": [asdict(r) for r in rows if r.status == "survived"],
                    "stale_equivalences": stale, "wall_s": round(time.perf_counter() - start, 1),
                    "baseline_failures": {k: v for k, v in cov.baseline.items() if v}}
-        stream.close({"complete": interrupted is None, "interrupted": interrupted, "wall_s": summary["wall_s"],
-                      "by_check": summary["by_check"]})
+        summary["interrupted"] = getattr(interrupted, "name", None) or (interrupted and type(interrupted).__name__)
+        stream.close({"complete": interrupted is None, "interrupted": summary["interrupted"],
+                      "wall_s": summary["wall_s"], "by_check": summary["by_check"]})
     summary["rows"] = rows
+    summary["exit_code"] = getattr(interrupted, "exit_code", None)
     return summary
