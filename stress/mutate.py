@@ -29,6 +29,7 @@ EXCLUDED = {
     "kernels.validate": "argument refusals: the families feed valid inputs only; tests/test_validate*.py covers them",
 }
 KILLED = ("killed", "hang")
+EQUIVALENCE_TIMEOUT = 60.0  # seconds to compile one mutant's kernels to TTIR
 
 
 @dataclass
@@ -240,6 +241,9 @@ def classify(rows: list[Row], cov: Coverage, device: str, on_row) -> None:
 
     def decided(outcome) -> None:
         row = pending[outcome.item]
+        if outcome.failure == "timeout":  # undecided: hunted like any other
+            row.equivalence = "none (the compile timed out)"
+            return
         if outcome.failure:  # a patch that does not even build is no program
             row.status, row.reason = "invalid", outcome.detail.strip().splitlines()[-1][:300]
         else:
@@ -250,7 +254,7 @@ def classify(rows: list[Row], cov: Coverage, device: str, on_row) -> None:
         on_row(row)
 
     with pool.Pool(mutate_equiv.decide_id, 1, initializer=mutate_equiv.init_worker,
-                   initargs=(device, cov.launches), timeout=300) as workers:
+                   initargs=(device, cov.launches), timeout=EQUIVALENCE_TIMEOUT) as workers:
         workers.run(lambda: next(queue, None), decided)
 
 

@@ -168,8 +168,9 @@ class Equivalence:
         self.launches = launches  # "module:kernel" -> signatures the cases launched it with
         self._original: dict = {}
 
-    def _ttirs(self, names: list[str]) -> dict | None:
-        """TTIR of every named launched kernel, as the modules hold them now; None if any fails."""
+    def _ttirs(self, names: list[str], against: dict | None = None) -> dict | None:
+        """TTIR of every named launched kernel, as the modules hold them now; None if one fails to
+        compile. With ``against``, stops at the first TTIR that differs from it (returning what it has)."""
         out = {}
         for name in names:
             module, attr = name.split(":")
@@ -179,6 +180,8 @@ class Equivalence:
                     out[(name, sig)] = ttir(kernel, sig)
                 except Exception:  # noqa: BLE001 - a mutant Triton cannot compile is not equivalent
                     return None
+                if against is not None and out[(name, sig)] != against[(name, sig)]:
+                    return out
         return out
 
     def decide(self, mutant: Mutant) -> tuple[bool, str]:
@@ -198,7 +201,7 @@ class Equivalence:
                 self._original[key] = self._ttirs(launched)
             if self._original[key] is not None:
                 with planted.applied(mutant):
-                    mutated = self._ttirs(launched)
+                    mutated = self._ttirs(launched, against=self._original[key])
                 if mutated is None:
                     return False, "ttir (the mutant does not compile)"
                 return mutated == self._original[key], "ttir"
