@@ -183,6 +183,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="only this operator, repeatable (default: all of cmp-flip, const, mask-term, load-other, "
                          "no-int64, barrier, min-max, cdiv-floor, index-swap, where-swap, and-or, default)")
     mt.add_argument("--mutant", action="append", help="only this generated mutant id, repeatable (default: all)")
+    mt.add_argument("--survivors", metavar="JSONL",
+                    help="only the mutants that survived in this earlier run's mutate.jsonl, e.g. to hunt them "
+                         "again with more --iters (default: none)")
     mt.add_argument("--iters", type=_count(1), default=3, help="cases per family before a mutant survives (default: 3)")
     mt.add_argument("--sample", type=_count(0), default=0,
                     help="at most this many mutants per check, a deterministic sample by --seed (default: 0 = all)")
@@ -349,6 +352,16 @@ def cmd_run(args) -> int:
     device = _select_device(args)
     from stress import matrix, runner, telemetry
 
+    if args.survivors:
+        try:
+            earlier = [r["mutant"] for r in map(json.loads, open(args.survivors)) if "mutant" in r]
+        except (OSError, ValueError) as exc:
+            raise UsageError("--survivors", f"cannot read {args.survivors} ({exc})",
+                             "give the mutate.jsonl of an earlier run") from None
+        args.mutant = [*(args.mutant or ()), *(r["id"] for r in earlier if r["status"] == "survived")]
+        args.check = args.check or sorted({o for r in earlier if r["status"] == "survived" for o in r["owners"]})
+        if not args.mutant:
+            raise UsageError("--survivors", f"no mutant survived in {args.survivors}", "nothing to hunt again")
     selected = _checks(args.check)
     if args.mutant:
         selected = [c for c in selected if c.unreachable is not None or any(m.name == args.mutant for m in c.mutants)]
@@ -547,6 +560,16 @@ def cmd_mutate(args) -> int:
     if unknown:
         raise UsageError("--operator", f"{unknown[0]!r} is not an operator",
                          f"known: {', '.join(mutate_ops.OPERATORS)}")
+    if args.survivors:
+        try:
+            earlier = [r["mutant"] for r in map(json.loads, open(args.survivors)) if "mutant" in r]
+        except (OSError, ValueError) as exc:
+            raise UsageError("--survivors", f"cannot read {args.survivors} ({exc})",
+                             "give the mutate.jsonl of an earlier run") from None
+        args.mutant = [*(args.mutant or ()), *(r["id"] for r in earlier if r["status"] == "survived")]
+        args.check = args.check or sorted({o for r in earlier if r["status"] == "survived" for o in r["owners"]})
+        if not args.mutant:
+            raise UsageError("--survivors", f"no mutant survived in {args.survivors}", "nothing to hunt again")
     selected = _checks(args.check)
     if args.mutant:
         for name in args.mutant:
