@@ -119,3 +119,23 @@ def test_a_known_killable_generated_mutant_is_killed():
     assert row.status == "killed" and row.verdict.startswith("fail:"), row
     assert row.repro.startswith("./specsan repro block_table.gather ") and killable.id in row.repro
     assert summary["by_check"]["block_table.gather"]["score"] == 100.0
+
+
+@pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")
+def test_a_small_sample_of_a_host_check_is_decided_and_streamed(tmp_path):
+    import json
+    import time
+
+    start = time.monotonic()
+    summary = mutate.run([checks.get("spec.slots")], "cpu", iters=1, seed=0, jobs=1, timeout=60, operators=None,
+                         only=None, sample=3, report=str(tmp_path), log=lambda line: None)
+    assert time.monotonic() - start < 300  # the CI bound: a sample, not the whole code
+    rows = summary["rows"]
+    assert len(rows) == 3 and all(r.status != "pending" for r in rows)
+    assert all(r.equivalence in ("bytecode", "reasoned") for r in rows)  # host code: compared by bytecode
+    records = [json.loads(line) for line in open(tmp_path / mutate.Stream.NAME)]
+    assert "run" in records[0] and records[-1]["end"]["complete"]
+    assert sorted(r["mutant"]["id"] for r in records[1:-1]) == sorted(r.id for r in rows)
+    same = mutate.plan([checks.get("spec.slots")], mutate.Coverage({"spec.slots": [r.target for r in rows]}, {},
+                                                                   {"spec.slots": []}), None, None, 3, 0)
+    assert [r.id for r in same] == [r.id for r in rows]  # the sample is deterministic
