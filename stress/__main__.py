@@ -352,16 +352,6 @@ def cmd_run(args) -> int:
     device = _select_device(args)
     from stress import matrix, runner, telemetry
 
-    if args.survivors:
-        try:
-            earlier = [r["mutant"] for r in map(json.loads, open(args.survivors)) if "mutant" in r]
-        except (OSError, ValueError) as exc:
-            raise UsageError("--survivors", f"cannot read {args.survivors} ({exc})",
-                             "give the mutate.jsonl of an earlier run") from None
-        args.mutant = [*(args.mutant or ()), *(r["id"] for r in earlier if r["status"] == "survived")]
-        args.check = args.check or sorted({o for r in earlier if r["status"] == "survived" for o in r["owners"]})
-        if not args.mutant:
-            raise UsageError("--survivors", f"no mutant survived in {args.survivors}", "nothing to hunt again")
     selected = _checks(args.check)
     if args.mutant:
         selected = [c for c in selected if c.unreachable is not None or any(m.name == args.mutant for m in c.mutants)]
