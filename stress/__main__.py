@@ -199,7 +199,12 @@ def _parser() -> argparse.ArgumentParser:
 
     tp = sub.add_parser("tp", help="TP determinism: N rank processes replay one schedule and compare every step")
     common(tp)
-    tp.add_argument("--ranks", type=_count(2), default=2, help="rank processes (default: 2)")
+    tp.add_argument("--ranks", type=_count(1), default=2,
+                    help="rank processes; 1 runs the production code alone, to exercise the process group "
+                         "(default: 2)")
+    tp.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
+                    help="process group: nccl gathers on one GPU per rank, gloo on the CPU; auto: nccl when the "
+                         "kernels run on CUDA with a GPU per rank, else gloo (default: auto)")
     tp.add_argument("--mutant", action="append",
                     help="also replay with this planted bug in every rank; it must diverge, repeatable "
                          "(default: production code only)")
@@ -307,6 +312,19 @@ def _open_report(directory: str | None, header: dict, argument: str = "--report"
         raise UsageError(argument, problem, fix) from None
 
 
+def _gpu_header(device: str, jobs: int) -> dict:
+    """The header's ``gpus``: every visible GPU and how many of the ``jobs`` workers take it (none on the CPU)."""
+    from stress import gpus
+
+    return {"gpus": gpus.describe(jobs)} if device == "cuda" else {}
+
+
+def _gpu_log(header: dict) -> str:
+    from stress import gpus
+
+    return f"\n  {gpus.line(header['gpus'])}" if header.get("gpus") else ""
+
+
 def _run_matrix(report, selected, device: str, args, jobs: int) -> None:
     """The kill matrix into ``report.kills`` (planned rows first), each decided row streamed and shown."""
     from stress import matrix
@@ -321,7 +339,7 @@ def _run_matrix(report, selected, device: str, args, jobs: int) -> None:
     matrix.kill_matrix(selected, device, max_iters=args.max_iters, seed=args.seed, jobs=jobs, by_shape=args.by_shape,
                        timeout=args.timeout, on_row=on_row, rows=report.kills,
                        path_iters=args.path_iters if args.path or getattr(args, "path_only", False) else 0,
-                       path_only=getattr(args, "path_only", False))
+                       path_only=getattr(args, "path_only", False), on_case=report.add_matrix_case)
 
 
 def _run_into(report, stages) -> interrupts.Interrupted | None:
@@ -368,11 +386,12 @@ def cmd_run(args) -> int:
     header = {"device": device, "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
               "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix,
               **({"mutant": args.mutant} if args.mutant else {}),
-              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), **_gpu_header(device, jobs)}
     report = _open_report(args.report, header)
 
     def stages():
-        _log(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}")
+        _log(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}"
+             + _gpu_log(header))
         with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
             with _progress(len(tasks)) as bar:
                 def on_result(result):
@@ -518,17 +537,18 @@ def cmd_list(args) -> int:
 
 def cmd_mutants(args) -> int:
     device = _select_device(args)
-    from stress import matrix, runner
+    from stress import matrix, runner, telemetry
 
     selected = _checks(args.check)
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
     header = {"device": device, "max_iters": args.max_iters, "seed": args.seed, "jobs": jobs, "timeout": args.timeout,
-              "by_shape": args.by_shape, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "by_shape": args.by_shape, "started": time.strftime("%Y-%m-%d %H:%M:%S"), **_gpu_header(device, jobs)}
     report = _open_report(args.report, header)
 
     def stages():
-        _log(f"specsan mutants: kill matrix on {device} ({jobs} worker(s))")
-        _run_matrix(report, selected, device, args, jobs)
+        _log(f"specsan mutants: kill matrix on {device} ({jobs} worker(s))" + _gpu_log(header))
+        with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
+            _run_matrix(report, selected, device, args, jobs)
 
     stopped = _run_into(report, stages)
     rows = report.kills
@@ -601,13 +621,15 @@ def cmd_tp(args) -> int:
     ok = True
     for workload in tp.WORKLOADS if args.workload == "all" else (args.workload,):
         outcomes = tp.run_ranks(args.ranks, mutants=scenarios, seed=args.seed, num_steps=args.steps,
-                                workload=workload)
+                                workload=workload, backend=args.backend)
         for name, outcome in outcomes.items():
             as_expected = outcome.agreed == (name is None)
             ok &= as_expected
             verdict = "as expected" if as_expected else f"UNEXPECTED: must {'diverge' if name else 'agree'}"
             print(f"[{workload}] {name or 'production code'}: {outcome.message}  [{verdict}]")
-        print(f"[{workload}] {args.ranks} ranks in {next(iter(outcomes.values())).seconds:.1f} s")
+        first = next(iter(outcomes.values()))
+        print(f"[{workload}] {args.ranks} rank(s) over {first.backend} in {first.seconds:.1f} s: "
+              + ("; ".join(first.ranks) or "no rank reported its device"))
     return 0 if ok else 1
 
 

@@ -435,8 +435,8 @@ GRAPH_CHECKS = (
                    "but is left out of the graph",
                    (Patch(_STEP, "kv_cache.write_kv(", "capturing() or kv_cache.write_kv("),),
                    oracles=_ON_GPU, why_not=_NO_GRAPHS),
-            Mutant("padded-draft-rows-slot-0", "spec fix 3 (pre-fix) in the draft step: padded sampling rows map to slot 0 "
-                   "and write its logits cache",
+            Mutant("padded-draft-rows-slot-0", "spec fix 3 (pre-fix) in the draft step: padded sampling rows map to "
+                   "slot 0 and write its logits cache",
                    (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
                           "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
                    oracles=_ON_GPU, families=("padded_graph",), why_not=_NO_GRAPHS),

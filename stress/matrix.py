@@ -109,8 +109,9 @@ def _new_hunt(check: Check, mutant_name: str, device: str, oracle: str, max_iter
     return _Hunt(kill, families, forced, max_iters, seed)
 
 
-def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_row) -> None:
-    """Run the hunts' cases on one pool; ``on_row`` gets each hunt's row as it is decided."""
+def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_row, on_case=None) -> None:
+    """Run the hunts' cases on one pool; ``on_row`` gets each hunt's row as it is decided, ``on_case``
+    every case's Result."""
     running: dict[int, tuple[_Hunt, int, Task]] = {}  # id(task) -> its hunt and iteration
     open_hunts = list(hunts)
 
@@ -124,9 +125,12 @@ def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_ro
 
     def on_outcome(outcome):
         h, i, _ = running.pop(id(outcome.item))
+        result = runner.result_of(outcome, device, timeout, trace=True)
+        if on_case:
+            on_case(result)
         if h not in open_hunts:
             return  # an iteration run ahead of a kill that was found earlier
-        h.record(i, runner.result_of(outcome, device, timeout, trace=True))
+        h.record(i, result)
         if h.decided():
             open_hunts.remove(h)
             on_row(h.finish())
@@ -173,7 +177,7 @@ def _path_hunts(checks: list[Check], device: str, max_iters: int, seed: int) -> 
 
 def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, jobs: int,
                 by_shape: bool = False, timeout: float = 0, on_row=None, rows: list | None = None,
-                path_iters: int = 40, path_only: bool = False) -> list[Kill]:
+                path_iters: int = 40, path_only: bool = False, on_case=None) -> list[Kill]:
     """One row per mutant (per launch shape with ``by_shape``), in registry order.
 
     ``on_row`` sees each row as it is decided. ``rows``, when given, is filled with every planned
@@ -181,7 +185,7 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
     when a signal stops it; the hunts still open then go to ``on_row`` as ``unfinished`` too.
     Each row also carries the path column: the whole-path check's hunt of the same bug
     (``path_iters`` cases; 0 leaves the column out); ``path_only`` hunts that column alone (rows then
-    say ``not_hunted``).
+    say ``not_hunted``). ``on_case`` sees the Result of every case the hunts ran.
     """
     rows = [] if rows is None else rows
     hunts: list[_Hunt] = []
@@ -224,7 +228,7 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
             row.path, row.path_verdict, row.path_iterations, row.path_detail = path_fields[row.mutant]
         elif row.mutant in path_hunts:
             row.path = "unfinished"
-    _run_hunts(hunts + list(path_hunts.values()), device, jobs, timeout, decided)
+    _run_hunts(hunts + list(path_hunts.values()), device, jobs, timeout, decided, on_case)
     return rows
 
 

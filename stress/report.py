@@ -48,6 +48,7 @@ class Report:
         self.abandoned: list = []  # tasks that were running when a signal stopped the run
         self.interrupted: str | None = None
         self.telemetry: dict = {}  # GPU envelope (stress.telemetry), filled during a GPU run
+        self.matrix_cases: dict[int | None, int] = {}  # kill-matrix cases run, by GPU
         self.stream = None
         if directory:
             self.stream = _open(directory)
@@ -66,6 +67,25 @@ class Report:
     def add_kill(self, row) -> None:
         """Stream one decided kill-matrix row (``kills`` holds the whole matrix, decided or not)."""
         self._write({"kill": asdict(row)})
+
+    def add_matrix_case(self, result: Result) -> None:
+        """Count one kill-matrix case on the GPU it ran on (its verdicts live in the matrix's rows)."""
+        self.matrix_cases[result.gpu] = self.matrix_cases.get(result.gpu, 0) + 1
+
+    def gpu_rows(self) -> list[dict]:
+        """Per GPU of the run (the header's ``gpus``): its workers, the cases that ran there by verdict,
+        the kill-matrix cases, and its NVML readings."""
+        from stress import telemetry
+
+        rows = []
+        for gpu in self.header.get("gpus", ()):
+            ran = [r for r in self.results if r.gpu == gpu["index"]]
+            rows.append({**gpu, "cases": len(ran), "passed": sum(r.verdict == PASS for r in ran),
+                         "failed": sum(r.failed for r in ran), "not_checked": sum(r.not_checked for r in ran),
+                         "seconds": round(sum(r.seconds for r in ran), 2),
+                         "matrix_cases": self.matrix_cases.get(gpu["index"], 0),
+                         "telemetry": telemetry.of_gpu(self.telemetry, gpu["uuid"])})
+        return rows
 
     def counts(self) -> tuple[int, int, int]:
         passed = sum(r.verdict == PASS for r in self.results)
@@ -107,6 +127,8 @@ class Report:
             return
         if self.telemetry:
             self._write({"telemetry": self.telemetry})
+        if self.header.get("gpus"):
+            self._write({"gpus": self.gpu_rows()})
         self._write({"end": self.end_record()})
         self.stream.close()
         self.stream = None
@@ -120,7 +142,8 @@ class Report:
             f.write(self.summary())
 
     def summary(self) -> str:
-        out = ["# specsan stress summary", "", "  ".join(f"{k}: {v}" for k, v in self.header.items()), ""]
+        out = ["# specsan stress summary", "",
+               "  ".join(f"{k}: {v}" for k, v in self.header.items() if k != "gpus"), ""]
         if self.interrupted:
             out += [f"**Interrupted by {self.interrupted}**: the run stopped early; below is what finished.", ""]
         out += [f"- {line}" for line in self.progress()] + [""]
@@ -132,6 +155,8 @@ class Report:
                     for t in self.abandoned]
         if self.kills:
             out += self._matrix_section()
+        if self.header.get("gpus"):
+            out += self._gpu_section()
         if self.telemetry:
             from stress import telemetry
 
@@ -166,6 +191,18 @@ class Report:
         skipped = sorted({(r.check, r.family, r.verdict) for r in self.results if r.not_checked})
         if skipped:
             out += ["", "## Not checked", ""] + [f"- {c} / {f}: {v}" for c, f, v in skipped]
+        return out
+
+    def _gpu_section(self) -> list[str]:
+        from stress import telemetry
+
+        columns = ("GPU", "name", "workers", "cases", "passed", "failed", "not checked", "seconds",
+                   "kill-matrix cases", *telemetry.GPU_COLUMNS)
+        out = ["", "## GPUs", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        for g in self.gpu_rows():
+            cells = [g["index"], g["name"], g["workers"], g["cases"], g["passed"], g["failed"], g["not_checked"],
+                     f"{g['seconds']:.2f}", g["matrix_cases"], *telemetry.gpu_cells(g["telemetry"])]
+            out.append("| " + " | ".join(map(str, cells)) + " |")
         return out
 
     def _matrix_section(self) -> list[str]:

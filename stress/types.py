@@ -110,6 +110,7 @@ class Result:
     timeout: float = DEFAULT_TIMEOUT  # the deadline the case ran under (0 = none)
     trace: bool = True  # whether a passing CPU case was also run under the tracer
     metrics: dict[str, float] = field(default_factory=dict)  # Check.metrics of the last run
+    gpu: int | None = None  # the CUDA device index the case ran on (None on the CPU)
 
     @property
     def failed(self) -> bool:

@@ -129,9 +129,9 @@ def test_run_streams_jsonl_and_summary(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     results = [r for r in lines if "check" in r]
     assert "run" in lines[0] and len(results) == 2 * 7
-    # a GPU run also records its telemetry envelope; every run ends with its closing record
+    # a GPU run also records its telemetry envelope and its per-GPU counts; every run ends with its closing record
     assert [next(iter(r)) for r in lines[1:] if "check" not in r] == \
-           (["telemetry"] if runtime.DEVICE == "cuda" else []) + ["end"]
+           (["telemetry", "gpus"] if runtime.DEVICE == "cuda" else []) + ["end"]
     assert lines[-1]["end"]["status"] == "complete" and lines[-1]["end"]["cases_finished"] == 14
     assert all(r["verdict"] == "pass" and r["repro"].startswith("./specsan repro block_table.shift") for r in results)
     assert done.stdout.strip().splitlines()[-1] == "14 passed, 0 failed"
