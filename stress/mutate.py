@@ -280,7 +280,7 @@ def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, time
     for round_ in range(max((len(r.owners) for r in rows), default=0)):
         hunts, by_kill = [], {}
         for row in rows:
-            if row.status in ("pending", "survived") and round_ < len(row.owners):
+            if row.status == "pending" and round_ < len(row.owners):
                 check = registry.get(row.owners[round_])
                 families = tuple(check.families)
                 h = matrix._Hunt(matrix.Kill(check.name, row.id, device, matrix.ANY, "unfinished"), families, None,
@@ -298,10 +298,9 @@ def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, time
             elif "fail:timeout" in kill.other_failures:
                 timed = next(r for r in h.results.values() if r.verdict == "fail:timeout")
                 row.status, row.killed_by, row.verdict, row.repro = "hang", kill.check, "fail:timeout", timed.repro()
-            else:
+            elif round_ == len(row.owners) - 1:  # the last owner could not kill it either
                 row.status = "survived"
-            last = round_ == len(row.owners) - 1
-            if row.status in KILLED or last:
+            if row.status != "pending":
                 on_row(row)
 
         matrix._run_hunts(hunts, device, jobs, timeout, decided)
