@@ -28,7 +28,6 @@ EXCLUDED = {
     "kernels.runtime": "device choice at import time, before any case runs",
     "kernels.validate": "argument refusals: the families feed valid inputs only; tests/test_validate*.py covers them",
 }
-KILLED = ("killed", "hang")
 EQUIVALENCE_TIMEOUT = 60.0  # seconds to compile one mutant's kernels to TTIR
 
 
