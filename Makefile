@@ -15,7 +15,7 @@ SANITIZE_ITERS ?= 2
 SANITIZE_ARGS = --iters $(SANITIZE_ITERS) --seed $(SEED) --report $(REPORT)/sanitize --baseline $(REPORT) $(SELECT) \
 	$(if $(FAMILY),--family $(FAMILY))
 
-.PHONY: test stress mutants bench lint env
+.PHONY: test stress mutants mutate bench lint env
 
 env:
 	@echo $(PY)
@@ -32,6 +32,15 @@ stress:
 
 mutants:
 	$(PY) -m stress mutants $(SELECT)
+
+# Generated mutants of every check's production code (all of them, on the current device): the
+# mutation score per check and module, every survivor with its rerun line. MUTATE_ITERS cases per
+# family per mutant; SAMPLE=N takes N mutants per check.
+MUTATE_ITERS ?= 3
+MUTATE_REPORT ?= reports/mutate
+mutate:
+	$(PY) -m stress mutate $(SELECT) --iters $(MUTATE_ITERS) $(if $(SAMPLE),--sample $(SAMPLE)) \
+		$(if $(JOBS),--jobs $(JOBS)) --report $(MUTATE_REPORT)
 
 bench:
 	$(if $(DEVICE),SPECSAN_DEVICE=$(DEVICE)) $(PY) -m stress.bench

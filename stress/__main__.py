@@ -229,6 +229,28 @@ def _parser() -> argparse.ArgumentParser:
                       help="hunt in this many processes at once, each with its own cases (default: 1)")
     hunt.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
 
+    mt = sub.add_parser("mutate", help="generate mutants of each check's production code and hunt them: the "
+                                       "mutation score per check")
+    common(mt)
+    mt.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
+    mt.add_argument("--operator", action="append",
+                    help="only this operator, repeatable (default: all of cmp-flip, const, mask-term, load-other, "
+                         "no-int64, barrier, min-max, cdiv-floor, index-swap, where-swap, and-or, default)")
+    mt.add_argument("--mutant", action="append", help="only this generated mutant id, repeatable (default: all)")
+    mt.add_argument("--survivors", metavar="JSONL",
+                    help="only the mutants that survived in this earlier run's mutate.jsonl, e.g. to hunt them "
+                         "again with more --iters (default: none)")
+    mt.add_argument("--iters", type=_count(1), default=3, help="cases per family before a mutant survives (default: 3)")
+    mt.add_argument("--sample", type=_count(0), default=0,
+                    help="at most this many mutants per check, a deterministic sample by --seed (default: 0 = all)")
+    mt.add_argument("--fail-under", type=float, default=0.0,
+                    help="exit 1 when a check's score is below this percentage (default: 0, no gate)")
+    mt.add_argument("--report", default="reports/mutate",
+                    help="directory for mutate.jsonl, one line per decided mutant (default: reports/mutate)")
+    pool(mt, "hunted")
+    mt.set_defaults(timeout=60.0)
+    mt.add_argument("--json", action="store_true", help="print the summary as JSON on stdout and nothing else")
+
     tp = sub.add_parser("tp", help="TP determinism: N rank processes replay one schedule and compare every step")
     common(tp)
     tp.add_argument("--ranks", type=_count(1), default=2,
@@ -285,6 +307,10 @@ def _family(check, family: str, argument: str = "FAMILY") -> str:
 def _mutant(check, name: str | None):
     if name is None:
         return None
+    from stress import mutate_ops
+
+    if name.startswith(mutate_ops.PREFIX):  # a generated mutant (python -m stress mutate) names its own patch
+        return mutate_ops.resolve(name)
     if name not in {m.name for m in check.mutants}:
         raise UsageError("--mutant", f"{name!r} is not a planted bug of {check.name}",
                          f"known: {', '.join(m.name for m in check.mutants) or 'none'}")
@@ -698,6 +724,55 @@ def cmd_hunt(args) -> int:
         print("\n".join(result.lines()))
     return 1 if result.failed else 0
 
+def cmd_mutate(args) -> int:
+    device = _select_device(args)
+    from stress import mutate, mutate_ops, runner
+
+    unknown = [o for o in args.operator or () if o not in mutate_ops.OPERATORS]
+    if unknown:
+        raise UsageError("--operator", f"{unknown[0]!r} is not an operator",
+                         f"known: {', '.join(mutate_ops.OPERATORS)}")
+    if args.survivors:
+        try:
+            earlier = [r["mutant"] for r in map(json.loads, open(args.survivors)) if "mutant" in r]
+        except (OSError, ValueError) as exc:
+            raise UsageError("--survivors", f"cannot read {args.survivors} ({exc})",
+                             "give the mutate.jsonl of an earlier run") from None
+        args.mutant = [*(args.mutant or ()), *(r["id"] for r in earlier if r["status"] == "survived")]
+        args.check = args.check or sorted({o for r in earlier if r["status"] == "survived" for o in r["owners"]})
+        if not args.mutant:
+            raise UsageError("--survivors", f"no mutant survived in {args.survivors}", "nothing to hunt again")
+    selected = _checks(args.check)
+    if args.mutant:
+        for name in args.mutant:
+            mutate_ops.resolve(name)  # a stale or malformed id is a usage error before anything runs
+    jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
+    summary = mutate.run(selected, device, iters=args.iters, seed=args.seed, jobs=jobs, timeout=args.timeout,
+                         operators=args.operator, only=args.mutant, sample=args.sample, report=args.report, log=_log)
+    rows, stopped = summary.pop("rows"), summary.pop("exit_code")
+    out = print if not args.json else _log
+    if stopped:
+        out(f"INTERRUPTED by {summary['interrupted']}: the scores below count the mutants decided so far")
+    out(mutate.score_table("check", summary["by_check"]))
+    out("")
+    out(mutate.score_table("module", summary["by_module"]))
+    for line in mutate.survivor_lines(rows, device, args.iters):
+        out(line)
+    for entry in summary["stale_equivalences"]:
+        out(f"STALE equivalence entry (matches no generated mutant): {entry['target']} {entry['operator']}: "
+            f"{entry['old'].strip()!r} -> {entry['new'].strip()!r}")
+    equivalent = sum(g["equivalent"] + g["reasoned"] for g in summary["by_check"].values())
+    killed = sum(g["killed"] + g["hang"] for g in summary["by_check"].values())
+    judged = killed + sum(g["survived"] for g in summary["by_check"].values())
+    out(f"{killed} of {judged} non-equivalent mutants killed on {device} "
+        f"({sum(g['hang'] for g in summary['by_check'].values())} of them as a hang, fail:timeout); "
+        f"{equivalent} equivalent (same TTIR/bytecode, or reasoned in stress/equivalent_mutants.toml); "
+        f"{summary['wall_s']:.0f} s")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    low = [name for name, g in summary["by_check"].items() if g["score"] is not None and g["score"] < args.fail_under]
+    return stopped or (1 if low or summary["stale_equivalences"] else 0)
+
 
 def cmd_tp(args) -> int:
     _select_device(args)
@@ -721,7 +796,7 @@ def cmd_tp(args) -> int:
 
 
 COMMANDS = {"run": cmd_run, "repro": cmd_repro, "trace": cmd_trace, "list": cmd_list, "mutants": cmd_mutants,
-            "hunt": cmd_hunt, "tp": cmd_tp, "sanitize": cmd_sanitize}
+            "hunt": cmd_hunt, "tp": cmd_tp, "sanitize": cmd_sanitize, "mutate": cmd_mutate}
 
 
 def main(argv=None) -> int:

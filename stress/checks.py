@@ -506,7 +506,12 @@ BY_NAME = {check.name: check for check in REGISTRY}
 
 
 def find_mutant(name: str, check: Check) -> Mutant:
-    """``check``'s planted bug ``name``; a whole-path check (``unreachable`` set) also takes any other's."""
+    """``check``'s planted bug ``name``; a whole-path check (``unreachable`` set) also takes any other's.
+    A generated mutant's id (``stress.mutate_ops``) names its own patch and applies to any check."""
+    from stress import mutate_ops
+
+    if name.startswith(mutate_ops.PREFIX):
+        return mutate_ops.resolve(name)
     if check.unreachable is None or any(m.name == name for m in check.mutants):
         return check.mutant(name)
     for other in REGISTRY:
