@@ -7,10 +7,15 @@ JOBS ?=
 REPORT ?= reports/stress
 JUNIT ?= reports/junit.xml
 SELECT = $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE))
-STRESS_ARGS = $(if $(PATH_COLUMN),--path) --iters $(ITER) --seed $(SEED) --report $(REPORT) $(SELECT) $(if $(FAMILY),--family $(FAMILY)) \
+STRESS_ARGS = $(if $(PATH_COLUMN),--path) --hunt --iters $(ITER) --seed $(SEED) --report $(REPORT) $(SELECT) $(if $(FAMILY),--family $(FAMILY)) \
 	$(if $(JOBS),--jobs $(JOBS))
 
-.PHONY: test stress mutants bench lint env
+# SANITIZE=1: then a sampled compute-sanitizer memcheck pass, a few cases per check and family.
+SANITIZE_ITERS ?= 2
+SANITIZE_ARGS = --iters $(SANITIZE_ITERS) --seed $(SEED) --report $(REPORT)/sanitize --baseline $(REPORT) $(SELECT) \
+	$(if $(FAMILY),--family $(FAMILY))
+
+.PHONY: test stress mutants mutate bench lint env
 
 env:
 	@echo $(PY)
@@ -22,10 +27,20 @@ test:
 # One process, one report: the replay, then the kill matrix (even after replay failures: either
 # half fails the target). A bad argument stops it before anything runs (exit 2).
 stress:
-	$(PY) -m stress run $(STRESS_ARGS) --kill-matrix
+	$(PY) -m stress run $(STRESS_ARGS) --kill-matrix$(if $(SANITIZE),; status=$$?; \
+	$(PY) -m stress sanitize $(SANITIZE_ARGS) || status=$$(( status ? status : 1 )); exit $$status)
 
 mutants:
 	$(PY) -m stress mutants $(SELECT)
+
+# Generated mutants of every check's production code (all of them, on the current device): the
+# mutation score per check and module, every survivor with its rerun line. MUTATE_ITERS cases per
+# family per mutant; SAMPLE=N takes N mutants per check.
+MUTATE_ITERS ?= 3
+MUTATE_REPORT ?= reports/mutate
+mutate:
+	$(PY) -m stress mutate $(SELECT) --iters $(MUTATE_ITERS) $(if $(SAMPLE),--sample $(SAMPLE)) \
+		$(if $(JOBS),--jobs $(JOBS)) --report $(MUTATE_REPORT)
 
 bench:
 	$(if $(DEVICE),SPECSAN_DEVICE=$(DEVICE)) $(PY) -m stress.bench

@@ -9,6 +9,8 @@ import traceback
 import pytest
 from hypothesis import HealthCheck, settings
 
+from stress import gpus  # imports no kernel: the device is still to be chosen
+
 
 def pytest_addoption(parser):
     parser.addoption("--device", choices=("cpu", "cuda"),
@@ -25,9 +27,51 @@ def _usage_error(argument: str, problem: str, fix: str) -> pytest.UsageError:
     return pytest.UsageError(f"specsan: {argument}: {problem}; {fix}")
 
 
-def gpu_of_worker(worker: str, gpus: int) -> int:
-    """xdist worker ``gwN`` takes GPU ``N mod gpus``, so workers spread over the GPUs."""
-    return int(worker.removeprefix("gw")) % gpus
+def gpu_of_worker(worker: str, count: int) -> int:
+    """xdist worker ``gwN`` takes GPU ``N mod count``, so workers spread over the GPUs."""
+    return gpus.gpu_of(int(worker.removeprefix("gw")), count)
+
+
+def _gpus_for_tests(config) -> int:
+    """GPUs the tests will run on: the visible ones, unless --device cpu."""
+    return 0 if config.getoption("--device") == "cpu" else gpus.count()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` with GPUs: xdist's own number (the cores) rounded down to a multiple of the GPUs, at least
+    one per GPU, so each GPU gets the same number of workers. Without a GPU, or with
+    PYTEST_XDIST_AUTO_NUM_WORKERS set, xdist decides alone."""
+    count = _gpus_for_tests(config)
+    if not count or os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    from xdist import plugin
+
+    return count * max(1, plugin.pytest_xdist_auto_num_workers(config) // count)
+
+
+def pytest_report_header(config):
+    count = _gpus_for_tests(config)
+    if not count:
+        return None
+    import torch
+
+    names = ", ".join(f"{i} {torch.cuda.get_device_name(i)}" for i in range(count))
+    return f"GPUs: {count} ({names}); xdist worker gwN takes GPU N mod {count}"
+
+
+def pin_worker_gpu() -> int | None:
+    """Put this xdist worker on its GPU (``gpu_of_worker``); the GPU, or None outside xdist or without CUDA."""
+    from kernels import runtime
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if runtime.DEVICE != "cuda" or not worker:
+        return None
+    import torch
+
+    gpu = gpu_of_worker(worker, gpus.count())
+    torch.cuda.set_device(gpu)
+    return gpu
 
 
 def pytest_configure(config):
@@ -47,13 +91,9 @@ def pytest_configure(config):
                                "use --device cpu, or leave --device out to pick what is present")
     if device:
         os.environ["SPECSAN_DEVICE"] = device
-    from kernels import runtime  # decides compiled vs interpreted before any kernel exists
+    from kernels import runtime  # noqa: F401 - decides compiled vs interpreted before any kernel exists
 
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if runtime.DEVICE == "cuda" and worker:
-        import torch
-
-        torch.cuda.set_device(gpu_of_worker(worker, torch.cuda.device_count()))
+    pin_worker_gpu()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -56,30 +56,47 @@ def gather_block_tables(persistent: torch.Tensor, idx_mapping: torch.Tensor, out
     _gather_rows_kernel[grid](persistent, persistent.stride(0), idx_mapping, out, out.stride(0), width, BLOCK=block)
 
 
-@triton.jit
+# Only the token counts are specialized (their divisibility keeps positions and out vectorized); the
+# rest change from batch to batch and would each double the compiled variants.
+@triton.jit(do_not_specialize=["block_table_stride", "width", "block_size", "num_batch_rows", "search_steps"])
 def _slot_mapping_kernel(block_table_ptr, block_table_stride, width, query_start_loc_ptr, positions_ptr,
-                         out_ptr, num_out, block_size, num_batch_rows, BLOCK: tl.constexpr):
-    batch_row = tl.program_id(0)
-    start = tl.load(query_start_loc_ptr + batch_row)
-    if batch_row == num_batch_rows:
-        # The extra program: every token past the live batch maps to PAD.
-        for tok0 in range(start, num_out, BLOCK):  # padding tail
-            tokens = tok0 + tl.arange(0, BLOCK)
-            tl.store(out_ptr + tokens, tl.full((BLOCK,), -1, tl.int64), mask=tokens < num_out)
-    else:
-        end = tl.load(query_start_loc_ptr + batch_row + 1)
-        row_ptr = block_table_ptr + batch_row.to(tl.int64) * block_table_stride
-        for tok0 in range(start, end, BLOCK):
-            tokens = tok0 + tl.arange(0, BLOCK)
-            live = tokens < end
-            pos = tl.load(positions_ptr + tokens, mask=live, other=0)
-            block_idx = pos // block_size
-            # Never read outside the row: an index past the width (or a negative position) is PAD.
-            in_row = live & (pos >= 0) & (block_idx < width)
-            block_id = tl.load(row_ptr + block_idx, mask=in_row, other=0).to(tl.int64)
-            slot_id = block_id * block_size + pos % block_size
-            slot_id = tl.where(in_row & (block_id != 0), slot_id, -1)
-            tl.store(out_ptr + tokens, slot_id, mask=live)
+                         num_positions, out_ptr, num_out, block_size, num_batch_rows, search_steps,
+                         BLOCK: tl.constexpr):
+    # One program per tile of output tokens, whatever the batch rows' lengths: a long prefill row
+    # is spread over many programs, and the padding tail is just tokens past the batch.
+    first = tl.program_id(0).to(tl.int64) * BLOCK
+    tokens = first + tl.arange(0, BLOCK)
+    end_of_batch = tl.load(query_start_loc_ptr + num_batch_rows)
+    live = (tokens >= tl.load(query_start_loc_ptr)) & (tokens < end_of_batch)
+    # A token's batch row is the last b with query_start_loc[b] <= token (empty rows share a start;
+    # the last of them owns the tokens). The tile's first token's row comes from one scalar binary
+    # search; when the whole tile lies in that row (prefill-sized rows) every lane takes it.
+    lo = first.to(tl.int32) * 0
+    hi = lo + num_batch_rows - 1
+    for _ in range(search_steps):
+        mid = (lo + hi + 1) // 2
+        right = tl.load(query_start_loc_ptr + mid) <= first
+        lo = tl.where(right, mid, lo)
+        hi = tl.where(right, hi, mid - 1)
+    rows = tl.zeros((BLOCK,), tl.int32) + lo
+    row_end = tl.load(query_start_loc_ptr + lo + 1, mask=num_batch_rows > 0, other=0)
+    if (first + BLOCK > row_end) & (first < end_of_batch):
+        # Several rows in the tile (decode-sized rows): a binary search per lane, from the first row on.
+        hi_lanes = rows * 0 + num_batch_rows - 1
+        for _ in range(search_steps):
+            mid = (rows + hi_lanes + 1) // 2
+            right = tl.load(query_start_loc_ptr + mid, mask=live, other=0) <= tokens
+            rows = tl.where(right, mid, rows)
+            hi_lanes = tl.where(right, hi_lanes, mid - 1)
+    # The bounds are kernel arguments (not loaded values), so these accesses stay vectorized.
+    pos = tl.load(positions_ptr + tokens, mask=tokens < num_positions, other=0)
+    block_idx = pos // block_size
+    # Never read outside the row: an index past the width (or a negative position) is PAD.
+    in_row = live & (pos >= 0) & (block_idx < width)
+    block_id = tl.load(block_table_ptr + rows.to(tl.int64) * block_table_stride + block_idx, mask=in_row,
+                       other=0).to(tl.int64)
+    slot_id = tl.where(in_row & (block_id != 0), block_id * block_size + pos % block_size, -1)
+    tl.store(out_ptr + tokens, slot_id, mask=tokens < num_out)  # tokens past the batch: PAD
 
 
 def compute_slot_mappings(block_table: torch.Tensor, query_start_loc: torch.Tensor, positions: torch.Tensor,
@@ -106,12 +123,14 @@ def compute_slot_mappings(block_table: torch.Tensor, query_start_loc: torch.Tens
     validate.offsets("query_start_loc", query_start_loc, positions.numel())
     if out.numel() == 0:
         return
-    grid = (num_batch_rows + 1,)
-    _slot_mapping_kernel[grid](block_table, block_table.stride(0), block_table.shape[1], query_start_loc,
-                               positions, out, out.numel(), block_size, num_batch_rows, BLOCK=256)
+    block = 256  # on an H200, tiles of 256 tokens beat 512 to 4096
+    _slot_mapping_kernel[(triton.cdiv(out.numel(), block),)](
+        block_table, block_table.stride(0), block_table.shape[1], query_start_loc, positions, positions.numel(), out,
+        out.numel(), block_size, num_batch_rows, max(1, num_batch_rows).bit_length(), BLOCK=block, num_warps=4)
 
 
-@triton.jit
+# Widths, strides and block sizes change from case to case: one compiled variant for all of them.
+@triton.jit(do_not_specialize=["block_table_stride", "width", "block_size"])
 def _shift_rows_kernel(block_table_ptr, block_table_stride, width, idx_mapping_ptr, num_cached_tokens_ptr,
                        seq_lens_ptr, block_size, CHUNK: tl.constexpr):
     batch_row = tl.program_id(0)
@@ -164,7 +183,8 @@ def shift_block_table_rows(block_table: torch.Tensor, idx_mapping: torch.Tensor,
     if num_batch_rows == 0:
         return
     validate.indices("idx_mapping", idx_mapping, -1, num_cached_tokens.numel(), what="slot")
-    extra = {} if num_warps is None else {"num_warps": num_warps}
+    # 8 warps keep more of a row's loads in flight than 4: 0.85x of copy bandwidth on an H200 against 0.80x.
+    extra = {"num_warps": 8 if num_warps is None else num_warps}
     _shift_rows_kernel[(num_batch_rows,)](block_table, block_table.stride(0), block_table.shape[1], idx_mapping,
                                           num_cached_tokens, seq_lens, block_size, CHUNK=chunk, **extra)
 

@@ -94,10 +94,8 @@ def _parser() -> argparse.ArgumentParser:
         if seed:
             sp.add_argument("--seed", type=_seed, default=0, help="base seed, >= 0 (default: 0)")
 
-    def pool(sp, what):
-        sp.add_argument("--jobs", type=_count(0),
-                        help="worker processes; 0 runs in this process (default: one per CPU core, "
-                             "or up to 8 per GPU)")
+    def pool(sp, what, jobs="one per CPU core, or up to 8 per GPU"):
+        sp.add_argument("--jobs", type=_count(0), help=f"worker processes; 0 runs in this process (default: {jobs})")
         sp.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT,
                         help=f"seconds per {what} case before it is killed as fail:timeout; 0 = none "
                              f"(default: {DEFAULT_TIMEOUT:g})")
@@ -125,6 +123,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--mutant", help="apply this planted bug in every case of the checks that plant it or hunt every "
                                       "bug (engine.step): what it does to the verdicts and the acceptance "
                                       "(default: the production code)")
+    run.add_argument("--hunt", action="store_true",
+                     help="then hunt the race-prone checks (those with hunt seconds for this device) back to back on "
+                          "device-resident cases (see `hunt`), into the same report")
     run.add_argument("--kill-matrix", action="store_true", help="then run the kill matrix into the same report")
     matrix(run)
     run.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
@@ -142,6 +143,9 @@ def _parser() -> argparse.ArgumentParser:
                             f"a worker process that can be killed; 0 = none, always in this process "
                             f"(default: {DEFAULT_TIMEOUT:g})")
     repro.add_argument("--no-trace", action="store_true", help="skip the CPU tracer")
+    repro.add_argument("--sanitizer", choices=("memcheck", "initcheck", "synccheck"),
+                       help="run the case in its own process under this compute-sanitizer tool (GPU only) "
+                            "(default: the differential run)")
 
     tr = sub.add_parser("trace", help="trace kernel launches on the CPU (a check's cases, or your own kernel with "
                                       "--kernel): races, out-of-bounds, uninit, order dependence")
@@ -170,14 +174,91 @@ def _parser() -> argparse.ArgumentParser:
     mut.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
     matrix(mut)
     mut.add_argument("--path-only", action="store_true", help="hunt the path column alone (implies --path)")
+    mut.add_argument("--mutant", action="append", help="only this planted bug, repeatable (default: every one)")
     pool(mut, "hunted")
     mut.add_argument("--json", action="store_true", help="print the matrix as JSON on stdout and nothing else")
     mut.add_argument("--report", help="also write results.jsonl, mutants.json, summary.md and the heat map to DIR, "
                                       "cleared of an earlier run's files (default: no report)")
 
+    san = sub.add_parser("sanitize", help="replay cases under NVIDIA compute-sanitizer on the GPU, each in its own "
+                                          "process: out-of-bounds, uninitialized reads, barrier misuse")
+    san.add_argument("--tool", choices=("memcheck", "initcheck", "synccheck"), default="memcheck",
+                     help="memcheck: out-of-bounds and misaligned accesses (fail:oob); initcheck: reads of memory "
+                          "never written (fail:uninit); synccheck: invalid barriers (fail:sync) (default: memcheck)")
+    common(san)
+    san.add_argument("--iters", type=_count(1), default=1, help="cases per (check, family) (default: 1)")
+    san.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
+    san.add_argument("--family", action="append", help="only this family, repeatable (default: every family)")
+    san.add_argument("--mutant", help="apply this planted bug in every case of the checks that plant it "
+                                      "(default: the production code)")
+    san.add_argument("--report", default="reports/sanitize",
+                     help="directory for results.jsonl and summary.md, cleared of an earlier run's files "
+                          "(default: reports/sanitize)")
+    san.add_argument("--baseline", metavar="DIR",
+                     help="a `run` report folder: the summary then gives the slowdown per case against its replay "
+                          "of the same checks and families (default: none)")
+    pool(san, "sanitized", jobs="one per CPU core: each case is a process of its own")
+
+    hunt = sub.add_parser("hunt", help="launch one check's kernel back to back on device-resident cases, checked "
+                                       "on the device in batches, until the first failure or the time is up")
+    common(hunt)
+    hunt.add_argument("check", metavar="CHECK")
+    hunt.add_argument("--family", action="append",
+                      help="only this family, repeatable (default: the mutant's families, else all)")
+    hunt.add_argument("--seconds", type=_seconds, default=10.0,
+                      help="hunting time, compiles excluded; per launch shape with --by-shape (default: 10)")
+    hunt.add_argument("--case-seed", type=_seed,
+                      help="hammer this one case (with one --family) instead of fresh ones, e.g. from a failure's "
+                           "hunt line (default: fresh cases from --seed)")
+    hunt.add_argument("--launch", type=_launch, help="only this launch shape, e.g. chunk=4096,num_warps=4 "
+                                                     "(default: cycle through the check's sweep)")
+    hunt.add_argument("--mutant", help="with this planted bug applied (default: the production code)")
+    hunt.add_argument("--launches-per-case", type=_count(1), default=16,
+                      help="launches of each fresh case before the next is drawn (default: 16)")
+    hunt.add_argument("--cases-per-sync", type=_count(1), default=8,
+                      help="cases checked per host synchronization (default: 8)")
+    hunt.add_argument("--streams", type=_count(1), default=4,
+                      help="CUDA streams a case's launches are spread over (GPU; default: 4, the fastest of 4, 8 "
+                           "and 16 on an H200)")
+    hunt.add_argument("--load", action="store_true",
+                      help="memory traffic on a side stream while the kernel runs (GPU; default: off)")
+    hunt.add_argument("--by-shape", action="store_true",
+                      help="hunt each launch shape on its own for --seconds; report the time to the first failure "
+                           "in each")
+    hunt.add_argument("--jobs", type=_count(1), default=1,
+                      help="hunt in this many processes at once, each with its own cases (default: 1)")
+    hunt.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
+
+    mt = sub.add_parser("mutate", help="generate mutants of each check's production code and hunt them: the "
+                                       "mutation score per check")
+    common(mt)
+    mt.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
+    mt.add_argument("--operator", action="append",
+                    help="only this operator, repeatable (default: all of cmp-flip, const, mask-term, load-other, "
+                         "no-int64, barrier, min-max, cdiv-floor, index-swap, where-swap, and-or, default)")
+    mt.add_argument("--mutant", action="append", help="only this generated mutant id, repeatable (default: all)")
+    mt.add_argument("--survivors", metavar="JSONL",
+                    help="only the mutants that survived in this earlier run's mutate.jsonl, e.g. to hunt them "
+                         "again with more --iters (default: none)")
+    mt.add_argument("--iters", type=_count(1), default=3, help="cases per family before a mutant survives (default: 3)")
+    mt.add_argument("--sample", type=_count(0), default=0,
+                    help="at most this many mutants per check, a deterministic sample by --seed (default: 0 = all)")
+    mt.add_argument("--fail-under", type=float, default=0.0,
+                    help="exit 1 when a check's score is below this percentage (default: 0, no gate)")
+    mt.add_argument("--report", default="reports/mutate",
+                    help="directory for mutate.jsonl, one line per decided mutant (default: reports/mutate)")
+    pool(mt, "hunted")
+    mt.set_defaults(timeout=60.0)
+    mt.add_argument("--json", action="store_true", help="print the summary as JSON on stdout and nothing else")
+
     tp = sub.add_parser("tp", help="TP determinism: N rank processes replay one schedule and compare every step")
     common(tp)
-    tp.add_argument("--ranks", type=_count(2), default=2, help="rank processes (default: 2)")
+    tp.add_argument("--ranks", type=_count(1), default=2,
+                    help="rank processes; 1 runs the production code alone, to exercise the process group "
+                         "(default: 2)")
+    tp.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
+                    help="process group: nccl gathers on one GPU per rank, gloo on the CPU; auto: nccl when the "
+                         "kernels run on CUDA with a GPU per rank, else gloo (default: auto)")
     tp.add_argument("--mutant", action="append",
                     help="also replay with this planted bug in every rank; it must diverge, repeatable "
                          "(default: production code only)")
@@ -226,6 +307,10 @@ def _family(check, family: str, argument: str = "FAMILY") -> str:
 def _mutant(check, name: str | None):
     if name is None:
         return None
+    from stress import mutate_ops
+
+    if name.startswith(mutate_ops.PREFIX):  # a generated mutant (python -m stress mutate) names its own patch
+        return mutate_ops.resolve(name)
     if name not in {m.name for m in check.mutants}:
         raise UsageError("--mutant", f"{name!r} is not a planted bug of {check.name}",
                          f"known: {', '.join(m.name for m in check.mutants) or 'none'}")
@@ -281,6 +366,32 @@ def _open_report(directory: str | None, header: dict, argument: str = "--report"
         raise UsageError(argument, problem, fix) from None
 
 
+def _gpu_header(device: str, jobs: int) -> dict:
+    """The header's ``gpus``: every visible GPU and how many of the ``jobs`` workers take it (none on the CPU)."""
+    from stress import gpus
+
+    return {"gpus": gpus.describe(jobs)} if device == "cuda" else {}
+
+
+def _gpu_log(header: dict) -> str:
+    from stress import gpus
+
+    return f"\n  {gpus.line(header['gpus'])}" if header.get("gpus") else ""
+
+
+def _streamed(report, bar):
+    """``on_result`` for a replay: each result into the report, a failure shown with its repro line."""
+    def on_result(result):
+        report.add(result)
+        if result.failed:
+            bar.write(f"FAIL {result.verdict} {result.check} {result.family} seed={result.seed}: "
+                      f"{result.details[0] if result.details else ''}\n  {result.repro()}")
+        bar.set_postfix_str(report.closing_line(), refresh=False)
+        bar.update(1)
+
+    return on_result
+
+
 def _run_matrix(report, selected, device: str, args, jobs: int) -> None:
     """The kill matrix into ``report.kills`` (planned rows first), each decided row streamed and shown."""
     from stress import matrix
@@ -295,7 +406,8 @@ def _run_matrix(report, selected, device: str, args, jobs: int) -> None:
     matrix.kill_matrix(selected, device, max_iters=args.max_iters, seed=args.seed, jobs=jobs, by_shape=args.by_shape,
                        timeout=args.timeout, on_row=on_row, rows=report.kills,
                        path_iters=args.path_iters if args.path or getattr(args, "path_only", False) else 0,
-                       path_only=getattr(args, "path_only", False))
+                       path_only=getattr(args, "path_only", False), on_case=report.add_matrix_case,
+                       only=args.mutant if args.command == "mutants" else None)
 
 
 def _run_into(report, stages) -> interrupts.Interrupted | None:
@@ -322,10 +434,9 @@ def _run_into(report, stages) -> interrupts.Interrupted | None:
 # ---------------------------------------------------------------- commands
 
 
-def cmd_run(args) -> int:
-    device = _select_device(args)
-    from stress import matrix, runner, telemetry
-
+def _selected(args) -> list:
+    """The checks of ``--check`` (all by default) that plant ``--mutant`` or hunt every bug, after
+    checking that each ``--family`` belongs to one of them."""
     selected = _checks(args.check)
     if args.mutant:
         selected = [c for c in selected if c.unreachable is not None or any(m.name == args.mutant for m in c.mutants)]
@@ -337,34 +448,41 @@ def cmd_run(args) -> int:
         if family not in known:
             raise UsageError("--family", f"{family!r} is not a family of the selected checks",
                              f"known: {', '.join(known)}")
+    return selected
+
+
+def cmd_run(args) -> int:
+    device = _select_device(args)
+    from stress import hunt, matrix, runner, telemetry
+
+    selected = _selected(args)
     tasks = runner.plan(selected, args.family, args.iters, args.seed, args.mutant)
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
     header = {"device": device, "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
-              "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix,
+              "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix, "hunt": args.hunt,
               **({"mutant": args.mutant} if args.mutant else {}),
-              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), **_gpu_header(device, jobs)}
     report = _open_report(args.report, header)
 
     def stages():
-        _log(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}")
+        _log(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}"
+             + _gpu_log(header))
         with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
             with _progress(len(tasks)) as bar:
-                def on_result(result):
-                    report.add(result)
-                    if result.failed:
-                        bar.write(f"FAIL {result.verdict} {result.check} {result.family} seed={result.seed}: "
-                                  f"{result.details[0] if result.details else ''}\n  {result.repro()}")
-                    bar.set_postfix_str(report.closing_line(), refresh=False)
-                    bar.update(1)
-
-                runner.execute(tasks, device, jobs, on_result, args.timeout, trace=not args.no_trace,
+                runner.execute(tasks, device, jobs, _streamed(report, bar), args.timeout, trace=not args.no_trace,
                                on_abandoned=report.abandoned.extend)
+            if args.hunt:
+                def on_hunt(result):
+                    report.add_hunt(result)
+                    _log("\n".join(result.lines()))
+
+                hunt.run_hunts(selected, device, args.seed, jobs, args.timeout, on_hunt)
             if args.kill_matrix:
                 _log(f"kill matrix on {device}:")
                 _run_matrix(report, selected, device, args, jobs)
 
     stopped = _run_into(report, stages)
-    failed = report.counts()[1]
+    failed = report.counts()[1] + sum(h.failed for h in report.hunts)
     matrix_line, all_killed = matrix.verdict(report.kills or [], device)
     code = stopped.exit_code if stopped else (1 if failed or not all_killed else 0)
     if args.json:
@@ -373,7 +491,8 @@ def cmd_run(args) -> int:
                           **dict(zip(("passed", "failed", "not_checked"), report.counts(), strict=True)),
                           "failures": [{"verdict": r.verdict, "check": r.check, "family": r.family, "seed": r.seed,
                                         "repro": r.repro()} for r in report.results if r.failed],
-                          "kill_matrix": None if report.kills is None else [asdict(k) for k in report.kills]},
+                          "kill_matrix": None if report.kills is None else [asdict(k) for k in report.kills],
+                          "hunts": [hunt.as_record(h) for h in report.hunts]},
                          indent=2))
         return code
     print(f"wall time {report.header['wall_s']:.1f} s; summary in {args.report}/summary.md")
@@ -385,7 +504,7 @@ def cmd_run(args) -> int:
 
 def cmd_repro(args) -> int:
     device = _select_device(args)
-    from stress import runner
+    from stress import runner, sanitizer
 
     check = _checks([args.check], "CHECK")[0]
     _family(check, args.family)
@@ -402,11 +521,14 @@ def cmd_repro(args) -> int:
         shown = f"{tuple(value.shape)} {value.dtype}" if hasattr(value, "shape") else repr(value)
         print(f"  {name}: {shown}")
     forced = tuple(sorted(args.launch.items())) if args.launch is not None else None
-    task = runner.Task(args.check, args.family, args.seed, args.mutant, forced)
+    task = runner.Task(args.check, args.family, args.seed, args.mutant, forced, args.sanitizer)
     results = []
     # Here a deadline is an alarm signal; a kernel spinning on a GPU never sees it, so there a
-    # deadline runs the case in one worker process the pool can kill.
-    jobs = 1 if device == "cuda" and args.timeout else 0
+    # deadline runs the case in one worker process the pool can kill (a sanitized case has its own).
+    jobs = 1 if device == "cuda" and args.timeout and not args.sanitizer else 0
+    if args.sanitizer and (gate := sanitizer.gate(args.sanitizer, device)).state != "caught":
+        print(f"verdict: not_checked:{gate.text}")
+        return 1
     runner.execute([task], device, jobs, results.append, args.timeout, trace=not args.no_trace)
     result = results[0]
     print(f"verdict: {result.verdict}")
@@ -492,17 +614,18 @@ def cmd_list(args) -> int:
 
 def cmd_mutants(args) -> int:
     device = _select_device(args)
-    from stress import matrix, runner
+    from stress import matrix, runner, telemetry
 
     selected = _checks(args.check)
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
     header = {"device": device, "max_iters": args.max_iters, "seed": args.seed, "jobs": jobs, "timeout": args.timeout,
-              "by_shape": args.by_shape, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "by_shape": args.by_shape, "started": time.strftime("%Y-%m-%d %H:%M:%S"), **_gpu_header(device, jobs)}
     report = _open_report(args.report, header)
 
     def stages():
-        _log(f"specsan mutants: kill matrix on {device} ({jobs} worker(s))")
-        _run_matrix(report, selected, device, args, jobs)
+        _log(f"specsan mutants: kill matrix on {device} ({jobs} worker(s))" + _gpu_log(header))
+        with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
+            _run_matrix(report, selected, device, args, jobs)
 
     stopped = _run_into(report, stages)
     rows = report.kills
@@ -516,6 +639,141 @@ def cmd_mutants(args) -> int:
     return stopped.exit_code if stopped else (0 if all_killed else 1)
 
 
+def cmd_sanitize(args) -> int:
+    """Cases under compute-sanitizer, after the tool's positive control in the same run."""
+    device = _select_device(args)
+    from stress import runner, sanitizer
+    from stress.types import Result
+
+    selected = _selected(args)
+    tasks = runner.plan(selected, args.family, args.iters, args.seed, args.mutant, tool=args.tool)
+    jobs = sanitizer.default_jobs() if args.jobs is None else args.jobs
+    outcome = []  # the tool's Gate, once its control has run
+    header = {"device": device, "tool": args.tool, "iters": args.iters, "seed": args.seed, "cases": len(tasks),
+              "jobs": jobs, **_gpu_header(device, jobs), "timeout": args.timeout,
+              **({"mutant": args.mutant} if args.mutant else {}), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    report = _open_report(args.report, header)
+
+    def not_checked(why: str) -> None:
+        for t in tasks:
+            report.add(Result(t.check, t.family, t.seed, device, f"not_checked:{why}", mutant=t.mutant, tool=t.tool,
+                              timeout=args.timeout))
+
+    def stages():
+        gate = sanitizer.gate(args.tool, device)
+        report.header["control"] = gate.text
+        outcome.append(gate)
+        if gate.state != "caught":
+            not_checked(gate.text)
+            return
+        _log(f"specsan sanitize: {gate.text}")
+        _log(f"specsan sanitize: {len(tasks)} cases under {args.tool} ({jobs} worker(s)), report in {args.report}")
+        with _progress(len(tasks)) as bar:
+            runner.execute(tasks, device, jobs, _streamed(report, bar), args.timeout, trace=False,
+                           on_abandoned=report.abandoned.extend)
+        ran = [r for r in report.results if r.verdict == "pass" or r.failed]
+        report.header["cost"] = (f"{len(ran)} case(s) sanitized in {time.perf_counter() - started:.1f} s (control "
+                                 f"included) with "
+                                 f"{jobs} worker(s), {sum(r.seconds for r in ran) / max(1, len(ran)):.1f} s per case "
+                                 "(its own process: start, import, compile, the tool)")
+        if args.baseline:
+            report.header["slowdown"] = sanitizer.slowdown(report.results, args.baseline)
+
+    started = time.perf_counter()
+    stopped = _run_into(report, stages)
+    if stopped:
+        return stopped.exit_code
+    gate = outcome[0]
+    if gate.state != "caught":
+        # Nothing could be checked: not an error for a plain `sanitize` where no sanitizer can run,
+        # but it is when cases were asked for by name, or when the tool ran and missed its control.
+        print(f"specsan sanitize: not_checked: {gate.text}")
+        return 0 if gate.state == "unavailable" and not (args.check or args.family or args.mutant) else 1
+    print(f"{report.header.get('cost', '')}; summary in {args.report}/summary.md")
+    if args.baseline:
+        print(f"slowdown: {report.header['slowdown']}")
+    print(report.closing_line())
+    return 1 if report.counts()[1] else 0
+
+
+def cmd_hunt(args) -> int:
+    device = _select_device(args)
+    from stress import hunt
+
+    check = _checks([args.check], "CHECK")[0]
+    if (why := hunt.supports(check, device)) is not None:
+        raise UsageError("CHECK", f"{check.name} has no hunt support on {device} ({why})",
+                         f"huntable here: {', '.join(hunt.huntable(device)) or 'none'}")
+    for family in args.family or ():
+        _family(check, family, "--family")
+    _mutant(check, args.mutant)
+    if args.case_seed is not None and len(args.family or ()) != 1:
+        raise UsageError("--case-seed", "names one case, so it needs exactly one --family", "add --family F")
+    if args.load and device != "cuda":
+        raise UsageError("--load", "background load needs a GPU", "drop --load on the CPU")
+    options = dict(seconds=args.seconds, families=args.family, seed=args.seed, case_seed=args.case_seed,
+                   launch=args.launch, mutant=args.mutant, launches_per_case=args.launches_per_case,
+                   cases_per_sync=args.cases_per_sync, load=args.load, by_shape=args.by_shape, streams=args.streams)
+    if args.jobs > 1:
+        result = hunt.hunt_processes(check, device, args.jobs, **options)
+    else:
+        result = hunt.hunt(check, device, **options)
+    if args.json:
+        print(json.dumps(hunt.as_record(result), indent=2))
+    else:
+        print("\n".join(result.lines()))
+    return 1 if result.failed else 0
+
+def cmd_mutate(args) -> int:
+    device = _select_device(args)
+    from stress import mutate, mutate_ops, runner
+
+    unknown = [o for o in args.operator or () if o not in mutate_ops.OPERATORS]
+    if unknown:
+        raise UsageError("--operator", f"{unknown[0]!r} is not an operator",
+                         f"known: {', '.join(mutate_ops.OPERATORS)}")
+    if args.survivors:
+        try:
+            earlier = [r["mutant"] for r in map(json.loads, open(args.survivors)) if "mutant" in r]
+        except (OSError, ValueError) as exc:
+            raise UsageError("--survivors", f"cannot read {args.survivors} ({exc})",
+                             "give the mutate.jsonl of an earlier run") from None
+        args.mutant = [*(args.mutant or ()), *(r["id"] for r in earlier if r["status"] == "survived")]
+        args.check = args.check or sorted({o for r in earlier if r["status"] == "survived" for o in r["owners"]})
+        if not args.mutant:
+            raise UsageError("--survivors", f"no mutant survived in {args.survivors}", "nothing to hunt again")
+    selected = _checks(args.check)
+    if args.mutant:
+        for name in args.mutant:
+            mutate_ops.resolve(name)  # a stale or malformed id is a usage error before anything runs
+    jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
+    summary = mutate.run(selected, device, iters=args.iters, seed=args.seed, jobs=jobs, timeout=args.timeout,
+                         operators=args.operator, only=args.mutant, sample=args.sample, report=args.report, log=_log)
+    rows, stopped = summary.pop("rows"), summary.pop("exit_code")
+    out = print if not args.json else _log
+    if stopped:
+        out(f"INTERRUPTED by {summary['interrupted']}: the scores below count the mutants decided so far")
+    out(mutate.score_table("check", summary["by_check"]))
+    out("")
+    out(mutate.score_table("module", summary["by_module"]))
+    for line in mutate.survivor_lines(rows, device, args.iters):
+        out(line)
+    for entry in summary["stale_equivalences"]:
+        out(f"STALE equivalence entry (matches no generated mutant): {entry['target']} {entry['operator']}: "
+            f"{entry['old'].strip()!r} -> {entry['new'].strip()!r}")
+    equivalent = sum(g["equivalent"] + g["reasoned"] for g in summary["by_check"].values())
+    killed = sum(g["killed"] + g["hang"] for g in summary["by_check"].values())
+    judged = killed + sum(g["survived"] for g in summary["by_check"].values())
+    out(f"{killed} of {judged} non-equivalent mutants killed on {device} "
+        f"({sum(g['hang'] for g in summary['by_check'].values())} of them as a hang, fail:timeout); "
+        f"{equivalent} equivalent (same TTIR/bytecode, or reasoned in stress/equivalent_mutants.toml); "
+        f"{summary['wall_s']:.0f} s")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    low = [name for name, g in summary["by_check"].items() if g["score"] is not None and g["score"] < args.fail_under]
+    return stopped or (1 if low or summary["stale_equivalences"] else 0)
+
+
 def cmd_tp(args) -> int:
     _select_device(args)
     from stress import tp
@@ -525,18 +783,20 @@ def cmd_tp(args) -> int:
     ok = True
     for workload in tp.WORKLOADS if args.workload == "all" else (args.workload,):
         outcomes = tp.run_ranks(args.ranks, mutants=scenarios, seed=args.seed, num_steps=args.steps,
-                                workload=workload)
+                                workload=workload, backend=args.backend)
         for name, outcome in outcomes.items():
             as_expected = outcome.agreed == (name is None)
             ok &= as_expected
             verdict = "as expected" if as_expected else f"UNEXPECTED: must {'diverge' if name else 'agree'}"
             print(f"[{workload}] {name or 'production code'}: {outcome.message}  [{verdict}]")
-        print(f"[{workload}] {args.ranks} ranks in {next(iter(outcomes.values())).seconds:.1f} s")
+        first = next(iter(outcomes.values()))
+        print(f"[{workload}] {args.ranks} rank(s) over {first.backend} in {first.seconds:.1f} s: "
+              + ("; ".join(first.ranks) or "no rank reported its device"))
     return 0 if ok else 1
 
 
 COMMANDS = {"run": cmd_run, "repro": cmd_repro, "trace": cmd_trace, "list": cmd_list, "mutants": cmd_mutants,
-            "tp": cmd_tp}
+            "hunt": cmd_hunt, "tp": cmd_tp, "sanitize": cmd_sanitize, "mutate": cmd_mutate}
 
 
 def main(argv=None) -> int:

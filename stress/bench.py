@@ -96,6 +96,69 @@ def kv_write_row(dev, gen) -> str:
                 _copy_ms(nbytes, dev), _time_ms(indexed_copy))
 
 
+def sampling_rows(dev, gen) -> list[str]:
+    """gumbel_sample over 128 rows of a 128k vocabulary (float32 logits read once), against a bare
+    ``torch.argmax`` over the same logits, which reads as much and draws no noise."""
+    from kernels.sampling import gumbel_sample
+
+    rows, vocab = 128, 1 << 17
+    logits = torch.randn(rows, vocab, generator=gen).to(dev)
+    idx = torch.arange(rows, dtype=torch.int32, device=dev)
+    seeds = torch.arange(rows, dtype=torch.int64, device=dev)
+    positions = torch.arange(rows, dtype=torch.int64, device=dev) * 7
+    nbytes = logits.numel() * 4
+    argmax_ms = _time_ms(lambda: torch.argmax(logits, dim=-1))
+    out = []
+    for name, temp in (("gumbel_sample (T=1)", 1.0), ("gumbel_sample (greedy)", 0.0)):
+        temperature = torch.full((rows,), temp, device=dev)
+        kernel_ms = _time_ms(lambda t=temperature: gumbel_sample(logits, idx, t, seeds, positions))
+        out.append(_row(name, nbytes, kernel_ms, _copy_ms(nbytes, dev), argmax_ms)
+                   + f"   (bare argmax {argmax_ms * 1e3:.1f} us: {kernel_ms / argmax_ms:.2f}x its time)")
+    return out
+
+
+def eager_verify(target, drafts, draft_probs_logits, temp, u, noise):
+    """PyTorch eager verification of every request (probabilistic, draft logits given): softmax of target and
+    draft, the accept test at each draft, the first rejection, a residual Gumbel-max resample and the bonus."""
+    p = torch.softmax(target / temp, dim=-1)
+    q = torch.softmax(draft_probs_logits / temp, dim=-1)
+    k = drafts.shape[1]
+    p_x = p[:, :k].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+    q_x = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+    accepted = (p_x >= u * q_x).int().cumprod(dim=1)
+    num_accepted = accepted.sum(dim=1)
+    residual = (p[:, :k] - q).clamp_min(0)
+    resampled = torch.argmax(residual.log() + noise[:, :k], dim=-1)
+    bonus = torch.argmax(p[:, k].log() + noise[:, k], dim=-1)
+    tokens = torch.cat([torch.where(accepted.bool(), drafts, resampled), bonus.unsqueeze(1)], dim=1)
+    return tokens, num_accepted
+
+
+def verify_row(dev, gen) -> str:
+    """verify of 64 requests x 4 drafts with draft logits at a 128k vocabulary against ``eager_verify``;
+    bytes = target (k+1 rows) and draft logits (k rows), each read once."""
+    from kernels.rejection import verify
+
+    batch, k, vocab = 64, 4, 1 << 17
+    target = torch.randn(batch, k + 1, vocab, generator=gen).to(dev)
+    draft_logits = torch.randn(batch, k, vocab, generator=gen).to(dev)
+    drafts = torch.randint(0, vocab, (batch, k), generator=gen).to(dev)
+    idx = torch.arange(batch, dtype=torch.int32, device=dev)
+    temperature = torch.ones(batch, device=dev)
+    seeds = torch.arange(batch, dtype=torch.int64, device=dev)
+    positions = torch.arange(batch, dtype=torch.int64, device=dev) * 5
+    out_tokens = torch.empty(batch, k + 1, dtype=torch.int64, device=dev)
+    num_sampled = torch.empty(batch, dtype=torch.int32, device=dev)
+    num_rejected = torch.empty_like(num_sampled)
+    u = torch.rand(batch, k, generator=gen).to(dev)
+    noise = -torch.log(-torch.log(torch.rand(batch, k + 1, vocab, generator=gen))).to(dev)
+    nbytes = (target.numel() + draft_logits.numel()) * 4
+    kernel_ms = _time_ms(lambda: verify(target, drafts, idx, temperature, seeds, positions, out_tokens, num_sampled,
+                                        num_rejected, draft_logits=draft_logits))
+    eager_ms = _time_ms(lambda: eager_verify(target, drafts, draft_logits, 1.0, u, noise))
+    return _row("verify (T=1, draft logits)", nbytes, kernel_ms, _copy_ms(nbytes, dev), eager_ms)
+
+
 def _graph_ms(fn) -> float:
     """GPU time of one CUDA-graph replay of ``fn`` (as the draft runs), L2 flushed before each replay."""
     fn()
@@ -163,6 +226,10 @@ def main() -> None:
             print(line)
         gen = torch.Generator(device="cpu").manual_seed(1)
         print(kv_write_row(runtime.device(), gen))
+        print("sampling and verification: vs eager = bare argmax / eager torch verification time / kernel time")
+        for line in sampling_rows(runtime.device(), gen):
+            print(line)
+        print(verify_row(runtime.device(), gen))
         print("attention: CUDA-graph replays; vs SDPA / vs gather+SDPA = their time / paged_attention's")
         for line in attention_rows(runtime.device(), gen):
             print(line)

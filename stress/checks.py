@@ -58,9 +58,7 @@ BLOCK_TABLE_CHECKS = (
                    "next row, and past the last row, memory outside the table",
                    (Patch(f"{_BT}:_gather_rows_kernel", "persistent_stride + cols, mask=live, other=0)",
                           "persistent_stride + cols)"),),
-                   oracles={"cpu": "oob"},
-                   why_not="the over-read values are never stored, so outputs match; needs the CPU tracer or "
-                           "compute-sanitizer memcheck"),
+                   oracles={"cpu": "oob", "cuda": "memcheck"}),
         ),
     ),
     Check(
@@ -71,8 +69,8 @@ BLOCK_TABLE_CHECKS = (
         outputs=("out",),
         mutants=(
             Mutant("pad-tail-unwritten", "tokens past the batch keep stale slots instead of PAD",
-                   (Patch(f"{_BT}:_slot_mapping_kernel", "range(start, num_out, BLOCK):  # padding tail",
-                          "range(start, start, BLOCK):"),),
+                   (Patch(f"{_BT}:_slot_mapping_kernel", "mask=tokens < num_out)  # tokens past the batch: PAD",
+                          "mask=live)"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",)),
             Mutant("null-block-writable", "the null block 0 gets a real slot instead of PAD",
                    (Patch(f"{_BT}:_slot_mapping_kernel", "in_row & (block_id != 0)", "in_row"),),
@@ -87,6 +85,7 @@ BLOCK_TABLE_CHECKS = (
         outputs=("block_table",),
         sweep=bt_families.shift_sweep,
         provenance={"block_table": "block_table"},
+        hunt_seconds={"cpu": 0.5, "cuda": 4.0},  # in-place and chunked: races between warps (fix 5)
         mutants=(
             Mutant("no-barrier", "spec fix 5: the barrier between a chunk's loads and its stores is removed",
                    (Patch(f"{_BT}:_shift_rows_kernel", "tl.debug_barrier()", "pass"),),
@@ -363,6 +362,10 @@ HOST_CHECKS = (
 )
 
 _KV = "kernels.kv_cache:_write_kv_kernel"
+PAD_WRITTEN = Mutant(
+    "pad-written", "PAD tokens (slot -1) are stored: the row before each cache is overwritten",
+    (Patch(_KV, "store = live & (slot >= 0)  # PAD writes nothing", "store = live"),),
+    oracles={"cpu": "oob", "cuda": "oob"}, families=("pad",))
 
 KV_CACHE_CHECKS = (
     Check(
@@ -374,9 +377,10 @@ KV_CACHE_CHECKS = (
         compare=exact_chunked,
         sweep=kv_families.sweep,
         mutants=(
-            Mutant("pad-written", "PAD tokens (slot -1) are stored: the row before each cache is overwritten",
-                   (Patch(_KV, "store = live & (slot >= 0)  # PAD writes nothing", "store = live"),),
-                   oracles={"cpu": "oob", "cuda": "oob"}, families=("pad",)),
+            PAD_WRITTEN,
+            # the same bug with no guard zones: the write before the K cache leaves its allocation
+            dataclasses.replace(PAD_WRITTEN, name="pad-written-memcheck", oracles={"cuda": "memcheck"},
+                                why_not="compute-sanitizer runs on the GPU; the CPU tracer kills pad-written"),
             Mutant("int32-offset", "the V-cache row offset is computed in int32: past 2^31 elements it wraps into "
                    "the K cache below it",
                    (Patch(_KV, "v_row = block * v_stride_b + offset * v_stride_t",
@@ -436,13 +440,17 @@ _DRAFT_GRAPHS = "kernels.spec.draft_graphs:DraftGraphs"
 _STEP = "kernels.spec.draft_step:DraftStep"
 _NO_GRAPHS = "CUDA graphs need a GPU: capture, replay and the graph memory pool exist only on a CUDA device"
 _ON_GPU = {"cuda": "divergence"}
+# measured on the H200: with the caching allocator off, capture fails with cudaErrorStreamCaptureInvalidated
+_GRAPHS_UNCACHED = ("CUDA graph capture needs the caching allocator's private pool, which "
+                    "PYTORCH_NO_CUDA_MEMORY_CACHING=1 (what makes an out-of-bounds access visible) turns off")
 
 
 def _graph_check(name: str, driver, reference_driver, families: dict, judge, mutants: tuple[Mutant, ...]) -> Check:
     """A GPU-only check whose ``driver`` (stress.graph_replay) captures and replays kernels.spec.draft_graphs;
     each case replays its graphs many times already, so it runs once."""
     return Check(name=name, kernel=driver, reference=reference_driver, families=families, outputs=(RETURN,),
-                 compare=judge, devices=("cuda",), why_not=_NO_GRAPHS, repeats={"cuda": 1}, mutants=mutants)
+                 compare=judge, devices=("cuda",), why_not=_NO_GRAPHS, repeats={"cuda": 1}, mutants=mutants,
+                 not_sanitized=_GRAPHS_UNCACHED)
 
 
 GRAPH_CHECKS = (
@@ -456,8 +464,8 @@ GRAPH_CHECKS = (
                    "but is left out of the graph",
                    (Patch(_STEP, "kv_cache.write_kv(", "capturing() or kv_cache.write_kv("),),
                    oracles=_ON_GPU, why_not=_NO_GRAPHS),
-            Mutant("padded-draft-rows-slot-0", "spec fix 3 (pre-fix) in the draft step: padded sampling rows map to slot 0 "
-                   "and write its logits cache",
+            Mutant("padded-draft-rows-slot-0", "spec fix 3 (pre-fix) in the draft step: padded sampling rows map to "
+                   "slot 0 and write its logits cache",
                    (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
                           "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
                    oracles=_ON_GPU, families=("padded_graph",), why_not=_NO_GRAPHS),
@@ -494,6 +502,8 @@ ENGINE_CHECKS = (
         unreachable=engine_check.UNREACHABLE,
         path_families=engine_check.PATH_FAMILIES,
         iteration_share=engine_check.ITERATION_SHARE,
+        not_sanitized="a whole-path check: its kernels are sanitized through their own checks, and its graph "
+                      "families need the caching allocator (" + _GRAPHS_UNCACHED + ")",
         mutants=(
             Mutant("prefix-blocks-visible", "spec fix 4 (pre-fix): no restored counts reach the draft: seq_lens not "
                    "shortened, no shift, no fail-closed; the draft reads never-written (NaN) KV",
@@ -517,7 +527,12 @@ BY_NAME = {check.name: check for check in REGISTRY}
 
 
 def find_mutant(name: str, check: Check) -> Mutant:
-    """``check``'s planted bug ``name``; a whole-path check (``unreachable`` set) also takes any other's."""
+    """``check``'s planted bug ``name``; a whole-path check (``unreachable`` set) also takes any other's.
+    A generated mutant's id (``stress.mutate_ops``) names its own patch and applies to any check."""
+    from stress import mutate_ops
+
+    if name.startswith(mutate_ops.PREFIX):
+        return mutate_ops.resolve(name)
     if check.unreachable is None or any(m.name == name for m in check.mutants):
         return check.mutant(name)
     for other in REGISTRY:

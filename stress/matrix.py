@@ -9,7 +9,7 @@ result is still its first killing iteration in order, whatever ran in parallel.
 
 from dataclasses import dataclass, field
 
-from stress import interrupts, runner
+from stress import interrupts, runner, sanitizer
 from stress import mutants as planted
 from stress.runner import Task, case_seed
 from stress.types import Check, Result
@@ -39,7 +39,8 @@ ANY = "any"  # a path hunt's oracle: any failure but a timeout kills
 
 
 def _kills(oracle: str, verdict: str) -> bool:
-    return verdict == f"fail:{oracle}" or (oracle == ANY and verdict.startswith("fail:") and verdict != "fail:timeout")
+    return verdict in (f"fail:{oracle}", sanitizer.VERDICT.get(oracle)) or (
+        oracle == ANY and verdict.startswith("fail:") and verdict != "fail:timeout")
 
 
 @dataclass
@@ -64,7 +65,8 @@ class _Hunt:
         i, self.started = self.started, self.started + 1
         family = self.families[i % len(self.families)]
         k = self.kill
-        return i, Task(k.check, family, case_seed(self.seed, k.check, family, i), k.mutant, self.forced)
+        tool = k.oracle if k.oracle in sanitizer.TOOLS else None
+        return i, Task(k.check, family, case_seed(self.seed, k.check, family, i), k.mutant, self.forced, tool)
 
     def record(self, i: int, result: Result) -> None:
         self.results[i] = result
@@ -109,8 +111,9 @@ def _new_hunt(check: Check, mutant_name: str, device: str, oracle: str, max_iter
     return _Hunt(kill, families, forced, max_iters, seed)
 
 
-def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_row) -> None:
-    """Run the hunts' cases on one pool; ``on_row`` gets each hunt's row as it is decided."""
+def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_row, on_case=None) -> None:
+    """Run the hunts' cases on one pool; ``on_row`` gets each hunt's row as it is decided, ``on_case``
+    every case's Result."""
     running: dict[int, tuple[_Hunt, int, Task]] = {}  # id(task) -> its hunt and iteration
     open_hunts = list(hunts)
 
@@ -124,9 +127,12 @@ def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_ro
 
     def on_outcome(outcome):
         h, i, _ = running.pop(id(outcome.item))
+        result = runner.result_of(outcome, device, timeout, trace=True)
+        if on_case:
+            on_case(result)
         if h not in open_hunts:
             return  # an iteration run ahead of a kill that was found earlier
-        h.record(i, runner.result_of(outcome, device, timeout, trace=True))
+        h.record(i, result)
         if h.decided():
             open_hunts.remove(h)
             on_row(h.finish())
@@ -145,6 +151,8 @@ def hunt(check_name: str, mutant_name: str, device: str, oracle: str, max_iters:
     """Run one mutant through its families round-robin, in this process, until a case fails with ``oracle``."""
     from stress import checks
 
+    if oracle in sanitizer.TOOLS and (reason := _sanitizer_blind(oracle, device, {})):
+        return Kill(check_name, mutant_name, device, oracle, "not_checked", reason=reason)
     rows: list[Kill] = []
     h = _new_hunt(checks.get(check_name), mutant_name, device, oracle, max_iters, seed, launch)
     _run_hunts([h], device, 0, timeout, rows.append)
@@ -173,7 +181,8 @@ def _path_hunts(checks: list[Check], device: str, max_iters: int, seed: int) -> 
 
 def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, jobs: int,
                 by_shape: bool = False, timeout: float = 0, on_row=None, rows: list | None = None,
-                path_iters: int = 40, path_only: bool = False) -> list[Kill]:
+                path_iters: int = 40, path_only: bool = False, on_case=None,
+                only: list[str] | None = None) -> list[Kill]:
     """One row per mutant (per launch shape with ``by_shape``), in registry order.
 
     ``on_row`` sees each row as it is decided. ``rows``, when given, is filled with every planned
@@ -181,15 +190,22 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
     when a signal stops it; the hunts still open then go to ``on_row`` as ``unfinished`` too.
     Each row also carries the path column: the whole-path check's hunt of the same bug
     (``path_iters`` cases; 0 leaves the column out); ``path_only`` hunts that column alone (rows then
-    say ``not_hunted``).
+    say ``not_hunted``). ``on_case`` sees the Result of every case the hunts ran. ``only``: hunt just
+    these planted bugs (by name).
     """
     rows = [] if rows is None else rows
     hunts: list[_Hunt] = []
+    blind: dict[str, str | None] = {}  # sanitizer tool -> why it cannot judge here (None: its control was caught)
     for check in checks:
         for mutant in check.mutants:
+            if only and mutant.name not in only:
+                continue
             oracle = mutant.oracles.get(device)
             if oracle is None:
                 rows.append(Kill(check.name, mutant.name, device, "-", "not_checked", reason=mutant.why_not))
+                continue
+            if oracle in sanitizer.TOOLS and (reason := _sanitizer_blind(oracle, device, blind)):
+                rows.append(Kill(check.name, mutant.name, device, oracle, "not_checked", reason=reason))
                 continue
             try:
                 planted.validate(mutant)
@@ -224,8 +240,17 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
             row.path, row.path_verdict, row.path_iterations, row.path_detail = path_fields[row.mutant]
         elif row.mutant in path_hunts:
             row.path = "unfinished"
-    _run_hunts(hunts + list(path_hunts.values()), device, jobs, timeout, decided)
+    _run_hunts(hunts + list(path_hunts.values()), device, jobs, timeout, decided, on_case)
     return rows
+
+
+def _sanitizer_blind(tool: str, device: str, known: dict[str, str | None]) -> str | None:
+    """Why ``tool`` cannot kill here: no sanitizer or GPU, or its positive control (run once per
+    matrix) was not reported. None when the control was caught."""
+    if tool not in known:
+        gate = sanitizer.gate(tool, device)
+        known[tool] = None if gate.state == "caught" else gate.text
+    return known[tool]
 
 
 def verdict(rows: list[Kill], device: str) -> tuple[str, bool]:

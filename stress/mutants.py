@@ -5,6 +5,7 @@ hand-kept twin that could drift from it."""
 import importlib
 import inspect
 import linecache
+import sys
 import textwrap
 from contextlib import contextmanager
 
@@ -18,7 +19,8 @@ class StaleMutant(RuntimeError):
 _built: dict[tuple[str, Patch], object] = {}
 
 
-def _source_of(obj):
+def source_of(obj):
+    """The Python function behind ``obj`` (a kernel keeps it in .fn) and its dedented source."""
     fn = getattr(obj, "fn", obj)  # a @triton.jit kernel keeps the Python function in .fn
     return fn, textwrap.dedent(inspect.getsource(fn))
 
@@ -29,7 +31,7 @@ def _build(mutant_name: str, patch: Patch):
         return _built[key]
     module_name, attr = patch.target.split(":")
     module = importlib.import_module(module_name)
-    fn, src = _source_of(getattr(module, attr))
+    fn, src = source_of(getattr(module, attr))
     count = src.count(patch.old)
     if count != 1:
         raise StaleMutant(f"mutant {mutant_name}: {patch.old!r} occurs {count} times in {patch.target}, expected once")
@@ -45,17 +47,26 @@ def _build(mutant_name: str, patch: Patch):
     return _built[key]
 
 
+def _aliases(original) -> list[tuple[object, str]]:
+    """Every (module, name) of the project that holds ``original`` (``from kernels.x import f`` copies)."""
+    return [(m, name) for mod_name, m in list(sys.modules.items()) if mod_name.split(".")[0] in ("kernels", "stress")
+            for name, value in list(vars(m).items()) if value is original]
+
+
 @contextmanager
 def applied(mutant: Mutant | None):
-    """Swap in the mutated objects for the duration; always restore, also on error."""
+    """Swap in the mutated objects for the duration, under every name the project imported them by;
+    always restore, also on error."""
     saved = []
     try:
         for patch in mutant.patches if mutant else ():
             module_name, attr = patch.target.split(":")
             module = importlib.import_module(module_name)
             replacement = _build(mutant.name, patch)
-            saved.append((module, attr, getattr(module, attr)))
-            setattr(module, attr, replacement)
+            original = getattr(module, attr)
+            for holder, name in _aliases(original) or [(module, attr)]:
+                saved.append((holder, name, original))
+                setattr(holder, name, replacement)
         yield
     finally:
         for module, attr, original in reversed(saved):

@@ -39,6 +39,7 @@ class Outcome:
     failure: str = ""  # "" | "timeout" (killed at its deadline) | "died" (the worker died) | "raised"
     detail: str = ""
     seconds: float = 0.0
+    slot: int | None = None  # the worker slot that ran it (a slot owns a GPU); None: run in this process
 
 
 class PoolError(RuntimeError):
@@ -225,7 +226,7 @@ class Pool:
             if w.busy and self.timeout and now - w.started >= self.timeout:
                 self._replace(w)
                 item, seconds = w.finish()
-                on_outcome(Outcome(item, failure="timeout", seconds=seconds,
+                on_outcome(Outcome(item, failure="timeout", seconds=seconds, slot=w.slot,
                                    detail=f"ran past its {self.timeout:g} s deadline; its worker was killed"))
 
     def _receive(self, w: _Worker, on_outcome) -> None:
@@ -241,9 +242,9 @@ class Pool:
             return
         item, seconds = w.finish()
         if kind == "raised":
-            on_outcome(Outcome(item, failure="raised", detail=payload, seconds=seconds))
+            on_outcome(Outcome(item, failure="raised", detail=payload, seconds=seconds, slot=w.slot))
             return
-        on_outcome(Outcome(item, value=payload, seconds=seconds))
+        on_outcome(Outcome(item, value=payload, seconds=seconds, slot=w.slot))
         if self.retire is not None and self.retire(payload):
             self._replace(w)
 
@@ -256,7 +257,7 @@ class Pool:
         self._replace(w)
         if w.busy:
             item, seconds = w.finish()
-            on_outcome(Outcome(item, failure="died", seconds=seconds,
+            on_outcome(Outcome(item, failure="died", seconds=seconds, slot=w.slot,
                                detail=f"its worker process died ({signal_text(w.process.exitcode)})"))
 
     # ------------------------------------------------------------ processes

@@ -45,9 +45,11 @@ class Report:
         self.directory, self.header = directory, header
         self.results: list[Result] = []
         self.kills: list | None = None  # stress.matrix.Kill rows in registry order, once the matrix is planned
+        self.hunts: list = []  # stress.hunt.HuntResult of `run --hunt`, in the order they finished
         self.abandoned: list = []  # tasks that were running when a signal stopped the run
         self.interrupted: str | None = None
         self.telemetry: dict = {}  # GPU envelope (stress.telemetry), filled during a GPU run
+        self.matrix_cases: dict[int | None, int] = {}  # kill-matrix cases run, by GPU
         self.stream = None
         if directory:
             self.stream = _open(directory)
@@ -67,6 +69,31 @@ class Report:
         """Stream one decided kill-matrix row (``kills`` holds the whole matrix, decided or not)."""
         self._write({"kill": asdict(row)})
 
+    def add_hunt(self, result) -> None:
+        from stress import hunt
+
+        self.hunts.append(result)
+        self._write({"hunt": hunt.as_record(result)})
+
+    def add_matrix_case(self, result: Result) -> None:
+        """Count one kill-matrix case on the GPU it ran on (its verdicts live in the matrix's rows)."""
+        self.matrix_cases[result.gpu] = self.matrix_cases.get(result.gpu, 0) + 1
+
+    def gpu_rows(self) -> list[dict]:
+        """Per GPU of the run (the header's ``gpus``): its workers, the cases that ran there by verdict,
+        the kill-matrix cases, and its NVML readings."""
+        from stress import telemetry
+
+        rows = []
+        for gpu in self.header.get("gpus", ()):
+            ran = [r for r in self.results if r.gpu == gpu["index"]]
+            rows.append({**gpu, "cases": len(ran), "passed": sum(r.verdict == PASS for r in ran),
+                         "failed": sum(r.failed for r in ran), "not_checked": sum(r.not_checked for r in ran),
+                         "seconds": round(sum(r.seconds for r in ran), 2),
+                         "matrix_cases": self.matrix_cases.get(gpu["index"], 0),
+                         "telemetry": telemetry.of_gpu(self.telemetry, gpu["uuid"])})
+        return rows
+
     def counts(self) -> tuple[int, int, int]:
         passed = sum(r.verdict == PASS for r in self.results)
         failed = sum(r.failed for r in self.results)
@@ -76,6 +103,8 @@ class Report:
         """``N passed, N failed[, N not checked]``, then what stopped the run early, if anything."""
         passed, failed, not_checked = self.counts()
         line = f"{passed} passed, {failed} failed" + (f", {not_checked} not checked" if not_checked else "")
+        if caught := sum(h.failed for h in self.hunts):
+            line += f"; {caught} hunt(s) found a failure"
         return line + (f" (interrupted by {self.interrupted}: {'; '.join(self.progress())})" if self.interrupted
                        else "")
 
@@ -107,6 +136,8 @@ class Report:
             return
         if self.telemetry:
             self._write({"telemetry": self.telemetry})
+        if self.header.get("gpus"):
+            self._write({"gpus": self.gpu_rows()})
         self._write({"end": self.end_record()})
         self.stream.close()
         self.stream = None
@@ -120,18 +151,23 @@ class Report:
             f.write(self.summary())
 
     def summary(self) -> str:
-        out = ["# specsan stress summary", "", "  ".join(f"{k}: {v}" for k, v in self.header.items()), ""]
+        out = ["# specsan stress summary", "",
+               "  ".join(f"{k}: {v}" for k, v in self.header.items() if k != "gpus"), ""]
         if self.interrupted:
             out += [f"**Interrupted by {self.interrupted}**: the run stopped early; below is what finished.", ""]
         out += [f"- {line}" for line in self.progress()] + [""]
         if self.results:
             out += self._replay_section()
+        if self.hunts:
+            out += ["", "## Hunts", ""] + [f"    {line}" for h in self.hunts for line in h.lines()]
         if self.abandoned:
             out += ["", "## Abandoned (running at the signal)", ""]
             out += [f"- {t.check} / {t.family} seed {t.seed}" + (f" mutant {t.mutant}" if t.mutant else "")
                     for t in self.abandoned]
         if self.kills:
             out += self._matrix_section()
+        if self.header.get("gpus"):
+            out += self._gpu_section()
         if self.telemetry:
             from stress import telemetry
 
@@ -166,6 +202,18 @@ class Report:
         skipped = sorted({(r.check, r.family, r.verdict) for r in self.results if r.not_checked})
         if skipped:
             out += ["", "## Not checked", ""] + [f"- {c} / {f}: {v}" for c, f, v in skipped]
+        return out
+
+    def _gpu_section(self) -> list[str]:
+        from stress import telemetry
+
+        columns = ("GPU", "name", "workers", "cases", "passed", "failed", "not checked", "seconds",
+                   "kill-matrix cases", *telemetry.GPU_COLUMNS)
+        out = ["", "## GPUs", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        for g in self.gpu_rows():
+            cells = [g["index"], g["name"], g["workers"], g["cases"], g["passed"], g["failed"], g["not_checked"],
+                     f"{g['seconds']:.2f}", g["matrix_cases"], *telemetry.gpu_cells(g["telemetry"])]
+            out.append("| " + " | ".join(map(str, cells)) + " |")
         return out
 
     def _matrix_section(self) -> list[str]:

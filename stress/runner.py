@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from stress import interrupts, pool
+from stress import gpus, interrupts, pool
 from stress.types import PASS, RETURN, Case, Check, Result
 
 
@@ -27,6 +27,7 @@ class Task(NamedTuple):
     seed: int
     mutant: str | None = None
     launch: tuple | None = None  # forced launch shape, as sorted (key, value) pairs
+    tool: str | None = None  # run under this compute-sanitizer tool (stress.sanitizer) instead
 
 
 class CaseTimeout(Exception):
@@ -179,9 +180,15 @@ def _background_load(device: str):
 def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) -> Result:
     """Build, run and judge one case. Never raises: a crash is a verdict.
 
-    On the CPU a case that matches its reference is also traced (``trace=False`` skips it).
+    On the CPU a case that matches its reference is also traced (``trace=False`` skips it). A task
+    with a ``tool`` runs in a process of its own under compute-sanitizer instead.
     """
     from stress import checks, mutants
+
+    if task.tool:
+        from stress import sanitizer
+
+        return sanitizer.run_case(task, task.tool, timeout)
 
     result = Result(task.check, task.family, task.seed, device, PASS, launch=dict(task.launch or ()),
                     mutant=task.mutant, timeout=timeout, trace=trace)
@@ -240,7 +247,7 @@ def _init_worker(slot: int, device: str, threads: int) -> None:
     os.environ["SPECSAN_DEVICE"] = device
     torch.set_num_threads(threads)  # workers split the cores instead of each taking them all
     if device == "cuda":
-        torch.cuda.set_device(slot % torch.cuda.device_count())
+        torch.cuda.set_device(gpus.gpu_of(slot, gpus.count()))
     import stress.checks  # noqa: F401  - define every kernel once, up front
 
 
@@ -271,27 +278,34 @@ def result_of(outcome: pool.Outcome, device: str, timeout: float, trace: bool) -
         else:
             result.details = outcome.detail.splitlines()[-12:]
     result.timeout, result.trace = timeout, trace
+    result.gpu = _gpu_of(outcome, device)
     return result
 
 
-def _cores() -> int:
-    return max(1, len(os.sched_getaffinity(0)))
+def _gpu_of(outcome: pool.Outcome, device: str) -> int | None:
+    """The GPU the case ran on: its worker slot's (``_init_worker``), or this process's current one."""
+    if device != "cuda":
+        return None
+    if outcome.slot is None:
+        return torch.cuda.current_device()
+    return gpus.gpu_of(outcome.slot, gpus.count())
 
 
 def default_jobs(device: str) -> int:
-    """CPU: one worker per core. GPU: up to eight workers per GPU, as cores allow; they share the
-    device (more concurrent launches) and split the CPU side, which dominates a GPU run: Triton
-    compiles (one per new specialization) and the float64 references."""
-    cores = _cores()
+    """CPU: one worker per core. GPU: up to eight workers per GPU, as cores allow, and always a multiple
+    of the GPUs so each gets the same share; they share the device (more concurrent launches) and
+    split the CPU side, which dominates a GPU run: Triton compiles (one per new specialization) and
+    the float64 references."""
+    cores = gpus.cores()
     if device == "cuda":
-        gpus = max(1, torch.cuda.device_count())
-        return gpus * max(1, min(8, cores // gpus))
+        count = max(1, gpus.count())
+        return count * max(1, min(8, cores // count))
     return cores
 
 
 def worker_threads(jobs: int) -> int:
     """Torch CPU threads per worker: the cores divided among the workers."""
-    return max(1, _cores() // max(1, jobs))
+    return max(1, gpus.cores() // max(1, jobs))
 
 
 def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Result], None],
@@ -318,9 +332,9 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
 
 
 def plan(checks: list[Check], families: list[str] | None, iters: int, seed: int,
-         mutant: str | None = None) -> list[Task]:
+         mutant: str | None = None, tool: str | None = None) -> list[Task]:
     """Iteration-major order, so an interrupted run has covered every family evenly; ``mutant`` is
-    applied in every case."""
+    applied in every case, and every case runs under compute-sanitizer's ``tool`` when one is given."""
     # A check with an iteration share runs its n cases spread evenly over the iterations.
     at = {}
     for check in checks:
@@ -334,5 +348,5 @@ def plan(checks: list[Check], families: list[str] | None, iters: int, seed: int,
             for family in check.families:
                 if not families or family in families:
                     tasks.append(Task(check.name, family, case_seed(seed, check.name, family, at[check.name][i]),
-                                      mutant))
+                                      mutant, tool=tool))
     return tasks

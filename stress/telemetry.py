@@ -5,6 +5,8 @@ the envelope. A query the GPU or driver does not support is recorded as "not sup
 
 from contextlib import contextmanager
 
+from stress import gpus
+
 
 def _query(fn, *args):
     try:
@@ -21,12 +23,13 @@ def snapshot() -> dict:
         nv.nvmlInit()
     except Exception as exc:  # noqa: BLE001
         return {"nvml": f"not available ({type(exc).__name__})"}
-    gpus = []
+    readings = []
     for i in range(nv.nvmlDeviceGetCount()):
         h = nv.nvmlDeviceGetHandleByIndex(i)
-        gpus.append({
+        readings.append({
             "index": i,
             "name": _query(nv.nvmlDeviceGetName, h),
+            "uuid": _query(lambda h=h: gpus.normal_uuid(nv.nvmlDeviceGetUUID(h))),
             "sm_clock_mhz": _query(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
             "mem_clock_mhz": _query(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
             "clocks_event_reasons": _query(nv.nvmlDeviceGetCurrentClocksEventReasons, h),
@@ -38,7 +41,7 @@ def snapshot() -> dict:
                                     nv.NVML_VOLATILE_ECC),
             "remapped_rows": _query(lambda h=h: list(nv.nvmlDeviceGetRemappedRows(h))),
         })
-    return {"gpus": gpus}
+    return {"gpus": readings}
 
 
 def _xid_events(event_set, nv) -> list:
@@ -89,3 +92,32 @@ def lines(record: dict) -> list[str]:
                        f"remapped rows {g['remapped_rows']}")
     out.append(f"Xid events during the run: {record.get('xid', 'not recorded')}")
     return out
+
+
+def of_gpu(record: dict, uuid: str) -> dict:
+    """One GPU's part of an envelope: its ``before`` and ``after`` readings and its ``xid`` events, matched
+    by UUID (CUDA and NVML may number the GPUs differently); {} when NVML did not see it."""
+    part = {phase: g for phase in ("before", "after") for g in record.get(phase, {}).get("gpus", ())
+            if uuid and g.get("uuid") == uuid}
+    if part:
+        nvml_index = next(iter(part.values()))["index"]
+        xid = record.get("xid", "not recorded")
+        part["xid"] = [e for e in xid if e["gpu"] == nvml_index] if isinstance(xid, list) else xid
+    return part
+
+
+GPU_COLUMNS = ("SM MHz", "temperature C", "power W", "ECC uncorrected", "Xid events")
+
+
+def gpu_cells(part: dict) -> list[str]:
+    """``of_gpu``'s readings as the summary's cells: ``before -> after``, one value where it did not change."""
+    if not part:
+        return ["no NVML reading"] + [""] * (len(GPU_COLUMNS) - 1)
+
+    def span(key):
+        values = [part[phase][key] for phase in ("before", "after") if phase in part]
+        return " -> ".join(dict.fromkeys(str(v) for v in values))
+
+    xid = part["xid"]
+    return [span("sm_clock_mhz"), span("temperature_c"), span("power_w"), span("ecc_uncorrected"),
+            str(len(xid)) if isinstance(xid, list) else str(xid)]

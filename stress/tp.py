@@ -5,7 +5,8 @@ the draft-input kernel, or a request stream through the whole engine (``kernels.
 Upstream runs the scheduler-driven worker loop redundantly on every TP rank, so slot maps, seeds and
 draft metadata must agree bit for bit (spec fix 2). A difference stops every rank at the same step
 (they all see the same gathered digests) and names the first differing field. Ranks talk over gloo
-on CPU, or NCCL when there is a GPU per rank.
+(digests as CPU tensors) or NCCL (digests as CUDA tensors, rank r on GPU r); ``choose_backend``
+picks NCCL when there is a GPU per rank, or refuses an explicit nccl without one.
 
 Usage: ``run_ranks(world, mutants=(None, "set-order-recycling"))`` (or ``python -m stress tp --ranks N
 [--mutant NAME]``) spawns ``python -m stress.tp --rank R ...`` once per rank; the scenarios (the
@@ -37,6 +38,8 @@ class Outcome:
     agreed: bool
     message: str  # the first divergence, or a summary of the agreement
     seconds: float
+    backend: str = ""  # the process group's backend: nccl or gloo
+    ranks: tuple[str, ...] = ()  # where each rank ran, e.g. "rank 1 on cuda:1 (NVIDIA H200)"
 
 
 # ---------------------------------------------------------------- inside one rank
@@ -141,14 +144,6 @@ def _find_mutant(name: str | None):
     raise ValueError(f"mutant: no mutant named {name!r}; `python -m stress list` shows them")
 
 
-def _backend(world: int) -> tuple[str, torch.device]:
-    from kernels import runtime
-
-    if runtime.DEVICE == "cuda":
-        return ("nccl" if torch.cuda.device_count() >= world else "gloo"), runtime.device()
-    return "gloo", torch.device("cpu")
-
-
 def _disagreement(world, step_index, payload, gather_device) -> str | None:
     """All-gather the digest of every field (same names, same order on every rank); the first field the
     ranks disagree on, as a line, or None."""
@@ -200,11 +195,13 @@ def _replay_engine(world, seed, num_steps, device, gather_device) -> str:
 
 
 def rank_main(rank: int, world: int, init_file: str, seed: int, num_steps: int, max_num_reqs: int,
-              scenarios: list[str | None], workload: str = "slots") -> int:
+              scenarios: list[str | None], workload: str = "slots", backend: str = "gloo") -> int:
     """One rank: replay the workload once per scenario (a mutant name, or None for production code).
 
     ``workload``: "slots" replays an admission schedule through the slots and the draft-input kernel;
-    "engine" replays a request stream through the whole engine.
+    "engine" replays a request stream through the whole engine. ``backend``: "gloo" gathers the
+    digests as CPU tensors, "nccl" as CUDA tensors on this rank's own GPU. The rank prints
+    ``PLACED <backend> <device>`` first.
 
     Every scenario starts from the same rank-local global-RNG state; its result is printed as
     ``RESULT <scenario> <line>``. All ranks see the same gathered digests, so they leave a scenario
@@ -212,14 +209,19 @@ def rank_main(rank: int, world: int, init_file: str, seed: int, num_steps: int, 
     """
     import torch.distributed as dist
 
-    if torch.cuda.is_available():
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    from stress import mutants, schedule
+    from kernels import runtime
+    from stress import gpus, mutants, schedule
 
-    backend, device = _backend(world)
-    gather_device = device if backend == "nccl" else torch.device("cpu")
+    device = torch.device("cpu")
+    if runtime.DEVICE == "cuda":  # rank r takes GPU r mod count: one GPU per rank whenever there are enough
+        device = torch.device("cuda", gpus.gpu_of(rank, gpus.count()))
+        torch.cuda.set_device(device)
+    gather_device = device if backend == "nccl" else torch.device("cpu")  # NCCL gathers CUDA tensors
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+                            timeout=datetime.timedelta(seconds=120),
+                            **({"device_id": device} if backend == "nccl" else {}))
+    where = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
+    print(f"PLACED {backend} {where}", flush=True)
     steps = schedule.random_schedule(np.random.default_rng(seed), max_num_reqs=max_num_reqs, num_steps=num_steps,
                                      preempt_p=0.3, block_size=BLOCK_SIZE, unaligned_p=0.05)
     try:
@@ -240,33 +242,67 @@ def rank_main(rank: int, world: int, init_file: str, seed: int, num_steps: int, 
 
 
 WORKLOADS = ("slots", "engine")
+BACKENDS = ("auto", "nccl", "gloo")
+
+
+def choose_backend(requested: str, world: int) -> str:
+    """The process group's backend for ``world`` ranks on this machine's device.
+
+    "auto": NCCL when the kernels run on CUDA and there is a GPU per rank, else gloo. "nccl" without
+    a GPU per rank is refused: two ranks on one GPU is not a supported NCCL set-up.
+    """
+    from kernels import runtime
+    from stress import gpus
+
+    if requested not in BACKENDS:
+        raise ValueError(f"--backend: {requested!r} is not one of {', '.join(BACKENDS)}; pick one of them")
+    count = gpus.count() if runtime.DEVICE == "cuda" else 0
+    if requested == "auto":
+        return "nccl" if count >= world else "gloo"
+    if requested == "nccl" and runtime.DEVICE != "cuda":
+        raise ValueError("--backend: nccl gathers CUDA tensors, but the ranks run on the cpu; "
+                         "use --backend gloo (or auto), or run where a GPU is visible")
+    if requested == "nccl" and count < world:
+        raise ValueError(f"--backend: nccl needs one GPU per rank, but {world} ranks and {count} GPU(s) are visible; "
+                         f"pass --ranks {count} (or fewer), or --backend gloo")
+    return requested
 
 
 def run_ranks(world: int, *, mutants: tuple[str | None, ...] = (None,), seed: int = 0, num_steps: int = 8,
-              max_num_reqs: int = 6, timeout: float = 180, workload: str = "slots") -> dict[str | None, Outcome]:
+              max_num_reqs: int = 6, timeout: float = 180, workload: str = "slots",
+              backend: str = "auto") -> dict[str | None, Outcome]:
     """Spawn ``world`` rank processes (PYTHONHASHSEED = rank + 1); one Outcome per scenario.
 
     A scenario is a mutant name applied inside every rank, or None for the production code. The
     scenarios run one after the other in the same processes, which pays the start-up cost once.
+    One rank agrees with itself by construction: it runs the production code only, to exercise the
+    process group (NCCL on one GPU).
     """
     import time
 
-    if world < 2:
-        raise ValueError(f"world: TP determinism needs at least 2 ranks, got {world}")
+    from kernels import runtime
+
+    if world < 1:
+        raise ValueError(f"--ranks: TP determinism needs at least 1 rank, got {world}; pass --ranks 2 or more")
     if workload not in WORKLOADS:
         raise ValueError(f"workload: {workload!r} is not one of {WORKLOADS}")
     for name in mutants:
         if name == CLEAN:
             raise ValueError(f"mutants: {CLEAN!r} names the production code; pass None")
         _find_mutant(name)  # an unknown name fails here, not in every rank
+    if world == 1 and any(mutants):
+        raise ValueError("--mutant: one rank has no other rank to disagree with, so no mutant can diverge; "
+                         "pass --ranks 2 or more")
+    backend = choose_backend(backend, world)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specsan-tp-") as tmp:
         procs = []
         for rank in range(world):
-            env = {**os.environ, "PYTHONHASHSEED": str(rank + 1), "OMP_NUM_THREADS": "1"}
+            env = {**os.environ, "PYTHONHASHSEED": str(rank + 1), "OMP_NUM_THREADS": "1",
+                   "SPECSAN_DEVICE": runtime.DEVICE}
             cmd = [sys.executable, "-m", "stress.tp", "--rank", str(rank), "--world", str(world), "--init-file",
                    os.path.join(tmp, "rendezvous"), "--seed", str(seed), "--steps", str(num_steps),
-                   "--max-num-reqs", str(max_num_reqs), "--workload", workload,
+                   "--max-num-reqs", str(max_num_reqs), "--workload", workload, "--backend", backend,
                    "--mutants", *[m or CLEAN for m in mutants]]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -282,15 +318,18 @@ def run_ranks(world: int, *, mutants: tuple[str | None, ...] = (None,), seed: in
             codes.append(proc.returncode)
     seconds = time.perf_counter() - start
     results = dict(line.split(" ", 2)[1:] for line in outputs[0].splitlines() if line.startswith("RESULT "))
+    ranks = tuple(f"rank {r} on {line.split(' ', 2)[2]}" for r, out in enumerate(outputs)
+                  for line in out.splitlines() if line.startswith("PLACED "))
     failure = "\n".join(f"rank {r} (exit {c}):\n{out[-2000:]}"
                         for r, (c, out) in enumerate(zip(codes, outputs, strict=True)) if c != 0)
     outcomes = {}
     for name in mutants:
         line = results.get(name or CLEAN)
         if line is None or failure:
-            outcomes[name] = Outcome(False, f"a rank failed before this scenario finished:\n{failure}", seconds)
+            outcomes[name] = Outcome(False, f"a rank failed before this scenario finished:\n{failure}", seconds,
+                                     backend, ranks)
         else:
-            outcomes[name] = Outcome(line.startswith("AGREED"), f"{world} ranks: {line}", seconds)
+            outcomes[name] = Outcome(line.startswith("AGREED"), f"{world} rank(s): {line}", seconds, backend, ranks)
     return outcomes
 
 
@@ -303,10 +342,11 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--max-num-reqs", type=int, default=6)
     p.add_argument("--workload", choices=WORKLOADS, default="slots")
+    p.add_argument("--backend", choices=BACKENDS[1:], default="gloo")
     p.add_argument("--mutants", nargs="+", default=[CLEAN], help=f"scenarios in order; {CLEAN!r} = production code")
     a = p.parse_args(argv)
     scenarios = [None if m == CLEAN else m for m in a.mutants]
-    return rank_main(a.rank, a.world, a.init_file, a.seed, a.steps, a.max_num_reqs, scenarios, a.workload)
+    return rank_main(a.rank, a.world, a.init_file, a.seed, a.steps, a.max_num_reqs, scenarios, a.workload, a.backend)
 
 
 if __name__ == "__main__":

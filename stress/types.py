@@ -34,6 +34,8 @@ class Mutant:
 
     ``oracles`` maps a device to the verdict that must kill the mutant there; a device that is
     missing is reported ``not_checked`` with ``why_not`` as the reason.
+    An oracle may also name a compute-sanitizer tool (``memcheck``, ``initcheck``): on the GPU the
+    hunt's cases then run under that tool, and its finding (``fail:oob``, ``fail:uninit``) kills.
     """
 
     name: str
@@ -64,6 +66,8 @@ class Check:
     to, per device, the reason; ``path_families`` names, per bug, the families that reach it (its
     hunt tries them first). ``iteration_share``: the fraction of ``--iters`` a run gives each
     family (at least one case), for checks whose one case replays many steps of many kernels.
+    ``hunt_seconds``: per device, how long ``run --hunt`` (``make stress``) hammers the kernel with
+    ``stress.hunt`` (race-prone kernels; a device missing is not hunted).
     """
 
     name: str
@@ -83,6 +87,8 @@ class Check:
     unreachable: dict[str, dict[str, str]] | None = None
     path_families: dict[str, tuple[str, ...]] = field(default_factory=dict)
     iteration_share: float = 1.0
+    hunt_seconds: dict[str, float] = field(default_factory=dict)  # race-prone: `run --hunt` hunts it this long
+    not_sanitized: str = ""  # why its cases cannot run under compute-sanitizer ("" = they can)
 
     def mutant(self, name: str) -> Mutant:
         for planted in self.mutants:
@@ -110,6 +116,8 @@ class Result:
     timeout: float = DEFAULT_TIMEOUT  # the deadline the case ran under (0 = none)
     trace: bool = True  # whether a passing CPU case was also run under the tracer
     metrics: dict[str, float] = field(default_factory=dict)  # Check.metrics of the last run
+    gpu: int | None = None  # the CUDA device index the case ran on (None on the CPU)
+    tool: str | None = None  # the compute-sanitizer tool the case ran under (stress.sanitizer), if any
 
     @property
     def failed(self) -> bool:
@@ -130,4 +138,6 @@ class Result:
             line += f" --timeout {self.timeout:g}"
         if not self.trace and self.device == "cpu":
             line += " --no-trace"
+        if self.tool:
+            line += f" --sanitizer {self.tool}"
         return line

@@ -154,6 +154,24 @@ def test_slot_mapping_matches_reference(rows, width, block_size, data):
     assert torch.equal(on_dev.cpu(), expected)
 
 
+@pytest.mark.parametrize("lens,first", [([700], 0), ([0, 300, 0, 0, 2, 513, 1], 0), ([1] * 300 + [260, 0], 0),
+                                        ([5, 400], 3)])
+def test_slot_mapping_rows_across_and_within_tiles(lens, first):
+    """Rows longer than a tile (one row per tile), many short rows in a tile, empty rows sharing a start,
+    and tokens before query_start_loc[0] (PAD: no row owns them)."""
+    gen = torch.Generator().manual_seed(len(lens))
+    width, block_size = 64, 16
+    table = torch.randint(0, 1000, (len(lens), width), dtype=torch.int32, generator=gen)
+    qsl = i32([first + sum(lens[:i]) for i in range(len(lens) + 1)])
+    total = int(qsl[-1])
+    positions = torch.randint(-2, width * block_size + 8, (total,), generator=gen)
+    out = torch.full((total + 37,), -5, dtype=torch.int64)
+    expected = rbt.compute_slot_mappings(table, qsl, positions, block_size, out)
+    on_dev = out.clone().to(DEV)
+    kbt.compute_slot_mappings(table.to(DEV), qsl.to(DEV), positions.to(DEV), block_size, on_dev)
+    assert torch.equal(on_dev.cpu(), expected)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_warps", [1, 4, 8, 16])
 @pytest.mark.parametrize("chunk", [128, 1024, 4096])

@@ -65,7 +65,10 @@ def one_line_usage_error(capsys, argv: list[str], argument: str) -> str:
     (["trace", "block_table.shift", "--seeds", "0"], "--seeds"),
     (["trace", "block_table.shift", "overlap"], "FAMILY SEED"),
     (["trace", "block_table.shift", "--mutant", "nope"], "--mutant"),
-    (["tp", "--ranks", "1"], "--ranks"),
+    (["tp", "--ranks", "0"], "--ranks"),
+    (["tp", "--ranks", "1", "--mutant", "global-rng-seeds"], "--mutant"),  # one rank cannot diverge
+    (["tp", "--backend", "nccl", "--device", "cpu"], "--backend"),
+    (["tp", "--backend", "mpi"], "--backend"),
 ])
 def test_user_errors_are_one_line_with_the_argument_and_the_fix(capsys, argv, argument):
     one_line_usage_error(capsys, argv, argument)

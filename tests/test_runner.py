@@ -151,9 +151,9 @@ def test_run_streams_jsonl_and_summary(tmp_path):
     results = [r for r in lines if "check" in r]
     families = len(checks.get("block_table.shift").families)
     assert "run" in lines[0] and len(results) == 2 * families
-    # a GPU run also records its telemetry envelope; every run ends with its closing record
+    # a GPU run also records its telemetry envelope and its per-GPU counts; every run ends with its closing record
     assert [next(iter(r)) for r in lines[1:] if "check" not in r] == \
-           (["telemetry"] if runtime.DEVICE == "cuda" else []) + ["end"]
+           (["telemetry", "gpus"] if runtime.DEVICE == "cuda" else []) + ["end"]
     assert lines[-1]["end"]["status"] == "complete" and lines[-1]["end"]["cases_finished"] == 2 * families
     assert all(r["verdict"] == "pass" and r["repro"].startswith("./specsan repro block_table.shift") for r in results)
     assert done.stdout.strip().splitlines()[-1] == f"{2 * families} passed, 0 failed"

@@ -1,0 +1,434 @@
+"""``python -m stress mutate``: how much of each check's production code its cases pin down.
+
+For every check, the production functions its cases execute (found by running one case per family
+under a profiler, plus every Triton kernel they launch) are mutated by ``stress.mutate_ops``; each
+mutant that is not provably the same program (``stress.mutate_equiv``) is hunted through the check's
+families, up to ``iters`` cases per family, in the kill matrix's pool (``stress.matrix``), and is
+killed by any failing verdict. A target several checks execute belongs to each of them; its mutant is
+hunted by them in registry order until one kills it (a whole-path check owns only what no other
+check executes). Survivors proven equivalent by reasoning are listed in ``equivalent_mutants.toml``.
+"""
+
+import json
+import os
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+
+import tomllib
+
+from stress import interrupts, matrix, mutate_ops, runner
+from stress.runner import Task, case_seed
+from stress.types import Check
+
+EQUIVALENT_FILE = os.path.join(os.path.dirname(__file__), "equivalent_mutants.toml")
+# Modules whose mutants the stress families cannot judge, with the reason
+EXCLUDED = {
+    "kernels.runtime": "device choice at import time, before any case runs",
+    "kernels.validate": "argument refusals: the families feed valid inputs only; tests/test_validate*.py covers them",
+}
+EQUIVALENCE_TIMEOUT = 60.0  # seconds to compile one mutant's kernels to TTIR
+
+
+@dataclass
+class Row:
+    """One generated mutant's outcome, as streamed to mutate.jsonl."""
+
+    id: str
+    target: str
+    operator: str
+    file: str
+    line: int
+    old: str
+    new: str
+    check: str  # the first check that owns the target (its score counts this row)
+    owners: list[str]
+    status: str = "pending"  # killed | hang | survived | equivalent | reasoned | not_checked | invalid
+    equivalence: str = ""  # the test that decided equivalence: ttir | bytecode | ast | reasoned
+    killed_by: str = ""  # the check whose case killed it
+    verdict: str = ""
+    iterations: int = 0
+    families: list[str] = field(default_factory=list)  # families its hunts ran
+    repro: str = ""
+    reason: str = ""
+
+    def command(self, device: str, iters: int) -> str:
+        """The one line that reruns this mutant's hunt."""
+        return f"./specsan mutate --mutant {self.id} --device {device} --iters {iters}"
+
+
+# ---------------------------------------------------------------- what each check executes
+
+
+@dataclass
+class Coverage:
+    targets: dict[str, list[str]]  # check -> "module:attr" targets its cases executed, in first-seen order
+    launches: dict[str, set]  # "module:kernel" -> launch signatures (for TTIR)
+    baseline: dict[str, list[str]]  # check -> failures of the production code itself (then it is skipped)
+
+
+def _module_of(filename: str, root: str) -> str | None:
+    rel = os.path.relpath(filename, root)
+    if not rel.startswith("kernels" + os.sep) or not rel.endswith(".py"):
+        return None
+    return rel[:-3].replace(os.sep, ".").removesuffix(".__init__")
+
+
+@dataclass
+class _Traced:
+    seen: list[str]
+    launches: dict[str, set]
+    failure: str  # the case's failing verdict and repro line ("" when it passed)
+    fatal: bool  # its CUDA context is unusable: the pool replaces the worker
+
+
+def _traced_case(task: Task, device: str, timeout: float) -> _Traced:
+    """Run one case recording the production functions executed (a trace function sees every new
+    frame of ``kernels/`` code) and the kernels launched with their signatures; and its failure, if any."""
+    from stress import mutate_equiv
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    seen: dict[str, None] = {}
+    launches: dict[str, set] = {}
+    modules: dict[str, str | None] = {}
+
+    def trace(frame, event, arg):  # a global trace function: called once per new frame, never per line
+        filename = frame.f_code.co_filename
+        if filename not in modules:
+            modules[filename] = _module_of(filename, root)
+        module = modules[filename]
+        name = frame.f_code.co_qualname.split(".")[0]
+        if module and module not in EXCLUDED and not name.startswith("<"):
+            seen[f"{module}:{name}"] = None
+
+    import kernels.block_table
+
+    kernel_class = type(kernels.block_table._gather_rows_kernel)  # every launch goes through its run
+    original_run = kernel_class.run
+
+    def recording_run(self, *args, grid, warmup, **kwargs):
+        name = f"{self.fn.__module__}:{self.fn.__name__}"
+        if (sig := mutate_equiv.signature(self, args, kwargs)) is not None:
+            launches.setdefault(name, set()).add(sig)
+        seen[name] = None
+        return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    kernel_class.run = recording_run
+    sys.settrace(trace)
+    try:
+        result = runner.run_case(task, device, timeout=timeout, trace=False)
+    finally:
+        sys.settrace(None)
+        kernel_class.run = original_run
+    return _Traced(list(seen), launches, f"{result.verdict}: {result.repro()}" if result.failed else "", result.fatal)
+
+
+def discover(checks: list[Check], device: str, seed: int, jobs: int, timeout: float, log) -> Coverage:
+    """Iteration 0 of every family of each check, in the pool: what each check executes and launches,
+    and whether the production code itself passes (a check that fails unmutated is not scored)."""
+    from functools import partial
+
+    cov = Coverage({c.name: [] for c in checks}, {}, {c.name: [] for c in checks})
+    tasks = [Task(c.name, f, case_seed(seed, c.name, f, 0)) for c in checks if device in c.devices for f in c.families]
+    left = {c.name: sum(t.check == c.name for t in tasks) for c in checks}
+    queue = iter(tasks)
+
+    def done(outcome) -> None:
+        task = outcome.item
+        if outcome.failure:
+            cov.baseline[task.check].append(f"{outcome.failure}: {outcome.detail.strip().splitlines()[-1][:200]}")
+        else:
+            traced = outcome.value
+            known = cov.targets[task.check]
+            known += [t for t in traced.seen if t not in known and _has_source(t)]
+            for name, sigs in traced.launches.items():
+                cov.launches.setdefault(name, set()).update(sigs)
+            if traced.failure:
+                cov.baseline[task.check].append(traced.failure)
+        left[task.check] -= 1
+        if left[task.check] == 0:
+            log(f"  {task.check}: {len(cov.targets[task.check])} target(s)"
+                + (f"; the production code FAILS, not scored: {cov.baseline[task.check][0]}"
+                   if cov.baseline[task.check] else ""))
+
+    with runner.worker_pool(partial(_traced_case, device=device, timeout=timeout if jobs == 0 else 0), device, jobs,
+                            timeout) as workers:
+        workers.run(lambda: next(queue, None), done)
+    return cov
+
+
+def _has_source(target: str) -> bool:
+    import importlib
+
+    from stress.mutants import source_of
+
+    module, attr = target.split(":")
+    try:
+        source_of(getattr(importlib.import_module(module), attr))
+    except (AttributeError, TypeError, OSError):
+        return False
+    return True
+
+
+def owners(checks: list[Check], cov: Coverage) -> dict[str, list[str]]:
+    """target -> the checks that hunt its mutants, in registry order (whole-path checks last resort)."""
+    out: dict[str, list[str]] = {}
+    for path in (False, True):
+        for check in checks:
+            if (check.unreachable is not None) != path or cov.baseline.get(check.name):
+                continue
+            for target in cov.targets.get(check.name, ()):
+                if not path or target not in out:
+                    out.setdefault(target, []).append(check.name)
+    return out
+
+
+# ---------------------------------------------------------------- the equivalence data file
+
+
+def _key(target: str, operator: str, old: str, new: str) -> tuple:
+    return target, operator, old, new
+
+
+def load_reasoned(path: str = EQUIVALENT_FILE) -> dict[tuple, str]:
+    """(target, operator, old, new) -> the reason the mutant is the same program."""
+    return {_key(e["target"], e["operator"], e["old"], e["new"]): e["reason"] for e in _entries(path)}
+
+
+# ---------------------------------------------------------------- the run
+
+
+def plan(checks: list[Check], cov: Coverage, operators: list[str] | None, only: list[str] | None,
+         sample: int, seed: int) -> list[Row]:
+    """Every generated mutant of every owned target; with ``sample``, at most that many per check,
+    chosen by a hash of (seed, id) so the sample is deterministic and spread over the targets."""
+    import inspect
+
+    rows = []
+    for target, hunters in owners(checks, cov).items():
+        for g in mutate_ops.generate(target, operators):
+            if only and g.id not in only:
+                continue
+            module = sys.modules[target.split(":")[0]]
+            rows.append(Row(g.id, target, g.operator, os.path.relpath(inspect.getsourcefile(module)), g.line,
+                            g.patch.old, g.patch.new, hunters[0], hunters))
+    if sample:
+        by_check: dict[str, list[Row]] = {}
+        for row in rows:
+            by_check.setdefault(row.check, []).append(row)
+        keep = {r.id for group in by_check.values()
+                for r in sorted(group, key=lambda r: zlib.crc32(f"{seed}:{r.id}".encode()))[:sample]}
+        rows = [r for r in rows if r.id in keep]
+    return rows
+
+
+def classify(rows: list[Row], cov: Coverage, device: str, on_row) -> None:
+    """Decide equivalence before anything runs: reasoned (the data file) or the same program."""
+    from stress import mutate_equiv, pool
+
+    reasoned = load_reasoned()
+    pending = {}
+    for row in rows:
+        why = reasoned.get(_key(row.target, row.operator, row.old, row.new))
+        if why is not None:
+            row.status, row.equivalence, row.reason = "reasoned", "reasoned", why
+            on_row(row)
+        else:
+            pending[row.id] = row
+    queue = iter(list(pending))
+
+    def decided(outcome) -> None:
+        row = pending[outcome.item]
+        if outcome.failure == "timeout":  # undecided: hunted like any other
+            row.equivalence = "none (the compile timed out)"
+            return
+        if outcome.failure:  # a patch that does not even build is no program
+            row.status, row.reason = "invalid", outcome.detail.strip().splitlines()[-1][:300]
+        else:
+            same, row.equivalence = outcome.value
+            if not same:
+                return
+            row.status = "equivalent"
+        on_row(row)
+
+    with pool.Pool(mutate_equiv.decide_id, 1, initializer=mutate_equiv.init_worker,
+                   initargs=(device, cov.launches), timeout=EQUIVALENCE_TIMEOUT) as workers:
+        workers.run(lambda: next(queue, None), decided)
+
+
+def _entries(path: str = EQUIVALENT_FILE) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as f:
+        return tomllib.load(f).get("mutant", [])
+
+
+def stale_entries(rows: list[Row], targets: set[str], entries: list[dict] | None = None) -> list[dict]:
+    """Data-file entries for the targets generated here that no longer match a generated mutant."""
+    generated = {_key(r.target, r.operator, r.old, r.new) for r in rows}
+    entries = _entries() if entries is None else entries
+    return [e for e in entries if e["target"] in targets
+            and _key(e["target"], e["operator"], e["old"], e["new"]) not in generated]
+
+
+def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, timeout: float, on_row) -> None:
+    """Hunt every undecided row through its owners in turn, each with up to ``iters`` cases per family."""
+    from stress import checks as registry
+
+    for round_ in range(max((len(r.owners) for r in rows), default=0)):
+        hunts, by_kill = [], {}
+        for row in rows:
+            if row.status == "pending" and round_ < len(row.owners):
+                check = registry.get(row.owners[round_])
+                families = tuple(check.families)
+                h = matrix._Hunt(matrix.Kill(check.name, row.id, device, matrix.ANY, "unfinished"), families, None,
+                                 iters * len(families), seed)
+                hunts.append(h)
+                by_kill[id(h.kill)] = (row, h)
+
+        def decided(kill, by_kill=by_kill, round_=round_):
+            row, h = by_kill[id(kill)]
+            ran = sorted({h.families[i % len(h.families)] for i in h.results})
+            row.families = sorted(set(row.families) | {f"{kill.check}/{f}" for f in ran})
+            row.iterations += kill.iterations
+            if kill.status == "killed":
+                row.status, row.killed_by, row.verdict, row.repro = "killed", kill.check, kill.verdict, kill.repro
+            elif "fail:timeout" in kill.other_failures:
+                timed = next(r for r in h.results.values() if r.verdict == "fail:timeout")
+                row.status, row.killed_by, row.verdict, row.repro = "hang", kill.check, "fail:timeout", timed.repro()
+            elif round_ == len(row.owners) - 1:  # the last owner could not kill it either
+                row.status = "survived"
+            if row.status != "pending":
+                on_row(row)
+
+        matrix._run_hunts(hunts, device, jobs, timeout, decided)
+
+
+# ---------------------------------------------------------------- scores
+
+
+def scores(rows: list[Row], key) -> dict[str, dict]:
+    """Per group (check or module): counts by status and the score, killed / (killed + survived)."""
+    out: dict[str, dict] = {}
+    for row in rows:
+        group = out.setdefault(key(row), {s: 0 for s in
+                                          ("generated", "equivalent", "reasoned", "invalid", "killed", "hang",
+                                           "survived", "pending")})
+        group["generated"] += 1
+        group[row.status if row.status in group else "pending"] += 1
+    for group in out.values():
+        judged = group["killed"] + group["hang"] + group["survived"]
+        group["score"] = round(100.0 * (group["killed"] + group["hang"]) / judged, 1) if judged else None
+    return out
+
+
+def score_table(title: str, table: dict[str, dict]) -> str:
+    lines = [f"{title:34} {'gen':>5} {'equiv':>5} {'reas':>5} {'inval':>5} {'killed':>6} {'hang':>5} "
+             f"{'surv':>5} {'score':>7}"]
+    for name, g in table.items():
+        score = "-" if g["score"] is None else f"{g['score']:.1f}%"
+        lines.append(f"{name:34} {g['generated']:>5} {g['equivalent']:>5} {g['reasoned']:>5} {g['invalid']:>5} "
+                     f"{g['killed']:>6} {g['hang']:>5} {g['survived']:>5} {score:>7}")
+    return "\n".join(lines)
+
+
+def survivor_lines(rows: list[Row], device: str, iters: int) -> list[str]:
+    out = []
+    for r in rows:
+        if r.status != "survived":
+            continue
+        old, new = r.old.strip().replace("\n", " | "), r.new.strip().replace("\n", " | ")
+        out += [f"SURVIVED {r.id}  ({r.file}:{r.line}, {r.operator}, equivalence test: {r.equivalence})",
+                f"    - {old}", f"    + {new}", f"    ran: {', '.join(r.families)} ({r.iterations} cases)",
+                f"    {r.command(device, iters)}"]
+    return out
+
+
+class Stream:
+    """mutate.jsonl in the report folder: a run record, one line per decided mutant, an end record."""
+
+    NAME = "mutate.jsonl"
+
+    def __init__(self, directory: str | None, header: dict):
+        self.file = None
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+            self.file = open(os.path.join(directory, self.NAME), "w", buffering=1)
+            self.write({"run": header})
+
+    def write(self, record: dict) -> None:
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+
+    def row(self, row: Row) -> None:
+        self.write({"mutant": asdict(row)})
+
+    def close(self, end: dict) -> None:
+        self.write({"end": end})
+        if self.file:
+            self.file.close()
+
+
+def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, timeout: float,
+        operators: list[str] | None, only: list[str] | None, sample: int, report: str | None, log) -> dict:
+    """The whole command; returns the JSON summary."""
+    start = time.perf_counter()
+    header = {"device": device, "iters": iters, "seed": seed, "jobs": jobs, "timeout": timeout, "sample": sample,
+              "operators": operators, "checks": [c.name for c in checks],
+              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    stream = Stream(report, header)
+    log(f"specsan mutate: finding the production code each check executes on {device} (one case per family)")
+    for check in checks:
+        if device not in check.devices:
+            log(f"  {check.name}: not_checked on {device} ({check.why_not})")
+    try:
+        cov = discover(checks, device, seed, jobs, timeout, log)
+    except interrupts.Interrupted:
+        stream.close({"complete": False, "interrupted": "during discovery"})
+        raise
+    rows = plan(checks, cov, operators, only, sample, seed)
+    done, reported = [0], set()
+    by_check: dict[str, list[Row]] = {}
+    for row in rows:
+        by_check.setdefault(row.check, []).append(row)
+
+    def on_row(row: Row) -> None:
+        done[0] += 1
+        stream.row(row)
+        detail = {"killed": f"{row.verdict} by {row.killed_by} after {row.iterations} case(s)",
+                  "hang": f"hang ({row.verdict}) under {row.killed_by}", "equivalent": f"same {row.equivalence}",
+                  "survived": f"{row.iterations} case(s)"}.get(row.status, row.reason[:80])
+        log(f"  [{done[0]}/{len(rows)}] {row.status:10} {row.id}  {detail}")
+        group = by_check[row.check]
+        if row.check not in reported and all(r.status != "pending" for r in group):
+            reported.add(row.check)
+            g = scores(group, lambda r: r.check)[row.check]
+            log(f"  -- {row.check}: score {g['score']}% ({g['killed'] + g['hang']} killed of "
+                f"{g['killed'] + g['hang'] + g['survived']} non-equivalent)")
+
+    log(f"specsan mutate: {len(rows)} mutant(s) of {len(owners(checks, cov))} target(s); deciding equivalence")
+    interrupted = None
+    try:
+        classify(rows, cov, device, on_row)
+        log(f"specsan mutate: hunting {sum(r.status == 'pending' for r in rows)} mutant(s), up to {iters} case(s) "
+            f"per family, {jobs} worker(s)")
+        hunt(rows, device, iters=iters, seed=seed, jobs=jobs, timeout=timeout, on_row=on_row)
+    except interrupts.Interrupted as exc:  # what was decided is scored; the rest stays pending
+        interrupted = exc
+    except BaseException as exc:
+        interrupted = exc
+        raise
+    finally:
+        stale = stale_entries(rows, {r.target for r in rows}) if not only and not sample else []
+        summary = {"run": header, "by_check": scores(rows, lambda r: r.check),
+                   "by_module": scores(rows, lambda r: r.target.split(":")[0]),
+                   "survivors": [asdict(r) for r in rows if r.status == "survived"],
+                   "stale_equivalences": stale, "wall_s": round(time.perf_counter() - start, 1),
+                   "baseline_failures": {k: v for k, v in cov.baseline.items() if v}}
+        summary["interrupted"] = getattr(interrupted, "name", None) or (interrupted and type(interrupted).__name__)
+        stream.close({"complete": interrupted is None, "interrupted": summary["interrupted"],
+                      "wall_s": summary["wall_s"], "by_check": summary["by_check"]})
+    summary["rows"] = rows
+    summary["exit_code"] = getattr(interrupted, "exit_code", None)
+    return summary

@@ -1,0 +1,82 @@
+"""Hunt mode: its positive control (a planted bug visible on this device is caught, with lines that rerun
+it), a clean hunt of the production code, refusals, and its place in `run --hunt`'s report."""
+
+import json
+
+import pytest
+
+from kernels import runtime
+from stress import checks, hunt, runner
+from stress.__main__ import main
+
+DEV = runtime.DEVICE
+SHIFT = checks.get("block_table.shift")
+
+
+def test_hunt_catches_a_planted_bug_and_names_the_case_that_reruns_it():
+    found = hunt.hunt(SHIFT, DEV, seconds=60, mutant="ignores-seq-lens", launches_per_case=2, cases_per_sync=2)
+    assert found.verdict == "fail:divergence"
+    failure = found.failure
+    assert failure.details and "element(s) differ" in failure.details[0]
+    assert found.shapes[hunt.shape_key(failure.launch)].caught_after_s is not None
+    # The printed repro line's case fails in the replay too ...
+    rerun = runner.run_case(runner.Task(SHIFT.name, failure.family, failure.seed, "ignores-seq-lens",
+                                        tuple(sorted(failure.launch.items()))), DEV, trace=False)
+    assert rerun.verdict == "fail:divergence"
+    assert f"--launch {hunt.shape_key(failure.launch)}" in failure.repro()
+    # ... and the hunt line's one case is caught again at once.
+    again = hunt.hunt(SHIFT, DEV, seconds=0, families=[failure.family], case_seed=failure.seed,
+                      launch=failure.launch, mutant="ignores-seq-lens", launches_per_case=1)
+    assert again.failed and again.failure.seed == failure.seed
+    assert f"--case-seed {failure.seed}" in found.hunt_line()
+
+
+@pytest.mark.parametrize("name", ["block_table.shift", "block_table.gather", "block_table.slot_mapping"])
+def test_production_kernels_pass_a_short_hunt_in_every_launch_shape(name):
+    check = checks.get(name)
+    shapes = check.sweep(DEV) if check.sweep else [{}]
+    done = hunt.hunt(check, DEV, seconds=0, min_cases=len(shapes), launches_per_case=2, cases_per_sync=len(shapes))
+    assert done.verdict == "pass", "\n".join(done.lines())
+    assert done.cases >= len(shapes) and done.launches == 2 * done.cases
+    assert all(s.cases for s in done.shapes.values())
+
+
+def test_by_shape_hunts_every_shape_and_stops_each_at_its_first_failure():
+    done = hunt.hunt(SHIFT, DEV, seconds=60, mutant="count-by-batch-row", by_shape=True, launches_per_case=1,
+                     cases_per_sync=1)
+    assert done.failed
+    assert all(s.caught_after_s is not None for s in done.shapes.values()), "\n".join(done.lines())
+
+
+def test_a_check_without_hunt_support_is_refused_clearly(capsys):
+    with pytest.raises(ValueError, match="no hunt support"):
+        hunt.hunt(checks.get("block_table.unaligned_prefix"), DEV, seconds=0)
+    assert main(["hunt", "sampling.gumbel", "--seconds", "0"]) == 2
+    assert "huntable here: block_table.gather" in capsys.readouterr().err
+    assert main(["hunt", SHIFT.name, "--case-seed", "3"]) == 2  # a case seed needs its family
+
+
+def test_hunt_command_exits_1_on_a_failure_with_json(capsys):
+    code = main(["hunt", SHIFT.name, "--seconds", "60", "--mutant", "count-by-batch-row", "--launches-per-case",
+                 "1", "--json"])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 1 and record["verdict"] == "fail:divergence"
+    assert record["failure"]["repro"].startswith(f"./specsan repro {SHIFT.name}")
+    assert record["hunt_line"].startswith(f"./specsan hunt {SHIFT.name}")
+
+
+def test_run_hunt_puts_the_hunt_in_the_same_report(tmp_path):
+    assert main(["run", "--check", SHIFT.name, "--family", "zero_shift", "--iters", "1", "--jobs", "0", "--hunt",
+                 "--no-trace", "--report", str(tmp_path)]) == 0
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    hunts = [r["hunt"] for r in records if "hunt" in r]
+    assert len(hunts) == 1 and hunts[0]["check"] == SHIFT.name and hunts[0]["launches"] > 0
+    assert "## Hunts" in (tmp_path / "summary.md").read_text()
+
+
+def test_hunt_in_processes_merges_their_counts_and_reports_a_failure():
+    found = hunt.hunt_processes(SHIFT, DEV, 2, seconds=60, mutant="count-by-batch-row", launches_per_case=1,
+                                cases_per_sync=1)
+    assert found.processes == 2 and found.failed
+    assert found.cases >= 2 and found.launches == found.cases
+    assert found.failure.repro().startswith(f"./specsan repro {SHIFT.name}")

@@ -1,0 +1,141 @@
+"""python -m stress mutate: operators, the equivalence filter (positive and negative controls), the data
+file of reasoned equivalences, and one generated mutant hunted end to end."""
+
+import pytest
+import tomllib
+import torch
+
+from kernels import runtime
+from stress import checks, mutants, mutate, mutate_equiv, mutate_ops, pool
+from stress.mutants import source_of
+
+WIDEN = "tests.mutate_targets:widen_kernel"
+HOST = "tests.mutate_targets:first_positive"
+
+
+def _one(target: str, operator: str, old_part: str, new_part: str) -> mutate_ops.Generated:
+    found = [g for g in mutate_ops.generate(target, [operator])
+             if old_part in g.patch.old and new_part in g.patch.new]
+    assert len(found) == 1, [g.patch for g in found]
+    return found[0]
+
+
+def test_every_generated_patch_matches_once_and_round_trips():
+    for target in (WIDEN, HOST, "kernels.block_table:_shift_rows_kernel", "kernels.spec.slots:RequestSlots"):
+        generated = mutate_ops.generate(target)
+        assert generated, target
+        text = source_of(mutate_ops._target(target))[1]
+        assert len({g.id for g in generated}) == len(generated)
+        for g in generated:
+            assert text.count(g.patch.old) == 1, g.id
+            assert mutate_ops.resolve(g.id).patches[0] == g.patch
+
+
+def test_operators_make_the_slips_they_name():
+    # the same comparison twice in the kernel: the patch widens to a line that occurs once
+    flip = _one(WIDEN, "cmp-flip", "values = tl.load", "offs <= n")
+    assert "tl.store" not in flip.patch.old
+    _one("kernels.block_table:_shift_rows_kernel", "barrier", "tl.debug_barrier()", "pass")
+    moved = [g for g in mutate_ops.generate("kernels.block_table:_shift_rows_kernel", ["barrier"])
+             if g.patch.new.strip().endswith("tl.debug_barrier()")]
+    assert len(moved) == 1 and moved[0].patch.new.strip().startswith("tl.store")
+    _one(HOST, "default", "default=None", "default=0")
+    swaps = mutate_ops.generate("kernels.block_table:_shift_rows_kernel", ["index-swap"])
+    assert any("num_cached_tokens_ptr + batch_row" in g.patch.new for g in swaps)  # slot -> batch row
+    assert not any("+ cols" in g.patch.new for g in swaps)  # lanes are no index of the batch
+
+
+def test_a_helper_mutant_rebuilds_the_kernels_that_call_it():
+    clamped = mutate_ops.generate("kernels.rejection:_clamped")[0].mutant()
+    rebuilt = [p.target for p in clamped.patches[1:]]
+    assert rebuilt.index("kernels.rejection:_gumbel_argmax") < rebuilt.index("kernels.rejection:_verify_kernel")
+    assert mutate_ops.callers("kernels.sampling:gumbel_noise") == ["kernels.sampling:gumbel_scores",
+                                                                  "kernels.sampling:_gumbel_sample_kernel"]
+
+
+def test_applied_swaps_every_imported_name():
+    import kernels.kv_cache
+    from stress.families import kv_cache as kv_families
+
+    g = mutate_ops.generate("kernels.kv_cache:write_kv", ["cmp-flip"])[0]
+    with mutants.applied(g.mutant()):
+        assert kv_families.write_kv is kernels.kv_cache.write_kv
+        assert kv_families.write_kv is not kernels.kv_cache.__dict__.get("_unused")
+        patched = kv_families.write_kv
+    assert kv_families.write_kv is kernels.kv_cache.write_kv is not patched
+
+
+def _decide(ids: list[str], launches: dict) -> dict:
+    """Equivalence as the tool decides it: in a process that never ran a kernel."""
+    out = {}
+    with pool.Pool(mutate_equiv.decide_id, 1, initializer=mutate_equiv.init_worker,
+                   initargs=(runtime.DEVICE, launches), timeout=120) as workers:
+        queue = iter(ids)
+        workers.run(lambda: next(queue, None), lambda o: out.__setitem__(o.item, o.value or o.failure))
+    return out
+
+
+def test_equivalence_filter_controls():
+    kernel = mutate_ops._target(WIDEN)
+    src, out = torch.arange(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
+    signature = mutate_equiv.signature(kernel, (src, out, 8), {"BLOCK": 8})
+    cast = _one(WIDEN, "no-int64", ".to(tl.int64)", "other=0)").id
+    flip = _one(WIDEN, "cmp-flip", "values = tl.load", "offs <= n").id
+    host_flip = _one(HOST, "cmp-flip", "value > 0", "value >= 0").id
+    host_default = _one(HOST, "default", "default=None", "default=0").id
+    got = _decide([cast, flip, host_flip, host_default], {WIDEN: {signature}})
+    assert got[cast] == (True, "ttir")  # positive control: a cast of an int64 to int64
+    assert got[flip] == (False, "ttir")  # negative controls
+    assert got[host_flip] == (False, "bytecode")
+    assert got[host_default] == (False, "bytecode")
+
+
+def test_reasoned_equivalences_have_reasons_and_fields():
+    with open(mutate.EQUIVALENT_FILE, "rb") as f:
+        entries = tomllib.load(f).get("mutant", [])
+    for entry in entries:
+        assert set(entry) == {"target", "operator", "old", "new", "reason"}, entry
+        assert entry["operator"] in mutate_ops.OPERATORS
+        assert len(entry["reason"]) > 40, f"{entry['target']}: a reason must say why, not just that"
+
+
+def test_an_entry_matching_no_mutant_is_stale():
+    g = mutate_ops.generate(HOST, ["cmp-flip"])[0]
+    row = mutate.Row(g.id, g.target, g.operator, "tests/mutate_targets.py", g.line, g.patch.old, g.patch.new,
+                     "c", ["c"])
+    entries = [{"target": HOST, "operator": "cmp-flip", "old": g.patch.old, "new": g.patch.new, "reason": "x"},
+               {"target": HOST, "operator": "cmp-flip", "old": "gone", "new": "gone too", "reason": "x"}]
+    assert [e["old"] for e in mutate.stale_entries([row], {HOST}, entries)] == ["gone"]
+
+
+@pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")
+def test_a_known_killable_generated_mutant_is_killed():
+    """The whole path (discovery, equivalence, the pool's hunt) on a few mutants of one check."""
+    check = checks.get("block_table.gather")
+    killable = _one("kernels.block_table:_gather_rows_kernel", "cmp-flip", "live = cols < width", "<=")
+    summary = mutate.run([check], "cpu", iters=1, seed=0, jobs=1, timeout=120, operators=["cmp-flip"],
+                         only=[killable.id], sample=0, report=None, log=lambda line: None)
+    (row,) = summary["rows"]
+    assert row.status == "killed" and row.verdict.startswith("fail:"), row
+    assert row.repro.startswith("./specsan repro block_table.gather ") and killable.id in row.repro
+    assert summary["by_check"]["block_table.gather"]["score"] == 100.0
+
+
+@pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")
+def test_a_small_sample_of_a_host_check_is_decided_and_streamed(tmp_path):
+    import json
+    import time
+
+    start = time.monotonic()
+    summary = mutate.run([checks.get("spec.slots")], "cpu", iters=1, seed=0, jobs=1, timeout=60, operators=None,
+                         only=None, sample=3, report=str(tmp_path), log=lambda line: None)
+    assert time.monotonic() - start < 300  # the CI bound: a sample, not the whole code
+    rows = summary["rows"]
+    assert len(rows) == 3 and all(r.status != "pending" for r in rows)
+    assert all(r.equivalence in ("bytecode", "reasoned") for r in rows)  # host code: compared by bytecode
+    records = [json.loads(line) for line in open(tmp_path / mutate.Stream.NAME)]
+    assert "run" in records[0] and records[-1]["end"]["complete"]
+    assert sorted(r["mutant"]["id"] for r in records[1:-1]) == sorted(r.id for r in rows)
+    same = mutate.plan([checks.get("spec.slots")], mutate.Coverage({"spec.slots": [r.target for r in rows]}, {},
+                                                                   {"spec.slots": []}), None, None, 3, 0)
+    assert [r.id for r in same] == [r.id for r in rows]  # the sample is deterministic
