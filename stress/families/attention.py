@@ -145,11 +145,13 @@ def long(rng, device, launch):
 
 
 def gqa(rng, device, launch):
-    """Several KV heads shared by 1, 4 or 8 query heads each: query head h must read KV head h // group."""
-    query_lens = [int(rng.integers(1, 4)) for _ in range(_batch(rng, device, 1))]
+    """Several KV heads shared by 1 to 8 query heads each: query head h must read KV head h // group. Groups of
+    3, 5 and 6 leave rows of a program past its whole groups (rows // group >= queries per chunk)."""
+    query_lens = [int(rng.integers(1, 8)) for _ in range(_batch(rng, device, 1))]
     kv_heads = int(rng.integers(2, 9 if big(device) else 3))
     return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
-                          causal=bool(rng.integers(2)), **_shape(rng, device, kv_heads=kv_heads))
+                          causal=bool(rng.integers(2)),
+                          **_shape(rng, device, kv_heads=kv_heads, groups=(1, 3, 4, 5, 6, 8)))
 
 
 def dtypes(rng, device, launch):

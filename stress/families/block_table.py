@@ -26,12 +26,13 @@ def shift_sweep(device: str) -> list[dict]:
     """Launch shapes: the race is certain in some and invisible in others (anchors 2.5)."""
     if device == "cuda":
         return [{"chunk": c, "num_warps": w} for c in (128, 256, 512, 1024, 2048, 4096) for w in (1, 2, 4, 8, 16)]
-    return [{"chunk": c} for c in (16, 64, 1024)]
+    return [{"chunk": 16}, {"chunk": 64}, {}]  # {}: the launcher's defaults (chunk 1024)
 
 
 def _shift_case(rng, *, width, block_size, shifts, residuals, seq_lens, table_rows=None, extra_slots=3,
                 note="") -> Case:
-    """Batch row b shifts by ``shifts[b]`` blocks (+ ``residuals[b]`` tokens) with ``seq_lens[b]`` tokens.
+    """Batch row b shifts by ``shifts[b]`` blocks (+ ``residuals[b]`` tokens) with ``seq_lens[b]`` tokens;
+    a shift of None makes b a padded batch row (slot -1), which must not move.
 
     Slots not in the batch get random cached counts, so reading the count by batch row instead
     of by slot gives a different shift.
@@ -42,7 +43,10 @@ def _shift_case(rng, *, width, block_size, shifts, residuals, seq_lens, table_ro
     idx_mapping, num_slots = slots_for(rng, batch_rows, extra_slots)
     cached = rng.integers(0, max(1, width * block_size), num_slots)
     for b in range(batch_rows):
-        cached[int(idx_mapping[b])] = shifts[b] * block_size + residuals[b]
+        if shifts[b] is None:
+            idx_mapping[b] = -1
+        else:
+            cached[int(idx_mapping[b])] = shifts[b] * block_size + residuals[b]
     seq = np.zeros(max(rows, batch_rows), dtype=np.int64)
     seq[:batch_rows] = seq_lens
     return Case(
@@ -105,13 +109,20 @@ def shift_zero_width(rng, device, launch):
 
 
 def shift_padded(rng, device, launch):
-    """A table with more rows than the batch (as under CUDA graphs): padded rows hold sentinels."""
-    rows = int(rng.integers(1, 5))
+    """CUDA-graph padding: batch rows with slot -1 among the live ones (a count of 0, never one read before
+    the counts; block size 1 makes any count a shift) and table rows past the batch holding sentinels.
+    Narrow tables have more batch rows than columns."""
+    live = int(rng.integers(1, 5))
+    padded_rows = int(rng.integers(1, 4))
     pad = int(rng.integers(1, 5))
-    width = int(rng.integers(4, 512 if big(device) else 64))
-    shifts = [int(rng.integers(1, width)) for _ in range(rows)]
-    case = _shift_case(rng, width=width, block_size=16, shifts=shifts, residuals=[0] * rows,
-                       seq_lens=[width * 16] * rows, table_rows=rows + pad, note=f"{pad} padded rows")
+    width = int(rng.integers(2, 512 if big(device) else 64)) if rng.integers(2) else int(rng.integers(2, 5))
+    bs = pick(rng, BLOCK_SIZES)
+    shifts = [int(rng.integers(1, width)) for _ in range(live)] + [None] * padded_rows
+    shifts = [shifts[i] for i in rng.permutation(len(shifts))]
+    rows = len(shifts)
+    case = _shift_case(rng, width=width, block_size=bs, shifts=shifts, residuals=[0] * rows,
+                       seq_lens=[width * bs] * rows, table_rows=rows + pad,
+                       note=f"{padded_rows} slot -1 rows, {pad} padded table rows, bs {bs}")
     case.inputs["block_table"][rows:] = SENTINEL
     return case
 
@@ -200,9 +211,19 @@ def gather_wide(rng, device, launch):
 
 
 def gather_zero_width(rng, device, launch):
+    """No batch rows (with no slots at all, or some), or rows of width 0: nothing to write."""
     if rng.integers(2):
-        return _gather_case(rng, batch_rows=0, pad_rows=2, width=8, extra_slots=3, note="no batch rows")
+        slots = pick(rng, (0, 3))
+        return _gather_case(rng, batch_rows=0, pad_rows=2, width=8, extra_slots=slots,
+                            note=f"no batch rows, {slots} slots")
     return _gather_case(rng, batch_rows=3, pad_rows=0, width=0, extra_slots=1, note="width 0")
+
+
+def gather_narrow(rng, device, launch):
+    """More batch rows than columns (one to three blocks per row): a row count is never compared with the width."""
+    width = int(rng.integers(1, 4))
+    return _gather_case(rng, batch_rows=int(rng.integers(width + 1, 9)), pad_rows=int(rng.integers(0, 2)),
+                        width=width, extra_slots=int(rng.integers(0, 3)), negative=0.2, note=f"width {width}")
 
 
 def gather_tiles(rng, device, launch):
@@ -222,7 +243,7 @@ def gather_extremes(rng, device, launch):
 
 
 GATHER_FAMILIES = {"basic": gather_basic, "padded": gather_padded, "negative_slot": gather_negative_slot,
-                   "wide": gather_wide, "zero_width": gather_zero_width,
+                   "wide": gather_wide, "zero_width": gather_zero_width, "narrow": gather_narrow,
                    "layouts": laid_out(gather_negative_slot, "persistent", "out"), "tiles": gather_tiles,
                    "extremes": gather_extremes}
 
@@ -230,18 +251,20 @@ GATHER_FAMILIES = {"basic": gather_basic, "padded": gather_padded, "negative_slo
 
 
 def _slot_mapping_case(rng, *, query_lens, width, block_size, null_frac=0.1, out_extra=0, past_width=False,
-                       note=""):
+                       lead=0, note=""):
+    """``lead`` tokens before the first batch row's start belong to no row: they must become PAD."""
     batch_rows = len(query_lens)
     table = distinct_blocks(rng, max(batch_rows, 1), width)
     table[torch.from_numpy(rng.random(table.shape) < null_frac)] = 0
-    starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int64)
-    positions = []
+    starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int64) + lead
+    positions = [int(p) for p in rng.integers(0, width * block_size, lead)]
     for q in query_lens:
         limit = width * block_size * (2 if past_width else 1)
         first = int(rng.integers(0, max(1, limit - q + 1)))
         positions.extend(range(first, first + q))
     if past_width and positions:
-        positions[int(rng.integers(len(positions)))] = -int(rng.integers(1, 100))
+        # -1 is the position a block index truncated toward zero would wrongly map into the row
+        positions[int(rng.integers(lead, len(positions)))] = pick(rng, (-1, -block_size, -int(rng.integers(1, 100))))
     out = torch.full((int(starts[-1]) + out_extra,), SENTINEL, dtype=torch.int64)
     return Case(inputs={"block_table": table, "query_start_loc": int32(starts), "positions": int64(positions),
                         "block_size": block_size, "out": out}, note=note)
@@ -262,11 +285,13 @@ def slots_partial_block(rng, device, launch):
 
 
 def slots_padded(rng, device, launch):
-    """Tokens past the batch (CUDA-graph padding) must become PAD, never keep the sentinel."""
+    """Tokens past the batch (CUDA-graph padding) and, one time in two, tokens before the first row's start
+    (query_start_loc[0] > 0) must become PAD, never keep the sentinel."""
     rows = int(rng.integers(1, 6))
+    lead = int(rng.integers(1, 40)) if rng.integers(2) else 0
     return _slot_mapping_case(rng, query_lens=[int(rng.integers(1, 12)) for _ in range(rows)],
                               width=int(rng.integers(1, 32)), block_size=16, out_extra=int(rng.integers(1, 600)),
-                              note="padded tokens")
+                              lead=lead, note=f"padded tokens, {lead} before the first row")
 
 
 def slots_past_width(rng, device, launch):
@@ -329,7 +354,10 @@ def _prefix_case(rng, *, block_sizes, unaligned_live, unaligned_idle=True, padde
     if unaligned_idle and idle.size:
         cached[idle] += 1  # slots outside the batch must not matter
     if unaligned_live:
-        victim = live[int(rng.integers(batch_rows))]
+        row = int(rng.integers(batch_rows))
+        if rng.integers(2) and 0 not in live:
+            idx_mapping[row] = 0  # one time in two slot 0 holds the unaligned count: the smallest live slot
+        victim = int(idx_mapping[row])
         cached[victim] += int(rng.integers(1, max(block_sizes)))
         if all(cached[victim] % bs == 0 for bs in block_sizes):
             cached[victim] += 1
