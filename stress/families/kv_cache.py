@@ -143,6 +143,51 @@ def bit_patterns(rng, device, launch):
     return case
 
 
+def empty(rng, device, launch):
+    """Nothing to write: tokens with no KV heads (one time in two), a head dim of 0, a cache of no blocks (every
+    slot PAD) or no tokens. Slot mappings past the tokens name real slots where there are any."""
+    dtype = pick(rng, DTYPES)
+    tokens, heads, head_dim, num_blocks, bs = int(rng.integers(1, 6)), int(rng.integers(1, 3)), 4, 3, 16
+    what = pick(rng, ("no heads", "no heads", "head dim 0", "no blocks", "no tokens"))
+    if what == "no heads":
+        heads = 0
+    elif what == "head dim 0":
+        head_dim = 0
+    elif what == "no blocks":
+        num_blocks = 0
+    else:
+        tokens = 0
+    slots = _distinct_slots(rng, tokens + 2, num_blocks, bs) if num_blocks else [PAD] * (tokens + 2)
+    return kv_case(rng, slots=slots[:tokens], tail=slots[tokens:], num_blocks=num_blocks, block_size=bs,
+                   heads=heads, head_dim=head_dim, dtype=dtype, note=what)
+
+
+def smallest(rng, device, launch):
+    """The smallest cache that holds anything: one block of one slot, one head of one element, written by its
+    one token (slot 0: the launcher writes whatever slot it is given; the null block is the engine's
+    convention), after PAD tokens one time in two."""
+    slots = [PAD] * int(rng.integers(0, 2) * rng.integers(1, 4)) + [0]
+    return kv_case(rng, slots=slots, num_blocks=1, block_size=1, heads=1, head_dim=1, dtype=pick(rng, DTYPES),
+                   note="one-element cache")
+
+
+def many_heads(rng, device, launch):
+    """More KV heads than one head tile holds, a count that is not a power of two: the last head tile is partial.
+    Head dim 1, so the default tile is 2048 heads (under a swept block_h, two tiles and a part: few programs)."""
+    tile = launch.get("block_h") or 2048
+    heads = tile + 1 + int(rng.integers(0, tile + 8))
+    tokens = int(rng.integers(1, 3))
+    return kv_case(rng, slots=_distinct_slots(rng, tokens, 3, 1), num_blocks=3, block_size=1, heads=heads,
+                   head_dim=1, dtype=pick(rng, DTYPES), note="heads past the default head tile")
+
+
+def wide_heads(rng, device, launch):
+    """A head dim past 4096: the default tiles hold one head of one token (2048 // block_d is 0)."""
+    tokens = int(rng.integers(1, 3))
+    return kv_case(rng, slots=_distinct_slots(rng, tokens, 3, 1), num_blocks=3, block_size=1, heads=1,
+                   head_dim=int(rng.integers(4097, 4200)), dtype=pick(rng, DTYPES), note="head dim past 4096")
+
+
 BIG_ELEMENTS = (1 << 31) + (1 << 16)  # per cache, just past 2^31: offsets of the top blocks overflow int32
 BIG_SHARE = 4  # one GPU case in BIG_SHARE is past 2^31 elements: ~35 GB of device memory at its peak (the case's
 # 8.6 GB combined cache, the reference's copies, the guarded copy), so several workers rarely hold one at once
@@ -170,6 +215,7 @@ def big_cache(rng, device, launch):
 
 
 FAMILIES = {"pad": pad, "partial_block": partial_block, "null_block": null_block, "ragged": ragged,
-            "dtypes": dtypes, "big_cache": big_cache, "bit_patterns": bit_patterns,
+            "dtypes": dtypes, "big_cache": big_cache, "bit_patterns": bit_patterns, "empty": empty,
+            "smallest": smallest, "many_heads": many_heads, "wide_heads": wide_heads,
             # key and value as slices of a fused projection, and a padded combined cache
             "layouts": laid_out(partial_block, "key", "value", "kv_cache")}
