@@ -265,10 +265,12 @@ def _entries(path: str = EQUIVALENT_FILE) -> list[dict]:
 
 
 def stale_entries(rows: list[Row], targets: set[str], entries: list[dict] | None = None) -> list[dict]:
-    """Data-file entries for the targets generated here that no longer match a generated mutant."""
+    """Data-file entries for the targets and operators generated here that no longer match a generated mutant
+    (an ``--operator`` run judges only the entries of its operators)."""
     generated = {_key(r.target, r.operator, r.old, r.new) for r in rows}
+    operators = {r.operator for r in rows}
     entries = _entries() if entries is None else entries
-    return [e for e in entries if e["target"] in targets
+    return [e for e in entries if e["target"] in targets and e["operator"] in operators
             and _key(e["target"], e["operator"], e["old"], e["new"]) not in generated]
 
 

@@ -236,14 +236,27 @@ def min_max_swapped(tree, src: _Source) -> Iterator[Edit]:
             yield src.replace(node.func, swap[node.func.id])
 
 
+def _is_triton(tree) -> bool:
+    """The target is a ``@triton.jit`` function (bare or called with options)."""
+    return any(isinstance(node, ast.FunctionDef)
+               and any(_is_attr(d.func if isinstance(d, ast.Call) else d, ("triton",), "jit")
+                       for d in node.decorator_list)
+               for node in ast.walk(tree))
+
+
 def cdiv_floor_swapped(tree, src: _Source) -> Iterator[Edit]:
-    """``cdiv(a, b)`` -> ``a // b`` and ``a // b`` -> rounding up: the partial last block."""
+    """``cdiv(a, b)`` -> ``a // b`` and ``a // b`` -> rounding up: the partial last block.
+
+    Triton's integer ``//`` truncates toward zero, so there Python's ``-(-a // b)`` would be ``a // b``
+    again (an equivalent mutant); a kernel's round-up is ``(a + b - 1) // b``."""
+    triton_code = _is_triton(tree)
     for node in ast.walk(tree):
         if (isinstance(node, ast.Call) and len(node.args) == 2
                 and (_is_attr(node.func, ("tl", "triton"), "cdiv"))):
             yield src.replace(node, f"({src.of(node.args[0])}) // ({src.of(node.args[1])})")
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv):
-            yield src.replace(node, f"(-(-({src.of(node.left)}) // ({src.of(node.right)})))")
+            a, b = src.of(node.left), src.of(node.right)
+            yield src.replace(node, f"((({a}) + ({b}) - 1) // ({b}))" if triton_code else f"(-(-({a}) // ({b})))")
 
 
 _INDEX = re.compile(r"^(b|s|i|j|row|slot|req|batch_row|.+_row|.+_slot|.+_idx|row_.+|slot_.+|req_.+)$")

@@ -106,6 +106,27 @@ def test_an_entry_matching_no_mutant_is_stale():
     entries = [{"target": HOST, "operator": "cmp-flip", "old": g.patch.old, "new": g.patch.new, "reason": "x"},
                {"target": HOST, "operator": "cmp-flip", "old": "gone", "new": "gone too", "reason": "x"}]
     assert [e["old"] for e in mutate.stale_entries([row], {HOST}, entries)] == ["gone"]
+    other_operator = {"target": HOST, "operator": "const", "old": "not generated", "new": "here", "reason": "x"}
+    assert mutate.stale_entries([row], {HOST}, [other_operator]) == [], "judged by a run of another operator"
+
+
+def test_every_reasoned_equivalence_matches_a_generated_mutant():
+    """Generation is source-only, so the data file cannot rot between full mutate runs."""
+    with open(mutate.EQUIVALENT_FILE, "rb") as f:
+        entries = tomllib.load(f).get("mutant", [])
+    generated = {}
+    for entry in entries:
+        key = (entry["target"], entry["operator"])
+        if key not in generated:
+            generated[key] = {(g.patch.old, g.patch.new) for g in mutate_ops.generate(*key[:1], [key[1]])}
+        assert (entry["old"], entry["new"]) in generated[key], f"stale: {entry['target']} {entry['new']!r}"
+
+
+def test_a_kernel_rounds_up_with_an_added_divisor():
+    """Triton's // truncates toward zero: -(-a // b) would be a // b again, an equivalent mutant."""
+    news = [g.patch.new for g in mutate_ops.generate("kernels.kv_cache:_write_kv_kernel", ["cdiv-floor"])]
+    assert any("+ (block_size) - 1) // (block_size)" in new for new in news), news
+    assert not any("(-(-(" in new for new in news), news
 
 
 @pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")
