@@ -32,7 +32,7 @@ def _drafts(rng, target: torch.Tensor, placeholder_share: float) -> torch.Tensor
     """Drafts a drafter might propose: a Gumbel-perturbed target argmax (often accepted), some -1."""
     rows = target[:, :-1].to(torch.float64).nan_to_num(nan=-1e30, posinf=1e30, neginf=-1e30)
     noise = torch.from_numpy(rng.gumbel(size=tuple(rows.shape)) * rng.uniform(0, 2))
-    drafts = (rows + noise).argmax(-1)
+    drafts = (rows + noise).argmax(-1) if rows.shape[-1] else torch.zeros(rows.shape[:-1], dtype=torch.int64)
     drafts[torch.from_numpy(rng.random(tuple(drafts.shape)) < placeholder_share)] = -1
     return drafts
 
@@ -57,7 +57,7 @@ def _case(rng, *, batch, depth, vocab, greedy_share=0.3, draft_logits=False, ine
         "out_tokens": torch.full((rows, depth + 1), SENTINEL, dtype=torch.int64),
         "num_sampled": torch.full((rows,), SENTINEL, dtype=torch.int32),
         "num_rejected": torch.full((rows,), SENTINEL, dtype=torch.int32),
-        "draft_logits": cached,
+        **({} if cached is None else {"draft_logits": cached}),  # one-hot q: the option left out, as callers do
     }, note=note)
 
 
@@ -92,11 +92,15 @@ def padded(rng, device, launch):
 
 
 def zero_width(rng, device, launch):
-    """No requests, or depth 0 (only the bonus row)."""
+    """No requests (sometimes over an empty vocabulary, which only a request needs), or depth 0 (only the
+    bonus row, often of a one- or two-token vocabulary: the bonus excludes no token, token 0 included)."""
     if rng.integers(2):
-        return _case(rng, batch=0, depth=int(rng.integers(0, 3)), vocab=8, pad_out=2, note="no requests")
+        vocab = pick(rng, (0, 8, 8))
+        return _case(rng, batch=0, depth=int(rng.integers(0, 3)), vocab=vocab, pad_out=2,
+                     note=f"no requests, vocab {vocab}")
     b, _, v = _size(rng, device)
-    return _case(rng, batch=b, depth=0, vocab=v, note="depth 0")
+    v = pick(rng, (1, 2, v))
+    return _case(rng, batch=b, depth=0, vocab=v, note=f"depth 0, vocab {v}")
 
 
 def nonfinite(rng, device, launch):
@@ -107,7 +111,7 @@ def nonfinite(rng, device, launch):
         target[torch.from_numpy(rng.random(tuple(target.shape)) < 0.1)] = value
     target[int(rng.integers(b)), int(rng.integers(k + 1))] = pick(rng, (float("-inf"), float("nan"), float("inf")))
     case = _case(rng, batch=b, depth=k, vocab=v, target=target, draft_logits=bool(rng.integers(2)), note="nonfinite")
-    if case.inputs["draft_logits"] is not None:
+    if "draft_logits" in case.inputs:
         case.inputs["draft_logits"][torch.from_numpy(rng.random(tuple(case.inputs["draft_logits"].shape)) < 0.1)] = \
             pick(rng, (float("nan"), float("inf"), float("-inf")))
     return case
@@ -152,7 +156,7 @@ def extremes(rng, device, launch):
     case = _case(rng, batch=b, depth=k, vocab=v, greedy_share=0.1, draft_logits=rng.integers(4) > 0,
                  placeholder_share=0.0, note=f"p = 0 on the {side} side, vocab {v}")
     inputs = case.inputs
-    target, cached, drafts = inputs["target_logits"], inputs["draft_logits"], inputs["draft_tokens"]
+    target, cached, drafts = inputs["target_logits"], inputs.get("draft_logits"), inputs["draft_tokens"]
     zero = torch.from_numpy(rng.random((b, k + 1, v)) < 0.3)
     if side != "draft":
         target[zero] = float("-inf")
