@@ -50,7 +50,8 @@ def _capture_sizes(rng, max_tokens: int) -> list[int]:
 
 def _config(rng, *, n_new: int, schedule: bool, zero_band: bool = False, adaptive: bool = False,
             varlen: bool = False, one_token: bool = False) -> dict:
-    max_num_reqs = int(rng.integers(1, 25))
+    # now and then more requests than the default small grid (32) covers
+    max_num_reqs = int(rng.integers(1, 25)) if rng.random() < 0.8 else int(rng.integers(25, 41))
     max_spec_tokens = int(rng.integers(1, 8))
     decode_query_len = 1 if one_token else max_spec_tokens + n_new
     sizes = _capture_sizes(rng, max_num_reqs * decode_query_len)
@@ -98,7 +99,10 @@ def _case(rng, config: dict, note: str, **query_args) -> Case:
     queries = _queries(rng, config, 40, **query_args)
     described = (f"S={config['max_num_reqs']} D={config['decode_query_len']} Kmax={config['max_spec_tokens']} "
                  f"schedule={config['schedule']} {len(config['capture_sizes'])} sizes")
-    return Case(inputs={"config": config, "queries": queries}, note=f"{note}: {described}")
+    # half the cases call with the options that hold their defaults left out, as most callers do
+    absent = bool(rng.random() < 0.5)
+    return Case(inputs={"config": config, "queries": queries, "absent_defaults": absent},
+                note=f"{note}: {described}{', defaults left out' if absent else ''}")
 
 
 def zero_width_band(rng, device, launch):
