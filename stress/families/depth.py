@@ -79,13 +79,14 @@ def _band_schedule(rng, max_batch_size: int, max_depth: int, zero_band: bool) ->
 
 def bands(rng, device, launch):
     """A DSD table with one controller per band, observed at random batch sizes; some schedules are
-    refused (bands that overlap, or none starting at 1)."""
+    refused (bands that overlap, none starting at 1, or one past the others that ends before it starts)."""
     max_batch_size, max_depth = int(rng.integers(1, 17)), int(rng.integers(1, 7))
     schedule = _band_schedule(rng, max_batch_size, max_depth, zero_band=bool(rng.random() < 0.5))
     if rng.random() < 0.15:
         start, end, depth = schedule[0]
-        schedule = pick(rng, ([(start + 1, end + 1, depth)] + schedule[1:],
-                              schedule + [(end, end + 2, depth)]))  # no band at 1, or an overlap
+        last = max(band[1] for band in schedule)
+        schedule = pick(rng, ([(start + 1, end + 1, depth)] + schedule[1:], schedule + [(end, end + 2, depth)],
+                              schedule + [(last + 3, last + 2, depth)]))
     steps = [(int(rng.integers(1, max_batch_size + 1)), *step) for step in _steps(rng, max_depth, 25)]
     initial = None if rng.random() < 0.5 else int(rng.integers(1, 7))
     params = {"schedule": schedule, "max_batch_size": max_batch_size, "max_depth": max_depth,
