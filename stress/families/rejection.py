@@ -93,14 +93,21 @@ def padded(rng, device, launch):
 
 def zero_width(rng, device, launch):
     """No requests (sometimes over an empty vocabulary, which only a request needs), or depth 0 (only the
-    bonus row, often of a one- or two-token vocabulary: the bonus excludes no token, token 0 included)."""
+    bonus row)."""
     if rng.integers(2):
         vocab = pick(rng, (0, 8, 8))
         return _case(rng, batch=0, depth=int(rng.integers(0, 3)), vocab=vocab, pad_out=2,
                      note=f"no requests, vocab {vocab}")
     b, _, v = _size(rng, device)
-    v = pick(rng, (1, 2, v))
-    return _case(rng, batch=b, depth=0, vocab=v, note=f"depth 0, vocab {v}")
+    return _case(rng, batch=b, depth=0, vocab=v, note="depth 0")
+
+
+def tiny_vocab(rng, device, launch):
+    """One- and two-token vocabularies, greedy and sampled: a bonus or resample that drops a token it must
+    keep (token 0 included) leaves one choice or none."""
+    b, k, _ = _size(rng, device)
+    vocab = pick(rng, (1, 2))
+    return _case(rng, batch=b, depth=k, vocab=vocab, draft_logits=bool(rng.integers(2)), note=f"vocab {vocab}")
 
 
 def nonfinite(rng, device, launch):
@@ -201,7 +208,7 @@ def big_offsets(rng, device, launch):
 
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
-            "extremes": extremes, "tiles": tiles, "big_offsets": big_offsets}
+            "extremes": extremes, "tiles": tiles, "big_offsets": big_offsets, "tiny_vocab": tiny_vocab}
 
 
 def target_distribution(rng, device, launch):

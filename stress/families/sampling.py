@@ -113,12 +113,18 @@ def padded(rng, device, launch):
 
 def zero_width(rng, device, launch):
     """No rows at all (a depth-0 draft; sometimes over an empty vocabulary too, which only a row needs), or
-    only inert ones (often over a one-token vocabulary)."""
+    only inert ones."""
     if rng.integers(2):
         vocab = 0 if rng.random() < 0.3 else int(rng.integers(1, 32))
         return _case(rng, rows=0, vocab=vocab, note=f"no rows, vocab {vocab}")
-    return _case(rng, rows=0, pad_rows=int(rng.integers(1, 3)), vocab=pick(rng, (1, int(rng.integers(1, 32)))),
+    return _case(rng, rows=0, pad_rows=int(rng.integers(1, 3)), vocab=int(rng.integers(1, 32)),
                  note="only inert rows")
+
+
+def tiny_vocab(rng, device, launch):
+    """One- and two-token vocabularies, greedy and sampled: the only choice, or a coin."""
+    vocab = pick(rng, (1, 2))
+    return _case(rng, rows=int(rng.integers(1, 3)), vocab=vocab, note=f"vocab {vocab}")
 
 
 def nonfinite(rng, device, launch):
@@ -192,4 +198,5 @@ def big_offsets(rng, device, launch):
 
 FAMILIES = {"mixed": mixed, "padded": padded, "zero_width": zero_width, "nonfinite": nonfinite,
             "long_vocab": long_vocab, "ties": ties, "layouts": laid_out(padded, "logits", "logits_cache"),
-            "extremes": extremes, "tiles": tiles, "no_cache": no_cache, "big_offsets": big_offsets}
+            "extremes": extremes, "tiles": tiles, "no_cache": no_cache, "big_offsets": big_offsets,
+            "tiny_vocab": tiny_vocab}
