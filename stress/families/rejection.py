@@ -102,6 +102,17 @@ def zero_width(rng, device, launch):
     return _case(rng, batch=b, depth=0, vocab=v, note="depth 0")
 
 
+def shared_drafts(rng, device, launch):
+    """Every request proposes the same drafts (parallel samples of one prompt): draft_tokens is one row
+    expanded to the batch, a view whose rows all have stride 0."""
+    b, k, v = _size(rng, device)
+    case = _case(rng, batch=max(b, int(rng.integers(2, 4))), depth=k, vocab=v, greedy_share=0.5,
+                 draft_logits=bool(rng.integers(2)), note="one draft row for every request")
+    drafts = case.inputs["draft_tokens"]
+    case.inputs["draft_tokens"] = drafts[:1].expand_as(drafts)
+    return case
+
+
 def tiny_vocab(rng, device, launch):
     """One- and two-token vocabularies, greedy and sampled: a bonus or resample that drops a token it must
     keep (token 0 included) leaves one choice or none."""
@@ -208,7 +219,8 @@ def big_offsets(rng, device, launch):
 
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
-            "extremes": extremes, "tiles": tiles, "big_offsets": big_offsets, "tiny_vocab": tiny_vocab}
+            "extremes": extremes, "tiles": tiles, "big_offsets": big_offsets, "tiny_vocab": tiny_vocab,
+            "shared_drafts": shared_drafts}
 
 
 def target_distribution(rng, device, launch):
