@@ -148,12 +148,12 @@ def depth_outcomes(kind: str, params: dict, draft=None, impl=depth) -> list:
     if kind == "limit":
         return [Limit(n, _call(_view, impl, draft, draft.shape[0], n, params["k_max"])) for n in params["ns"]]
     if kind == "controller":  # the depth after each step
-        controller = impl.AcceptanceLengthController(params["max_depth"], params["window"], params["initial_depth"])
+        controller = impl.AcceptanceLengthController(params["max_depth"], params["window"], **_initial(params))
         return [ERROR if _call(controller.observe, *step) == ERROR else controller.depth for step in params["steps"]]
     caps = _call(impl.band_lookup, params["schedule"], params["max_batch_size"], params["max_depth"])
     if caps == ERROR:
         return [ERROR]
-    bands = impl.BandAcceptanceLengthController(caps, params["window"], params["initial_depth"])
+    bands = impl.BandAcceptanceLengthController(caps, params["window"], **_initial(params))
     sizes = range(1, params["max_batch_size"] + 1)
     if kind == "bands":  # the table, then every batch size's depth after each step
         out = [list(caps)]
@@ -175,6 +175,12 @@ def depth_outcomes(kind: str, params: dict, draft=None, impl=depth) -> list:
                                      bands.depth_for(batch_size)))
         return out
     raise ValueError(f"kind: unknown {kind!r}")
+
+
+def _initial(params: dict) -> dict:
+    """The controllers' ``initial_depth``, left out where it is None (a caller without one), so the default
+    applies."""
+    return {} if params["initial_depth"] is None else {"initial_depth": params["initial_depth"]}
 
 
 def _view(impl, draft, rows: int, n: int, k_max: int) -> View:
