@@ -39,15 +39,17 @@ class Dispatched(NamedTuple):
 
 
 def graph_outcomes(config: dict, queries: list[tuple], absent_defaults: bool = False, impl=graphs) -> dict:
-    """Candidates of ``config`` (build_candidates' arguments), the decode widths alone, and the
-    dispatch of every (num_reqs, num_tokens, uniform, has_prefill, max_req_tokens) query, run on
-    ``impl`` (kernels.spec.graphs or reference.spec.graphs); with ``absent_defaults`` the optional
-    arguments that hold their default are left out of every call (``without_defaults``)."""
+    """Candidates of ``config`` (build_candidates' arguments), the decode widths alone (with and without
+    its schedule and adaptive depth), and the dispatch of every (num_reqs, num_tokens, uniform,
+    has_prefill, max_req_tokens) query, run on ``impl`` (kernels.spec.graphs or reference.spec.graphs);
+    with ``absent_defaults`` the optional arguments that hold their default are left out of every call
+    (``without_defaults``)."""
     contract = reference.spec.graphs
     candidates = impl.build_candidates(**without_defaults(contract.build_candidates, config, absent_defaults))
-    optional = {name: config[name] for name in ("schedule", "adaptive") if name in config}
-    widths = impl.decode_widths(config["decode_query_len"], config["max_spec_tokens"],
-                                **without_defaults(contract.decode_widths, optional, absent_defaults))
+    # every (schedule or none, adaptive or not) of this configuration, so each path of decode_widths runs
+    widths = [list(impl.decode_widths(config["decode_query_len"], config["max_spec_tokens"], **without_defaults(
+        contract.decode_widths, {"schedule": schedule, "adaptive": adaptive}, absent_defaults)))
+        for schedule in (None, config.get("schedule")) for adaptive in (False, True)]
     dispatched = []
     for query in queries:
         num_reqs, num_tokens, uniform, has_prefill, max_req_tokens = query
@@ -55,7 +57,7 @@ def graph_outcomes(config: dict, queries: list[tuple], absent_defaults: bool = F
         desc = impl.dispatch(candidates, num_reqs, num_tokens, uniform,
                              **without_defaults(contract.dispatch, optional, absent_defaults))
         dispatched.append(Dispatched(tuple(query), _row(desc)))
-    return {"widths": list(candidates.widths), "decode_widths": list(widths),
+    return {"widths": list(candidates.widths), "decode_widths": widths,
             "full": [_row(d) for d in candidates.full], "piecewise": [_row(d) for d in candidates.piecewise],
             "dispatch": dispatched}
 
