@@ -94,6 +94,25 @@ def bands(rng, device, launch):
     return _case("bands", params, f"S={max_batch_size} Kmax={max_depth} schedule={schedule}")
 
 
+def band_edges(rng, device, launch):
+    """Two neighbouring bands, anywhere in the schedule, that touch (the next starts on the last batch size of
+    the one before: refused), overlap further (refused), or follow each other with no gap (accepted)."""
+    max_batch_size, max_depth = int(rng.integers(2, 17)), int(rng.integers(1, 7))
+    schedule = sorted(_band_schedule(rng, max_batch_size, max_depth, zero_band=False))
+    if len(schedule) == 1:
+        end = schedule[0][1]
+        schedule.append((end + 1, end + 1 + int(rng.integers(0, 3)), int(rng.integers(0, max_depth + 3))))
+    i = int(rng.integers(len(schedule) - 1))
+    (start, end, _), (_, after_end, after_depth) = schedule[i], schedule[i + 1]
+    after_start = max(start, end + 1 - int(pick(rng, (0, 1, 1, 2))))  # 0: adjacent, 1: touching, 2: overlap
+    schedule[i + 1] = (after_start, max(after_start, after_end), after_depth)
+    schedule = [schedule[j] for j in rng.permutation(len(schedule))]
+    steps = [(int(rng.integers(1, max_batch_size + 1)), *step) for step in _steps(rng, max_depth, 10)]
+    params = {"schedule": schedule, "max_batch_size": max_batch_size, "max_depth": max_depth,
+              "window": int(rng.integers(1, 3)), "initial_depth": None, "steps": steps}
+    return _case("bands", params, f"S={max_batch_size} Kmax={max_depth} schedule={schedule}")
+
+
 def disable_drafting(rng, device, launch):
     """Fix 7 end to end: a scheduler loop through a band with depth 0 (and synthetic steps with no
     depth): resolved depth, placeholders, the limited draft, acceptance fed back."""
@@ -108,4 +127,4 @@ def disable_drafting(rng, device, launch):
 
 
 FAMILIES = {"resolve": resolve, "limit": limit, "controller": controller, "bands": bands,
-            "disable_drafting": disable_drafting}
+            "disable_drafting": disable_drafting, "band_edges": band_edges}
