@@ -180,8 +180,9 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, idx_mapping:
     """Verify k drafts per request; writes rows ``b < B`` of the three outputs, later rows untouched.
 
     target_logits [B, k+1, V] float32 and draft_tokens [B, k] int64 (by batch row, -1 =
-    placeholder); idx_mapping [B] int32 (slot, -1 = inert); temperature [S] float32, seeds [S]
-    int64 (by slot); positions [B] int64 (position key of target row 0; row i uses +i);
+    placeholder; any row stride, 0 included: one row of drafts expanded to the batch); idx_mapping
+    [B] int32 (slot, -1 = inert); temperature [S] float32, seeds [S] int64 (by slot); positions [B]
+    int64 (position key of target row 0; row i uses +i);
     draft_logits [S, k, V] float32 (unscaled) or None for one-hot q.
     Outputs: out_tokens [R >= B, k+1] int64 (emitted tokens, then -1), num_sampled [R] int32
     (accepted + 1), num_rejected [R] int32 (d + 1 - num_sampled, d = drafts before the trailing
@@ -234,7 +235,7 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, idx_mapping:
     draft_args = (draft_logits, draft_logits.stride(0), draft_logits.stride(1)) if has_draft_logits else (
         target_logits, 0, 0)
     _verify_kernel[(batch,)](target_logits, target_logits.stride(0), target_logits.stride(1), draft_tokens,
-                             max(1, draft_tokens.stride(0)), idx_mapping, temperature, seeds, positions, *draft_args,
+                             draft_tokens.stride(0), idx_mapping, temperature, seeds, positions, *draft_args,
                              out_tokens, out_tokens.stride(0), num_sampled, num_rejected, num_drafts, vocab,
                              HAS_DRAFT_LOGITS=has_draft_logits, BLOCK_K=max(MIN_BLOCK_K, triton.next_power_of_2(rows)),
                              BLOCK_V=block, **extra)

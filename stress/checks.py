@@ -256,6 +256,11 @@ REJECTION_CHECKS = (
                    oracles={"cuda": "crash"}, families=("big_offsets",),
                    why_not="needs a view past 2^31 elements, big_offsets' GPU-only size; on the CPU its rows "
                            "are a few thousand elements apart"),
+            Mutant("shared-drafts-row-stride-one", "draft_tokens' row stride passed as max(1, stride) (pre-fix): "
+                   "one draft row expanded to the batch (stride 0) is read at rows 1, 2, ... elements apart",
+                   (Patch("kernels.rejection:verify", "draft_tokens.stride(0), idx_mapping",
+                          "max(1, draft_tokens.stride(0)), idx_mapping"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("shared_drafts",)),
             Mutant("seed-by-row", "the Philox seed is read by batch row instead of request slot",
                    (Patch(_VERIFY, "tl.load(seeds_ptr + slot,", "tl.load(seeds_ptr + b,"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),

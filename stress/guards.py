@@ -23,7 +23,7 @@ class Guarded:
         dense = self.view.is_contiguous()
         if not dense:  # the view's own bytes read as canary while the buffer is checked, then come back
             values = self.view.clone()
-            self.view.copy_(canary_like(self.view))
+            fill(self.view, canary_like(self.view))
         raw = self.buffer.view(torch.uint8)
         step = self.buffer.element_size()
         first, end = self.pad * step, raw.numel() - self.pad * step
@@ -32,7 +32,7 @@ class Guarded:
         bad_gaps = 0 if dense else sum(int((raw[i:min(i + CHUNK, end)] != CANARY).sum())
                                        for i in range(first, end, CHUNK))
         if not dense:
-            self.view.copy_(values)
+            fill(self.view, values)
         if not (bad_before or bad_after or bad_gaps):
             return None
         gaps = f", {bad_gaps} in the gaps between its rows" if bad_gaps else ""
@@ -52,6 +52,17 @@ def span(t: torch.Tensor) -> int:
     return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
 
 
+def fill(view: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``view.copy_(t)``, also where ``view`` broadcasts (a stride-0 dimension: rows sharing memory, which
+    copy_ refuses): such a dimension's one row is written once, from ``t``'s first (they are all equal)."""
+    target, source = view, t
+    for dim in range(view.dim()):
+        if view.stride(dim) == 0 and view.shape[dim] > 1:
+            target, source = target.narrow(dim, 0, 1), source.narrow(dim, 0, 1)
+    target.copy_(source)
+    return view
+
+
 def place(name: str, t: torch.Tensor, device: torch.device) -> Guarded:
     """A copy of ``t`` on ``device`` between two canary zones, in ``t``'s layout: a contiguous tensor
     stays contiguous, a strided view (row-padded, every other row) keeps its strides, and the bytes
@@ -62,5 +73,5 @@ def place(name: str, t: torch.Tensor, device: torch.device) -> Guarded:
     buffer = torch.empty(extent + 2 * pad, dtype=t.dtype, device=device)
     buffer.view(torch.uint8).fill_(CANARY)
     view = buffer[pad:pad + t.numel()].view(t.shape) if dense else buffer.as_strided(t.shape, t.stride(), pad)
-    view.copy_(t)
+    fill(view, t)
     return Guarded(name, buffer, view, pad)

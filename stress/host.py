@@ -10,8 +10,11 @@ at start-up). Drivers look production functions up in their modules at call time
 bug applies.
 """
 
+import inspect
 from typing import NamedTuple
 
+import reference.spec.backends
+import reference.spec.graphs
 from kernels.spec import backends, depth, graphs
 from reference.spec.graphs import Descriptor
 from stress.compare import SHOW, Divergence
@@ -35,18 +38,28 @@ class Dispatched(NamedTuple):
     graph: Descriptor
 
 
-def graph_outcomes(config: dict, queries: list[tuple], impl=graphs) -> dict:
-    """Candidates of ``config`` (build_candidates' arguments) and the dispatch of every (num_reqs,
-    num_tokens, uniform, has_prefill, max_req_tokens) query, run on ``impl`` (kernels.spec.graphs
-    or reference.spec.graphs)."""
-    candidates = impl.build_candidates(**config)
+def graph_outcomes(config: dict, queries: list[tuple], absent_defaults: bool = False, impl=graphs) -> dict:
+    """Candidates of ``config`` (build_candidates' arguments), the decode widths alone (with and without
+    its schedule and adaptive depth), and the dispatch of every (num_reqs, num_tokens, uniform,
+    has_prefill, max_req_tokens) query, run on ``impl`` (kernels.spec.graphs or reference.spec.graphs);
+    with ``absent_defaults`` the optional arguments that hold their default are left out of every call
+    (``without_defaults``)."""
+    contract = reference.spec.graphs
+    candidates = impl.build_candidates(**without_defaults(contract.build_candidates, config, absent_defaults))
+    # every (schedule or none, adaptive or not) of this configuration, so each path of decode_widths runs
+    widths = [list(impl.decode_widths(config["decode_query_len"], config["max_spec_tokens"], **without_defaults(
+        contract.decode_widths, {"schedule": schedule, "adaptive": adaptive}, absent_defaults)))
+        for schedule in (None, config.get("schedule")) for adaptive in (False, True)]
     dispatched = []
     for query in queries:
         num_reqs, num_tokens, uniform, has_prefill, max_req_tokens = query
-        desc = impl.dispatch(candidates, num_reqs, num_tokens, uniform, has_prefill, max_req_tokens=max_req_tokens)
+        optional = {"has_prefill": has_prefill, "max_req_tokens": max_req_tokens}
+        desc = impl.dispatch(candidates, num_reqs, num_tokens, uniform,
+                             **without_defaults(contract.dispatch, optional, absent_defaults))
         dispatched.append(Dispatched(tuple(query), _row(desc)))
-    return {"widths": list(candidates.widths), "full": [_row(d) for d in candidates.full],
-            "piecewise": [_row(d) for d in candidates.piecewise], "dispatch": dispatched}
+    return {"widths": list(candidates.widths), "decode_widths": widths,
+            "full": [_row(d) for d in candidates.full], "piecewise": [_row(d) for d in candidates.piecewise],
+            "dispatch": dispatched}
 
 
 def graph_violations(got: dict) -> list[tuple[tuple, str, object]]:
@@ -137,12 +150,12 @@ def depth_outcomes(kind: str, params: dict, draft=None, impl=depth) -> list:
     if kind == "limit":
         return [Limit(n, _call(_view, impl, draft, draft.shape[0], n, params["k_max"])) for n in params["ns"]]
     if kind == "controller":  # the depth after each step
-        controller = impl.AcceptanceLengthController(params["max_depth"], params["window"], params["initial_depth"])
+        controller = impl.AcceptanceLengthController(params["max_depth"], params["window"], **_initial(params))
         return [ERROR if _call(controller.observe, *step) == ERROR else controller.depth for step in params["steps"]]
     caps = _call(impl.band_lookup, params["schedule"], params["max_batch_size"], params["max_depth"])
     if caps == ERROR:
         return [ERROR]
-    bands = impl.BandAcceptanceLengthController(caps, params["window"], params["initial_depth"])
+    bands = impl.BandAcceptanceLengthController(caps, params["window"], **_initial(params))
     sizes = range(1, params["max_batch_size"] + 1)
     if kind == "bands":  # the table, then every batch size's depth after each step
         out = [list(caps)]
@@ -166,6 +179,12 @@ def depth_outcomes(kind: str, params: dict, draft=None, impl=depth) -> list:
     raise ValueError(f"kind: unknown {kind!r}")
 
 
+def _initial(params: dict) -> dict:
+    """The controllers' ``initial_depth``, left out where it is None (a caller without one), so the default
+    applies."""
+    return {} if params["initial_depth"] is None else {"initial_depth": params["initial_depth"]}
+
+
 def _view(impl, draft, rows: int, n: int, k_max: int) -> View:
     """The first ``rows`` drafts limited to ``n``."""
     limited = impl.limit_draft_tokens(draft[:rows], n, k_max)
@@ -178,22 +197,29 @@ def _view(impl, draft, rows: int, n: int, k_max: int) -> View:
 
 class Selection(NamedTuple):
     causal: list[bool]  # per layer
+    outside: list  # dflash_layer_causal of layers -1 and num_layers: refused (ERROR)
     non_causal: bool
     priorities: list[str]
     support: int  # CGSupport, NEVER = 0 .. ALWAYS = 3
     mode: str
 
 
-def backend_outcomes(rows: list[tuple], impl=backends) -> list:
+def backend_outcomes(rows: list[tuple], absent_defaults: bool = False, impl=backends) -> list:
     """Per (capability_major, backend, num_layers, layer_types, causal_override) row, run on ``impl``
-    (kernels.spec.backends or reference.spec.backends): a Selection, or ERROR for a refused row."""
+    (kernels.spec.backends or reference.spec.backends): a Selection, or ERROR for a refused row. With
+    ``absent_defaults`` a layer config that holds the defaults is left out of the calls."""
+    contract = reference.spec.backends
     out = []
     for capability_major, backend, num_layers, layer_types, causal_override in rows:
+        layers = {"layer_types": layer_types, "causal_override": causal_override}
+        layer_args = without_defaults(contract.dflash_layer_causal, layers, absent_defaults)
         try:
-            causal = [impl.dflash_layer_causal(layer, num_layers, layer_types, causal_override)
-                      for layer in range(num_layers)]
-            non_causal = impl.has_any_non_causal(num_layers, layer_types, causal_override)
-            out.append(Selection(causal, non_causal, list(impl.backend_priorities(capability_major, non_causal)),
+            causal = [impl.dflash_layer_causal(layer, num_layers, **layer_args) for layer in range(num_layers)]
+            outside = [_call(impl.dflash_layer_causal, layer, num_layers, **layer_args) for layer in (-1, num_layers)]
+            non_causal = impl.has_any_non_causal(num_layers, **without_defaults(contract.has_any_non_causal, layers,
+                                                                                absent_defaults))
+            out.append(Selection(causal, outside, non_causal,
+                                 list(impl.backend_priorities(capability_major, non_causal)),
                                  int(impl.graph_support(backend, capability_major, non_causal)),
                                  _name(impl.draft_graph_mode(backend, capability_major, non_causal))))
         except ValueError:
@@ -204,9 +230,21 @@ def backend_outcomes(rows: list[tuple], impl=backends) -> list:
 # ---------------------------------------------------------------- comparison
 
 
-def _call(fn, *args):
+def without_defaults(contract, kwargs: dict, absent: bool) -> dict:
+    """``kwargs``, less (when ``absent``) every argument that holds ``contract``'s default: the call a
+    caller makes without the option, so a changed production default shows. ``contract`` is the
+    reference function of the same name: its defaults are the documented ones, never read from the
+    code under test."""
+    if not absent:
+        return kwargs
+    params = inspect.signature(contract).parameters
+    return {name: value for name, value in kwargs.items()
+            if not (name in params and type(value) is type(params[name].default) and value == params[name].default)}
+
+
+def _call(fn, *args, **kwargs):
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except ValueError:
         return ERROR
 

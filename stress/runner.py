@@ -62,7 +62,9 @@ def same_layout(t: torch.Tensor) -> torch.Tensor:
     """A copy with ``t``'s shape and strides (``clone`` makes a row-padded view contiguous)."""
     if t.is_contiguous():
         return t.clone()
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+    from stress import guards
+
+    return guards.fill(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device), t)
 
 
 def expected_outputs(check: Check, case: Case) -> dict:

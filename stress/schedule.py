@@ -68,7 +68,8 @@ def apply_step(state: "slots.RequestSlots", step: Step) -> list[tuple[int, int, 
     state.release(step.finished | step.preempted)
     rows = []
     for admission in step.admitted:
-        slot = state.admit(admission.req_id, admission.num_cached_tokens, admission.seed)
+        seed = {} if admission.seed is None else {"seed": admission.seed}  # unseeded: admitted without one
+        slot = state.admit(admission.req_id, admission.num_cached_tokens, **seed)
         rows.append((slot, int(state.seeds[slot]), int(state.seeds_set[slot]), int(state.num_cached_tokens[slot])))
     return rows
 

@@ -79,3 +79,26 @@ class _DividesByZero:
     @staticmethod
     def build_candidates(**config):
         return 1 // 0
+
+
+def test_absent_defaults_leave_out_only_what_equals_the_contract_default():
+    kwargs = {"schedule": None, "adaptive": False, "small_grid": 32, "varlen": 0, "max_capture_size": 8}
+    assert host.without_defaults(ref_graphs.build_candidates, kwargs, False) == kwargs
+    # varlen=0 is not the default False (a bool), so it stays; so do values that differ from the default
+    assert host.without_defaults(ref_graphs.build_candidates, kwargs, True) == {"varlen": 0, "max_capture_size": 8}
+
+
+def test_a_changed_default_shows_when_the_option_is_left_out():
+    class PrefillByDefault:
+        build_candidates = staticmethod(ref_graphs.build_candidates)
+        decode_widths = staticmethod(ref_graphs.decode_widths)
+
+        @staticmethod
+        def dispatch(candidates, num_reqs, num_tokens, uniform, has_prefill=True, *, max_req_tokens=None):
+            return ref_graphs.dispatch(candidates, num_reqs, num_tokens, uniform, has_prefill,
+                                       max_req_tokens=max_req_tokens)
+
+    want = host.graph_outcomes(CONFIG, QUERIES, True, impl=ref_graphs)
+    assert host.graph_outcomes(CONFIG, QUERIES, False, impl=PrefillByDefault) == want
+    assert host.graph_outcomes_agree("return", want, host.graph_outcomes(CONFIG, QUERIES, True,
+                                                                         impl=PrefillByDefault)) is not None

@@ -44,6 +44,17 @@ def test_guard_zone_keeps_a_strided_view_and_watches_its_row_padding():
     assert copied.stride() == rows.stride() and torch.equal(copied, rows)
 
 
+def test_a_broadcast_view_keeps_its_zero_stride_and_its_guards():
+    rows = torch.arange(3, dtype=torch.int64).view(1, 3).expand(4, 3)  # one row shared by 4: stride (0, 1)
+    g = guards.place("t", rows, torch.device("cpu"))
+    assert g.view.stride() == (0, 1) and torch.equal(g.view, rows) and g.damage() is None
+    assert torch.equal(g.view, rows), "checking the guards must leave the shared row as it was"
+    g.buffer[g.pad + 3] = 7  # just past the shared row: one int64, 8 bytes
+    assert "8 after the tensor" in g.damage()
+    copied = runner.same_layout(rows)
+    assert copied.stride() == (0, 1) and torch.equal(copied, rows)
+
+
 def test_a_spread_view_reaches_its_offset_and_keeps_its_values():
     from stress.families.common import spread
 

@@ -27,15 +27,22 @@ def _rows(rng, count: int, capabilities, names, valid_p: float = 0.9) -> list[tu
     return [(pick(rng, capabilities), pick(rng, names), *_layers(rng, valid_p)) for _ in range(count)]
 
 
+def _case(rng, rows: list[tuple], note: str) -> Case:
+    """Half the cases leave a layer config that holds the defaults (no types, no override) out of the calls,
+    as the engine does."""
+    absent = bool(rng.random() < 0.5)
+    return Case(inputs={"rows": rows, "absent_defaults": absent}, note=note + (", defaults left out" if absent else ""))
+
+
 def selection(rng, device, launch):
     """Every backend (and an unknown name) on every capability, any layer config."""
-    return Case(inputs={"rows": _rows(rng, 30, CAPABILITIES, BACKENDS + ("fa4",))}, note="all backends")
+    return _case(rng, _rows(rng, 30, CAPABILITIES, BACKENDS + ("fa4",)), "all backends")
 
 
 def sm100_non_causal(rng, device, launch):
     """Capability 10 with the backends whose claims depend on causality, most drafts non-causal."""
     rows = _rows(rng, 30, (10, 10, 10, 9, 12), ("flashinfer", "host_planned", "flash_attn"), valid_p=1.0)
-    return Case(inputs={"rows": rows}, note="SM100, causality-dependent backends")
+    return _case(rng, rows, "SM100, causality-dependent backends")
 
 
 FAMILIES = {"selection": selection, "sm100_non_causal": sm100_non_causal}

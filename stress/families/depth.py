@@ -79,17 +79,37 @@ def _band_schedule(rng, max_batch_size: int, max_depth: int, zero_band: bool) ->
 
 def bands(rng, device, launch):
     """A DSD table with one controller per band, observed at random batch sizes; some schedules are
-    refused (bands that overlap, or none starting at 1)."""
+    refused (bands that overlap, none starting at 1, or one past the others that ends before it starts)."""
     max_batch_size, max_depth = int(rng.integers(1, 17)), int(rng.integers(1, 7))
     schedule = _band_schedule(rng, max_batch_size, max_depth, zero_band=bool(rng.random() < 0.5))
     if rng.random() < 0.15:
         start, end, depth = schedule[0]
-        schedule = pick(rng, ([(start + 1, end + 1, depth)] + schedule[1:],
-                              schedule + [(end, end + 2, depth)]))  # no band at 1, or an overlap
+        last = max(band[1] for band in schedule)
+        schedule = pick(rng, ([(start + 1, end + 1, depth)] + schedule[1:], schedule + [(end, end + 2, depth)],
+                              schedule + [(last + 3, last + 2, depth)]))
     steps = [(int(rng.integers(1, max_batch_size + 1)), *step) for step in _steps(rng, max_depth, 25)]
     initial = None if rng.random() < 0.5 else int(rng.integers(1, 7))
     params = {"schedule": schedule, "max_batch_size": max_batch_size, "max_depth": max_depth,
               "window": int(rng.integers(1, 4)), "initial_depth": initial, "steps": steps}
+    return _case("bands", params, f"S={max_batch_size} Kmax={max_depth} schedule={schedule}")
+
+
+def band_edges(rng, device, launch):
+    """Two neighbouring bands, anywhere in the schedule, that touch (the next starts on the last batch size of
+    the one before: refused), overlap further (refused), or follow each other with no gap (accepted)."""
+    max_batch_size, max_depth = int(rng.integers(2, 17)), int(rng.integers(1, 7))
+    schedule = sorted(_band_schedule(rng, max_batch_size, max_depth, zero_band=False))
+    if len(schedule) == 1:
+        end = schedule[0][1]
+        schedule.append((end + 1, end + 1 + int(rng.integers(0, 3)), int(rng.integers(0, max_depth + 3))))
+    i = int(rng.integers(len(schedule) - 1))
+    (start, end, _), (_, after_end, after_depth) = schedule[i], schedule[i + 1]
+    after_start = max(start, end + 1 - int(pick(rng, (0, 1, 1, 2))))  # 0: adjacent, 1: touching, 2: overlap
+    schedule[i + 1] = (after_start, max(after_start, after_end), after_depth)
+    schedule = [schedule[j] for j in rng.permutation(len(schedule))]
+    steps = [(int(rng.integers(1, max_batch_size + 1)), *step) for step in _steps(rng, max_depth, 10)]
+    params = {"schedule": schedule, "max_batch_size": max_batch_size, "max_depth": max_depth,
+              "window": int(rng.integers(1, 3)), "initial_depth": None, "steps": steps}
     return _case("bands", params, f"S={max_batch_size} Kmax={max_depth} schedule={schedule}")
 
 
@@ -107,4 +127,4 @@ def disable_drafting(rng, device, launch):
 
 
 FAMILIES = {"resolve": resolve, "limit": limit, "controller": controller, "bands": bands,
-            "disable_drafting": disable_drafting}
+            "disable_drafting": disable_drafting, "band_edges": band_edges}

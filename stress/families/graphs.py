@@ -49,8 +49,9 @@ def _capture_sizes(rng, max_tokens: int) -> list[int]:
 
 
 def _config(rng, *, n_new: int, schedule: bool, zero_band: bool = False, adaptive: bool = False,
-            varlen: bool = False, one_token: bool = False) -> dict:
-    max_num_reqs = int(rng.integers(1, 25))
+            varlen: bool = False, one_token: bool = False, past_default_grid: bool = False) -> dict:
+    # past_default_grid: more requests than the default small grid (32) covers
+    max_num_reqs = int(rng.integers(33, 41)) if past_default_grid else int(rng.integers(1, 25))
     max_spec_tokens = int(rng.integers(1, 8))
     decode_query_len = 1 if one_token else max_spec_tokens + n_new
     sizes = _capture_sizes(rng, max_num_reqs * decode_query_len)
@@ -94,11 +95,15 @@ def _queries(rng, config: dict, count: int, *, prefill_p: float = 0.2, track_p: 
     return queries
 
 
-def _case(rng, config: dict, note: str, **query_args) -> Case:
+def _case(rng, config: dict, note: str, absent: bool | None = None, **query_args) -> Case:
+    """``absent``: leave the options that hold their defaults out of the calls, as most callers do (by
+    default in half the cases)."""
     queries = _queries(rng, config, 40, **query_args)
     described = (f"S={config['max_num_reqs']} D={config['decode_query_len']} Kmax={config['max_spec_tokens']} "
                  f"schedule={config['schedule']} {len(config['capture_sizes'])} sizes")
-    return Case(inputs={"config": config, "queries": queries}, note=f"{note}: {described}")
+    absent = bool(rng.random() < 0.5) if absent is None else absent
+    return Case(inputs={"config": config, "queries": queries, "absent_defaults": absent},
+                note=f"{note}: {described}{', defaults left out' if absent else ''}")
 
 
 def zero_width_band(rng, device, launch):
@@ -141,5 +146,13 @@ def prefill(rng, device, launch):
     return _case(rng, config, "prefill-shaped", prefill_p=0.7)
 
 
+def defaults(rng, device, launch):
+    """Every option at its documented default (no schedule, no max capture size, the small grid of 32
+    below max_num_reqs) and left out of the calls, as a caller that names none makes them."""
+    config = _config(rng, n_new=int(rng.integers(2)), schedule=False, past_default_grid=True)
+    config.update(max_capture_size=None, small_grid=32)
+    return _case(rng, config, "defaults", absent=True, prefill_p=0.1, track_p=0.3)
+
+
 FAMILIES = {"zero_width_band": zero_width_band, "dsd_schedule": dsd_schedule, "adaptive": adaptive, "basic": basic,
-            "varlen": varlen, "prefill": prefill}
+            "varlen": varlen, "prefill": prefill, "defaults": defaults}

@@ -32,7 +32,7 @@ def _drafts(rng, target: torch.Tensor, placeholder_share: float) -> torch.Tensor
     """Drafts a drafter might propose: a Gumbel-perturbed target argmax (often accepted), some -1."""
     rows = target[:, :-1].to(torch.float64).nan_to_num(nan=-1e30, posinf=1e30, neginf=-1e30)
     noise = torch.from_numpy(rng.gumbel(size=tuple(rows.shape)) * rng.uniform(0, 2))
-    drafts = (rows + noise).argmax(-1)
+    drafts = (rows + noise).argmax(-1) if rows.shape[-1] else torch.zeros(rows.shape[:-1], dtype=torch.int64)
     drafts[torch.from_numpy(rng.random(tuple(drafts.shape)) < placeholder_share)] = -1
     return drafts
 
@@ -57,7 +57,7 @@ def _case(rng, *, batch, depth, vocab, greedy_share=0.3, draft_logits=False, ine
         "out_tokens": torch.full((rows, depth + 1), SENTINEL, dtype=torch.int64),
         "num_sampled": torch.full((rows,), SENTINEL, dtype=torch.int32),
         "num_rejected": torch.full((rows,), SENTINEL, dtype=torch.int32),
-        "draft_logits": cached,
+        **({} if cached is None else {"draft_logits": cached}),  # one-hot q: the option left out, as callers do
     }, note=note)
 
 
@@ -92,11 +92,33 @@ def padded(rng, device, launch):
 
 
 def zero_width(rng, device, launch):
-    """No requests, or depth 0 (only the bonus row)."""
+    """No requests (sometimes over an empty vocabulary, which only a request needs), or depth 0 (only the
+    bonus row)."""
     if rng.integers(2):
-        return _case(rng, batch=0, depth=int(rng.integers(0, 3)), vocab=8, pad_out=2, note="no requests")
+        vocab = pick(rng, (0, 8, 8))
+        return _case(rng, batch=0, depth=int(rng.integers(0, 3)), vocab=vocab, pad_out=2,
+                     note=f"no requests, vocab {vocab}")
     b, _, v = _size(rng, device)
     return _case(rng, batch=b, depth=0, vocab=v, note="depth 0")
+
+
+def shared_drafts(rng, device, launch):
+    """Every request proposes the same drafts (parallel samples of one prompt): draft_tokens is one row
+    expanded to the batch, a view whose rows all have stride 0."""
+    b, k, v = _size(rng, device)
+    case = _case(rng, batch=max(b, int(rng.integers(2, 4))), depth=k, vocab=v, greedy_share=0.5,
+                 draft_logits=bool(rng.integers(2)), note="one draft row for every request")
+    drafts = case.inputs["draft_tokens"]
+    case.inputs["draft_tokens"] = drafts[:1].expand_as(drafts)
+    return case
+
+
+def tiny_vocab(rng, device, launch):
+    """One- and two-token vocabularies, greedy and sampled: a bonus or resample that drops a token it must
+    keep (token 0 included) leaves one choice or none."""
+    b, k, _ = _size(rng, device)
+    vocab = pick(rng, (1, 2))
+    return _case(rng, batch=b, depth=k, vocab=vocab, draft_logits=bool(rng.integers(2)), note=f"vocab {vocab}")
 
 
 def nonfinite(rng, device, launch):
@@ -107,7 +129,7 @@ def nonfinite(rng, device, launch):
         target[torch.from_numpy(rng.random(tuple(target.shape)) < 0.1)] = value
     target[int(rng.integers(b)), int(rng.integers(k + 1))] = pick(rng, (float("-inf"), float("nan"), float("inf")))
     case = _case(rng, batch=b, depth=k, vocab=v, target=target, draft_logits=bool(rng.integers(2)), note="nonfinite")
-    if case.inputs["draft_logits"] is not None:
+    if "draft_logits" in case.inputs:
         case.inputs["draft_logits"][torch.from_numpy(rng.random(tuple(case.inputs["draft_logits"].shape)) < 0.1)] = \
             pick(rng, (float("nan"), float("inf"), float("-inf")))
     return case
@@ -152,7 +174,7 @@ def extremes(rng, device, launch):
     case = _case(rng, batch=b, depth=k, vocab=v, greedy_share=0.1, draft_logits=rng.integers(4) > 0,
                  placeholder_share=0.0, note=f"p = 0 on the {side} side, vocab {v}")
     inputs = case.inputs
-    target, cached, drafts = inputs["target_logits"], inputs["draft_logits"], inputs["draft_tokens"]
+    target, cached, drafts = inputs["target_logits"], inputs.get("draft_logits"), inputs["draft_tokens"]
     zero = torch.from_numpy(rng.random((b, k + 1, v)) < 0.3)
     if side != "draft":
         target[zero] = float("-inf")
@@ -197,7 +219,8 @@ def big_offsets(rng, device, launch):
 
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
-            "extremes": extremes, "tiles": tiles, "big_offsets": big_offsets}
+            "extremes": extremes, "tiles": tiles, "big_offsets": big_offsets, "tiny_vocab": tiny_vocab,
+            "shared_drafts": shared_drafts}
 
 
 def target_distribution(rng, device, launch):

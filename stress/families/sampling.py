@@ -83,7 +83,7 @@ def _case(rng, *, rows, vocab, pad_rows=0, greedy_share=0.3, logits=None, note="
     idx_mapping = torch.cat([idx_mapping, torch.full((pad_rows,), -1, dtype=torch.int32)])
     total = rows + pad_rows
     depth = int(rng.integers(1, 4))
-    return Case(inputs={
+    inputs = {
         "logits": random_logits(rng, (total, vocab)) if logits is None else logits,
         "idx_mapping": idx_mapping,
         "temperature": temperatures(rng, num_slots, greedy_share),
@@ -92,7 +92,10 @@ def _case(rng, *, rows, vocab, pad_rows=0, greedy_share=0.3, logits=None, note="
         "draft": bool(rng.integers(2)),
         "logits_cache": torch.full((num_slots, depth, vocab), SENTINEL_LOGIT, dtype=torch.float32),
         "cache_cols": torch.from_numpy(rng.integers(0, depth, total).astype(np.int32)),
-    }, note=note)
+    }
+    if not inputs["draft"] and rng.random() < 0.5:
+        del inputs["draft"]  # verifying as the engine calls it: the option left out, its default applies
+    return Case(inputs=inputs, note=note)
 
 
 def mixed(rng, device, launch):
@@ -109,11 +112,19 @@ def padded(rng, device, launch):
 
 
 def zero_width(rng, device, launch):
-    """No rows at all (a depth-0 draft), or only inert ones."""
+    """No rows at all (a depth-0 draft; sometimes over an empty vocabulary too, which only a row needs), or
+    only inert ones."""
     if rng.integers(2):
-        return _case(rng, rows=0, vocab=int(rng.integers(1, 32)), note="no rows")
+        vocab = 0 if rng.random() < 0.3 else int(rng.integers(1, 32))
+        return _case(rng, rows=0, vocab=vocab, note=f"no rows, vocab {vocab}")
     return _case(rng, rows=0, pad_rows=int(rng.integers(1, 3)), vocab=int(rng.integers(1, 32)),
                  note="only inert rows")
+
+
+def tiny_vocab(rng, device, launch):
+    """One- and two-token vocabularies, greedy and sampled: the only choice, or a coin."""
+    vocab = pick(rng, (1, 2))
+    return _case(rng, rows=int(rng.integers(1, 3)), vocab=vocab, note=f"vocab {vocab}")
 
 
 def nonfinite(rng, device, launch):
@@ -165,9 +176,10 @@ def tiles(rng, device, launch):
 
 
 def no_cache(rng, device, launch):
-    """The optional logits cache left out (verification's bonus sampling): tokens only."""
+    """The optional logits cache left out (verification's bonus sampling): tokens only. The arguments are
+    absent, not None, so the launcher's defaults are what the case runs on."""
     case = mixed(rng, device, launch)
-    case.inputs["logits_cache"] = case.inputs["cache_cols"] = None
+    del case.inputs["logits_cache"], case.inputs["cache_cols"]
     case.note = "no logits cache"
     return case
 
@@ -186,4 +198,5 @@ def big_offsets(rng, device, launch):
 
 FAMILIES = {"mixed": mixed, "padded": padded, "zero_width": zero_width, "nonfinite": nonfinite,
             "long_vocab": long_vocab, "ties": ties, "layouts": laid_out(padded, "logits", "logits_cache"),
-            "extremes": extremes, "tiles": tiles, "no_cache": no_cache, "big_offsets": big_offsets}
+            "extremes": extremes, "tiles": tiles, "no_cache": no_cache, "big_offsets": big_offsets,
+            "tiny_vocab": tiny_vocab}

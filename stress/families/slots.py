@@ -1,13 +1,17 @@
 """Case families for request-slot bookkeeping: seeded schedules replayed with set-typed release lists
 and a perturbed global numpy RNG (set-order recycling and global-RNG seeds diverge in-process)."""
 
+from stress.families.common import pick
 from stress.schedule import Step, random_schedule
 from stress.types import Case
 
 
 def _case(rng, schedule, max_num_reqs, note) -> Case:
-    return Case(inputs={"max_num_reqs": max_num_reqs, "config_seed": int(rng.integers(0, 2**31)),
-                        "schedule": schedule, "global_seed": int(rng.integers(0, 2**31))}, note=note)
+    """Now and then a configuration seed of 0 or none, whose fallback-seed stream is the documented 0's."""
+    config_seed = int(rng.integers(0, 2**31)) if rng.random() < 0.75 else pick(rng, (0, None))
+    return Case(inputs={"max_num_reqs": max_num_reqs, "config_seed": config_seed,
+                        "schedule": schedule, "global_seed": int(rng.integers(0, 2**31))},
+                note=f"{note}, config seed {config_seed}")
 
 
 def churn(rng, device, launch):
