@@ -39,6 +39,18 @@ UNREACHABLE: dict[str, dict[str, str]] = {
         "backbone-not-retained": "the engine reads a replay's results only from static buffers the graph copies "
                                  "its logits and tokens into, never a backbone output after the replay: an address "
                                  "a later capture reuses changes nothing it reads",
+        "padded-draft-rows-slot-0": "the engine drafts through its own step (kernels.spec.engine), not "
+                                    "kernels.spec.draft_step, whose padded sampling rows this bug maps to slot 0",
+        "seq-len-blocks-int32": "the engine's seq_lens stay far below 2^31 tokens, where the int32 block count "
+                                "wraps",
+        "step-offset-int32": "the engine verifies contiguous logits of a small vocabulary: no step offset nears 2^31 "
+                             "elements",
+        "accepts-zero-target-probability": "the engine's small random models spread logits far less than the ~100 "
+                                           "a float32 softmax needs to give a token probability exactly 0",
+        "padding-counted-as-rejected": "the engine verifies each request with exactly its drafts (one launch per "
+                                       "draft count): no padding placeholder follows a request's drafts",
+        "shared-drafts-row-stride-one": "the engine's draft tokens are a contiguous [requests, depth] buffer, never "
+                                        "one row expanded over the batch (stride 0)",
     }.items()}
 UNREACHABLE["gqa-head-mapping"] = {"cpu": "the CPU model has one KV head: every query head reads it whatever the "
                                           "mapping (the GPU model has two)"}
@@ -61,7 +73,7 @@ PATH_FAMILIES: dict[str, tuple[str, ...]] = {
     "rises-to-target": _SAMPLED,  # acceptance below 100%: the adaptive depth falls, then climbs
     "zero-width-candidates": ("dsd_bands",), "depth-or-default": ("dsd_bands",), "limit-refuses-zero": ("dsd_bands",),
     "prefill-replays-decode-graph": ("mixed_prefill_decode",), "pad-written": _SAMPLED,
-    "replay-skipped": ("padded_graphs",), "padded-draft-rows-slot-0": ("padded_graphs",),
+    "replay-skipped": ("padded_graphs",), "pad-written-memcheck": _SAMPLED,
 }
 NEAR_TIE_SHARE = 0.05  # followed decisions beyond this share of all decisions: the case is not judged
 
