@@ -217,10 +217,77 @@ def big_offsets(rng, device, launch):
     return case
 
 
+def _sampled_temperatures(rng, num_slots: int) -> torch.Tensor:
+    """Every slot sampled, at temperatures that keep gaps of tens of logits decisive."""
+    return torch.from_numpy(rng.uniform(0.8, 1.5, num_slots).astype(np.float32))
+
+
+# Each kind is a draft the target must reject at step 0 whatever the uniform; see rejected_drafts.
+REJECTED_KINDS = ("placeholder", "out_of_vocab", "zero_probability", "dominated", "uniform_target", "greedy")
+
+
+def rejected_drafts(rng, device, launch):
+    """One request per kind of draft that must be rejected at step 0 whatever u, with draft logits, over a
+    vocab that leaves the last tile part empty (V = 2^m + 1): a placeholder over a token 0 the target is sure
+    of (and the drafter is not); token id V over a row whose next element (the next row's token 0) is far
+    above its maximum; a token both models give probability 0; the target's second choice, 5 above the rest and 30 below
+    its first, token 0; a placeholder over a target row of only -inf (p uniform) against a draft that gives
+    all but one token more than 1/V (one token keeps a residual, the padded lanes must not); and a greedy
+    placeholder whose argmax is token 0. A test or a loop that lets an invalid draft through, reads past the
+    row, or skips token 0 emits another token."""
+    kinds = [REJECTED_KINDS[i] for i in rng.permutation(len(REJECTED_KINDS))]
+    batch, depth, vocab = len(kinds), pick(rng, (1, 2)), pick(rng, (5, 9, 17))
+    case = _case(rng, batch=batch, depth=depth, vocab=vocab, draft_logits=True, placeholder_share=0.0,
+                 target=random_logits(rng, (batch, depth + 1, vocab), 1.0), note=f"rejected drafts, vocab {vocab}")
+    inputs = case.inputs
+    target, cached, drafts, slots = (inputs["target_logits"], inputs["draft_logits"], inputs["draft_tokens"],
+                                     inputs["idx_mapping"].long())
+    cached.copy_(random_logits(rng, tuple(cached.shape), 1.0))
+    inputs["temperature"] = _sampled_temperatures(rng, inputs["temperature"].numel())
+    for b, kind in enumerate(kinds):
+        row, draft_row, x = target[b, 0], cached[slots[b], 0], int(rng.integers(1, vocab))
+        if kind in ("placeholder", "greedy"):
+            row[0], draft_row[0], x = row.max() + 30, draft_row.min() - 30, -1
+            if kind == "greedy":
+                inputs["temperature"][slots[b]] = 0.0
+        elif kind == "out_of_vocab":
+            target[b, 1, 0], x = row.max() + 30, vocab
+        elif kind == "zero_probability":
+            row[x] = draft_row[x] = float("-inf")
+        elif kind == "dominated":  # x leads token 0's rivals by 5
+            row[x] = row.max() + 5
+            row[0], draft_row[x] = row[x] + 30, draft_row.max() + 30
+        else:  # uniform_target
+            row[:] = float("-inf")
+            draft_row[:] = 0.0
+            draft_row[x], x = float("-inf"), -1
+        drafts[b, 0] = x
+    return case
+
+
+def agreeing_drafter(rng, device, launch):
+    """A drafter whose logits are the target's, bit for bit: every draft is accepted (p(x) = q(x) > u q(x)),
+    so requests reach the bonus row through depths past the 16-lane token vector. From step 1 on each draft
+    is the target's least likely token, which only the step's own draft row gives that probability: a read
+    of another step's row rejects it."""
+    depth, vocab = pick(rng, (2, 3, 17)), int(rng.integers(3, 25))
+    case = _case(rng, batch=1, depth=depth, vocab=vocab, draft_logits=True, placeholder_share=0.0,
+                 target=random_logits(rng, (1, depth + 1, vocab), 1.0), note=f"agreeing drafter, depth {depth}")
+    inputs = case.inputs
+    target, drafts = inputs["target_logits"], inputs["draft_tokens"]
+    inputs["temperature"] = _sampled_temperatures(rng, inputs["temperature"].numel())
+    for step in range(1, depth):
+        x = int(target[0, step].argmin())
+        target[0, step, x] -= 10
+        drafts[0, step] = x
+    inputs["draft_logits"][inputs["idx_mapping"].long()] = target[:, :depth]
+    return case
+
+
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
             "extremes": extremes, "tiles": tiles, "big_offsets": big_offsets, "tiny_vocab": tiny_vocab,
-            "shared_drafts": shared_drafts}
+            "shared_drafts": shared_drafts, "rejected_drafts": rejected_drafts, "agreeing_drafter": agreeing_drafter}
 
 
 def target_distribution(rng, device, launch):
@@ -282,3 +349,4 @@ def _trials_case(rng, mode, trials, target, drafts, draft_logits, temperature) -
 
 
 DISTRIBUTION_FAMILIES = {"target_distribution": target_distribution, "long_vocab": distribution_long_vocab}
+
