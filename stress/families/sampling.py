@@ -184,6 +184,19 @@ def no_cache(rng, device, launch):
     return case
 
 
+def every_slot(rng, device, launch):
+    """Every slot holds a live sampled row, slot 0 and the last included, in shuffled row order: a slot
+    taken for padding, or a row read by the wrong index, samples or caches another row's way."""
+    num_slots = int(rng.integers(2, 9 if big(device) else 4))
+    case = _case(rng, rows=num_slots, vocab=int(rng.integers(2, 4096 if big(device) else 48)), greedy_share=0.0,
+                 note=f"all {num_slots} slots live")
+    inputs = case.inputs
+    inputs["idx_mapping"] = torch.from_numpy(rng.permutation(num_slots).astype(np.int32))
+    inputs["temperature"], inputs["seeds"] = temperatures(rng, num_slots, 0.0), seeds(rng, num_slots)
+    inputs["logits_cache"] = inputs["logits_cache"][:num_slots].clone()
+    return case
+
+
 def big_offsets(rng, device, launch):
     """On the GPU, three logits rows 2^30 elements apart, or cache slots spread over 2^31 elements: the
     last row's or slot's offset passes 2^31, which int32 offset arithmetic wraps (a view of about 8.6 GB;
@@ -199,4 +212,4 @@ def big_offsets(rng, device, launch):
 FAMILIES = {"mixed": mixed, "padded": padded, "zero_width": zero_width, "nonfinite": nonfinite,
             "long_vocab": long_vocab, "ties": ties, "layouts": laid_out(padded, "logits", "logits_cache"),
             "extremes": extremes, "tiles": tiles, "no_cache": no_cache, "big_offsets": big_offsets,
-            "tiny_vocab": tiny_vocab}
+            "tiny_vocab": tiny_vocab, "every_slot": every_slot}
