@@ -9,6 +9,7 @@ from stress.families.common import INT32_MAX, SENTINEL, big, laid_out, pick, slo
 from stress.families.sampling import (
     LONG_VOCABS,
     extreme_keys,
+    huge_vocab_size,
     random_logits,
     seeds,
     temperatures,
@@ -203,6 +204,13 @@ def tiles(rng, device, launch):
                  draft_logits=bool(rng.integers(2)), note=f"vocab {vocab}, tile {tile}, tied maxima")
 
 
+def huge_vocab(rng, device, launch):
+    """Depth 0 and greedy (a sampled step takes a minute under the interpreter) over a vocabulary one past
+    Triton's largest tile: the launcher's own tile must stay capped, its power of two (2^21) does not build."""
+    vocab = huge_vocab_size(rng, device, launch)
+    return _case(rng, batch=1, depth=0, vocab=vocab, greedy_share=1.0, note=f"vocab {vocab}, greedy, depth 0")
+
+
 def big_offsets(rng, device, launch):
     """On the GPU, target logits whose three rows lie 2^30 elements apart: the bonus row's offset passes
     2^31, which int32 step arithmetic wraps (an 8.6 GB view; only its rows are written). The CPU runs the
@@ -285,7 +293,8 @@ def agreeing_drafter(rng, device, launch):
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
             "extremes": extremes, "tiles": tiles, "big_offsets": big_offsets, "tiny_vocab": tiny_vocab,
-            "shared_drafts": shared_drafts, "rejected_drafts": rejected_drafts, "agreeing_drafter": agreeing_drafter}
+            "shared_drafts": shared_drafts, "rejected_drafts": rejected_drafts, "agreeing_drafter": agreeing_drafter,
+            "huge_vocab": huge_vocab}
 
 
 def target_distribution(rng, device, launch):
