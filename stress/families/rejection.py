@@ -273,10 +273,10 @@ def rejected_drafts(rng, device, launch):
 
 def agreeing_drafter(rng, device, launch):
     """A drafter whose logits are the target's, bit for bit: every draft is accepted (p(x) = q(x) > u q(x)),
-    so requests reach the bonus row through depths past the 16-lane token vector. From step 1 on each draft
+    so requests reach the bonus row through depths 16 to 20, past the 16-lane token vector. From step 1 on each draft
     is the target's least likely token, which only the step's own draft row gives that probability: a read
-    of another step's row rejects it."""
-    depth, vocab = pick(rng, (2, 3, 17)), int(rng.integers(3, 25))
+    of another step's row rejects it. The bonus row is sure of token 0, which no bonus may exclude."""
+    depth, vocab = int(rng.integers(16, 21)), int(rng.integers(3, 25))
     case = _case(rng, batch=1, depth=depth, vocab=vocab, draft_logits=True, placeholder_share=0.0,
                  target=random_logits(rng, (1, depth + 1, vocab), 1.0), note=f"agreeing drafter, depth {depth}")
     inputs = case.inputs
@@ -286,6 +286,7 @@ def agreeing_drafter(rng, device, launch):
         x = int(target[0, step].argmin())
         target[0, step, x] -= 10
         drafts[0, step] = x
+    target[0, depth, 0] = target[0, depth].max() + 30
     inputs["draft_logits"][inputs["idx_mapping"].long()] = target[:, :depth]
     return case
 
