@@ -204,6 +204,22 @@ def tiles(rng, device, launch):
                  draft_logits=bool(rng.integers(2)), note=f"vocab {vocab}, tile {tile}, tied maxima")
 
 
+def last_slot_placeholder(rng, device, launch):
+    """A sampled request over a one-token vocabulary, with draft logits, in the last slot: token 0 is accepted at
+    every step but the last, whose placeholder must be rejected without a read at a token of its own (its
+    draft row ends the draft-logits storage: token 1 lies past it)."""
+    depth = pick(rng, (1, 2))
+    case = _case(rng, batch=1, depth=depth, vocab=1, draft_logits=True, placeholder_share=0.0,
+                 note=f"vocab 1, depth {depth}, placeholder last in the last slot")
+    inputs = case.inputs
+    last = inputs["temperature"].numel() - 1
+    inputs["idx_mapping"][0] = last
+    inputs["temperature"][last] = float(rng.uniform(0.8, 1.5))
+    inputs["draft_tokens"][0] = 0
+    inputs["draft_tokens"][0, -1] = -1
+    return case
+
+
 def huge_vocab(rng, device, launch):
     """Depth 0 and greedy (a sampled step takes a minute under the interpreter) over a vocabulary one past
     Triton's largest tile: the launcher's own tile must stay capped, its power of two (2^21) does not build."""
@@ -295,7 +311,7 @@ FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zer
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
             "extremes": extremes, "tiles": tiles, "big_offsets": big_offsets, "tiny_vocab": tiny_vocab,
             "shared_drafts": shared_drafts, "rejected_drafts": rejected_drafts, "agreeing_drafter": agreeing_drafter,
-            "huge_vocab": huge_vocab}
+            "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder}
 
 
 def target_distribution(rng, device, launch):
