@@ -113,6 +113,21 @@ def band_edges(rng, device, launch):
     return _case("bands", params, f"S={max_batch_size} Kmax={max_depth} schedule={schedule}")
 
 
+def table_edges(rng, device, launch):
+    """A table of one batch size (max_batch_size 1: two entries) under a schedule whose later bands start past
+    it, beyond max_batch_size + 1: the first band's reach through the gap ends past the table."""
+    max_depth = int(rng.integers(1, 7))
+    schedule, start = [(1, int(rng.integers(1, 3)), int(rng.integers(0, max_depth + 3)))], int(rng.integers(3, 6))
+    for _ in range(int(rng.integers(1, 3))):
+        end = start + int(rng.integers(0, 3))
+        schedule.append((start, end, int(rng.integers(0, max_depth + 3))))
+        start = end + 1 + int(rng.integers(0, 3))
+    schedule = [schedule[i] for i in rng.permutation(len(schedule))]
+    params = {"schedule": schedule, "max_batch_size": 1, "max_depth": max_depth, "window": int(rng.integers(1, 3)),
+              "initial_depth": None, "steps": [(1, *step) for step in _steps(rng, max_depth, 10)]}
+    return _case("bands", params, f"S=1 Kmax={max_depth} schedule={schedule}")
+
+
 def disable_drafting(rng, device, launch):
     """Fix 7 end to end: a scheduler loop through a band with depth 0 (and synthetic steps with no
     depth): resolved depth, placeholders, the limited draft, acceptance fed back."""
@@ -127,4 +142,4 @@ def disable_drafting(rng, device, launch):
 
 
 FAMILIES = {"resolve": resolve, "limit": limit, "controller": controller, "bands": bands,
-            "disable_drafting": disable_drafting, "band_edges": band_edges}
+            "disable_drafting": disable_drafting, "band_edges": band_edges, "table_edges": table_edges}

@@ -154,5 +154,47 @@ def defaults(rng, device, launch):
     return _case(rng, config, "defaults", absent=True, prefill_p=0.1, track_p=0.3)
 
 
+def _low_caps_config(rng, *, zero: bool) -> dict:
+    """Adaptive depth (Kmax 1 or 2, n_new 1 or 2) under a schedule whose caps include 0 (``zero``), or include
+    1 and not 0: the two starts of the adaptive depth range."""
+    config = _config(rng, n_new=pick(rng, (1, 2)), schedule=True, adaptive=True)
+    config["max_spec_tokens"] = pick(rng, (1, 2))
+    config["decode_query_len"] = config["max_spec_tokens"] + pick(rng, (1, 2))
+    bands = [(start, end, int(rng.integers(1, config["max_spec_tokens"] + 1))) for start, end, _ in config["schedule"]]
+    i = int(rng.integers(len(bands)))
+    bands[i] = (*bands[i][:2], 0 if zero else 1)
+    config["schedule"] = bands
+    return config
+
+
+def zero_cap_adaptive(rng, device, launch):
+    """Adaptive depth where a band disables drafting: the depth range starts at 0, so n_new itself is a width."""
+    return _case(rng, _low_caps_config(rng, zero=True), "adaptive, a zero cap")
+
+
+def one_cap_adaptive(rng, device, launch):
+    """Adaptive depth whose lowest cap is 1: the depth range starts at 1 (Kmax 1 half the time)."""
+    return _case(rng, _low_caps_config(rng, zero=False), "adaptive, lowest cap 1")
+
+
+def one_token_low_caps(rng, device, launch):
+    """A one-token-per-step drafter (query length 1, Kmax 2: n_new = -1) under a schedule of caps 0 and 1 only:
+    its one width, 1, never comes from the caps."""
+    config = _config(rng, n_new=0, schedule=True, adaptive=bool(rng.random() < 0.5), one_token=True)
+    config["max_spec_tokens"] = 2
+    config["schedule"] = [(start, end, int(rng.integers(2))) for start, end, _ in config["schedule"]]
+    return _case(rng, config, "one-token drafter, caps below Kmax")
+
+
+def one_capture_size(rng, device, launch):
+    """A single capture size, with an explicit max capture size at or above it."""
+    config = _config(rng, n_new=int(rng.integers(2)), schedule=bool(rng.random() < 0.5))
+    size = int(rng.integers(1, config["max_num_reqs"] * config["decode_query_len"] + 1))
+    config.update(capture_sizes=[size], max_capture_size=size + int(rng.integers(0, config["decode_query_len"] + 1)))
+    return _case(rng, config, "one capture size")
+
+
 FAMILIES = {"zero_width_band": zero_width_band, "dsd_schedule": dsd_schedule, "adaptive": adaptive, "basic": basic,
-            "varlen": varlen, "prefill": prefill, "defaults": defaults}
+            "varlen": varlen, "prefill": prefill, "defaults": defaults, "zero_cap_adaptive": zero_cap_adaptive,
+            "one_cap_adaptive": one_cap_adaptive, "one_token_low_caps": one_token_low_caps,
+            "one_capture_size": one_capture_size}

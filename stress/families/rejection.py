@@ -9,6 +9,7 @@ from stress.families.common import INT32_MAX, SENTINEL, big, laid_out, pick, slo
 from stress.families.sampling import (
     LONG_VOCABS,
     extreme_keys,
+    huge_vocab_size,
     random_logits,
     seeds,
     temperatures,
@@ -92,12 +93,10 @@ def padded(rng, device, launch):
 
 
 def zero_width(rng, device, launch):
-    """No requests (sometimes over an empty vocabulary, which only a request needs), or depth 0 (only the
-    bonus row)."""
+    """No requests, over an empty vocabulary (which only a request needs: the launcher must return before
+    refusing it), or depth 0 (only the bonus row)."""
     if rng.integers(2):
-        vocab = pick(rng, (0, 8, 8))
-        return _case(rng, batch=0, depth=int(rng.integers(0, 3)), vocab=vocab, pad_out=2,
-                     note=f"no requests, vocab {vocab}")
+        return _case(rng, batch=0, depth=int(rng.integers(0, 3)), vocab=0, pad_out=2, note="no requests, vocab 0")
     b, _, v = _size(rng, device)
     return _case(rng, batch=b, depth=0, vocab=v, note="depth 0")
 
@@ -205,6 +204,29 @@ def tiles(rng, device, launch):
                  draft_logits=bool(rng.integers(2)), note=f"vocab {vocab}, tile {tile}, tied maxima")
 
 
+def last_slot_placeholder(rng, device, launch):
+    """A sampled request over a one-token vocabulary, with draft logits, in the last slot: token 0 is accepted at
+    every step but the last, whose placeholder must be rejected without a read at a token of its own (its
+    draft row ends the draft-logits storage: token 1 lies past it)."""
+    depth = pick(rng, (1, 2))
+    case = _case(rng, batch=1, depth=depth, vocab=1, draft_logits=True, placeholder_share=0.0,
+                 note=f"vocab 1, depth {depth}, placeholder last in the last slot")
+    inputs = case.inputs
+    last = inputs["temperature"].numel() - 1
+    inputs["idx_mapping"][0] = last
+    inputs["temperature"][last] = float(rng.uniform(0.8, 1.5))
+    inputs["draft_tokens"][0] = 0
+    inputs["draft_tokens"][0, -1] = -1
+    return case
+
+
+def huge_vocab(rng, device, launch):
+    """Depth 0 and greedy (a sampled step takes a minute under the interpreter) over a vocabulary one past
+    Triton's largest tile: the launcher's own tile must stay capped, its power of two (2^21) does not build."""
+    vocab = huge_vocab_size(rng, device, launch)
+    return _case(rng, batch=1, depth=0, vocab=vocab, greedy_share=1.0, note=f"vocab {vocab}, greedy, depth 0")
+
+
 def big_offsets(rng, device, launch):
     """On the GPU, target logits whose three rows lie 2^30 elements apart: the bonus row's offset passes
     2^31, which int32 step arithmetic wraps (an 8.6 GB view; only its rows are written). The CPU runs the
@@ -217,10 +239,79 @@ def big_offsets(rng, device, launch):
     return case
 
 
+def _sampled_temperatures(rng, num_slots: int) -> torch.Tensor:
+    """Every slot sampled, at temperatures that keep gaps of tens of logits decisive."""
+    return torch.from_numpy(rng.uniform(0.8, 1.5, num_slots).astype(np.float32))
+
+
+# Each kind is a draft the target must reject at step 0 whatever the uniform; see rejected_drafts.
+REJECTED_KINDS = ("placeholder", "out_of_vocab", "zero_probability", "dominated", "uniform_target", "greedy")
+
+
+def rejected_drafts(rng, device, launch):
+    """One request per kind of draft that must be rejected at step 0 whatever u, with draft logits, over a
+    vocab that leaves the last tile part empty (V = 2^m + 1): a placeholder over a token 0 the target is sure
+    of (and the drafter is not); token id V over a row whose next element (the next row's token 0) is far
+    above its maximum; a token both models give probability 0; the target's second choice, 5 above the rest and 30 below
+    its first, token 0; a placeholder over a target row of only -inf (p uniform) against a draft that gives
+    all but one token more than 1/V (one token keeps a residual, the padded lanes must not); and a greedy
+    placeholder whose argmax is token 0. A test or a loop that lets an invalid draft through, reads past the
+    row, or skips token 0 emits another token."""
+    kinds = [REJECTED_KINDS[i] for i in rng.permutation(len(REJECTED_KINDS))]
+    batch, depth, vocab = len(kinds), pick(rng, (1, 2)), pick(rng, (5, 9, 17))
+    case = _case(rng, batch=batch, depth=depth, vocab=vocab, draft_logits=True, placeholder_share=0.0,
+                 target=random_logits(rng, (batch, depth + 1, vocab), 1.0), note=f"rejected drafts, vocab {vocab}")
+    inputs = case.inputs
+    target, cached, drafts, slots = (inputs["target_logits"], inputs["draft_logits"], inputs["draft_tokens"],
+                                     inputs["idx_mapping"].long())
+    cached.copy_(random_logits(rng, tuple(cached.shape), 1.0))
+    inputs["temperature"] = _sampled_temperatures(rng, inputs["temperature"].numel())
+    for b, kind in enumerate(kinds):
+        row, draft_row, x = target[b, 0], cached[slots[b], 0], int(rng.integers(1, vocab))
+        if kind in ("placeholder", "greedy"):
+            row[0], draft_row[0], x = row.max() + 30, draft_row.min() - 30, -1
+            if kind == "greedy":
+                inputs["temperature"][slots[b]] = 0.0
+        elif kind == "out_of_vocab":
+            target[b, 1, 0], x = row.max() + 30, vocab
+        elif kind == "zero_probability":
+            row[x] = draft_row[x] = float("-inf")
+        elif kind == "dominated":  # x leads token 0's rivals by 5
+            row[x] = row.max() + 5
+            row[0], draft_row[x] = row[x] + 30, draft_row.max() + 30
+        else:  # uniform_target
+            row[:] = float("-inf")
+            draft_row[:] = 0.0
+            draft_row[x], x = float("-inf"), -1
+        drafts[b, 0] = x
+    return case
+
+
+def agreeing_drafter(rng, device, launch):
+    """A drafter whose logits are the target's, bit for bit: every draft is accepted (p(x) = q(x) > u q(x)),
+    so requests reach the bonus row through depths 16 to 20, past the 16-lane token vector. From step 1 on each draft
+    is the target's least likely token, which only the step's own draft row gives that probability: a read
+    of another step's row rejects it. The bonus row is sure of token 0, which no bonus may exclude."""
+    depth, vocab = int(rng.integers(16, 21)), int(rng.integers(3, 25))
+    case = _case(rng, batch=1, depth=depth, vocab=vocab, draft_logits=True, placeholder_share=0.0,
+                 target=random_logits(rng, (1, depth + 1, vocab), 1.0), note=f"agreeing drafter, depth {depth}")
+    inputs = case.inputs
+    target, drafts = inputs["target_logits"], inputs["draft_tokens"]
+    inputs["temperature"] = _sampled_temperatures(rng, inputs["temperature"].numel())
+    for step in range(1, depth):
+        x = int(target[0, step].argmin())
+        target[0, step, x] -= 10
+        drafts[0, step] = x
+    target[0, depth, 0] = target[0, depth].max() + 30
+    inputs["draft_logits"][inputs["idx_mapping"].long()] = target[:, :depth]
+    return case
+
+
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
             "extremes": extremes, "tiles": tiles, "big_offsets": big_offsets, "tiny_vocab": tiny_vocab,
-            "shared_drafts": shared_drafts}
+            "shared_drafts": shared_drafts, "rejected_drafts": rejected_drafts, "agreeing_drafter": agreeing_drafter,
+            "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder}
 
 
 def target_distribution(rng, device, launch):
@@ -282,3 +373,4 @@ def _trials_case(rng, mode, trials, target, drafts, draft_logits, temperature) -
 
 
 DISTRIBUTION_FAMILIES = {"target_distribution": target_distribution, "long_vocab": distribution_long_vocab}
+

@@ -35,6 +35,17 @@ NEAR_ZERO_TEMPERATURES = (1e-30, 1e-20, 1e-6, 1e-3)  # all mass on the row max: 
 LONG_VOCABS = (151936, 256000, 262144)
 
 
+HUGE_VOCAB = 2**20 + 1  # one past Triton's largest tile (2^20 elements): a launcher must cap its own tile
+
+
+def huge_vocab_size(rng, device, launch) -> int:
+    """HUGE_VOCAB, except under a tile the launch names on the CPU: one past a few of those tiles (2^20 tokens
+    at a small tile are thousands of interpreter steps)."""
+    if big(device) or "block_v" not in launch:
+        return HUGE_VOCAB
+    return launch["block_v"] * int(rng.integers(2, 5)) + 1
+
+
 def extreme_keys(rng, temperature: torch.Tensor, seeds_: torch.Tensor, count: int) -> torch.Tensor:
     """Pushes the noise keys to their limits: some sampled slots get a temperature near 0 and some seeds
     the int64 limits (both in place); returns ``count`` positions near 2^62 (drafting adds 2^30)."""
@@ -184,6 +195,28 @@ def no_cache(rng, device, launch):
     return case
 
 
+def huge_vocab(rng, device, launch):
+    """One greedy row over a vocabulary one past Triton's largest tile (a sampled row takes a minute under the
+    interpreter), no cache: the launcher's own tile must stay capped, its power of two (2^21) does not build."""
+    vocab = huge_vocab_size(rng, device, launch)
+    case = _case(rng, rows=1, vocab=vocab, greedy_share=1.0, note=f"vocab {vocab}, greedy")
+    del case.inputs["logits_cache"], case.inputs["cache_cols"]
+    return case
+
+
+def every_slot(rng, device, launch):
+    """Every slot holds a live sampled row, slot 0 and the last included, in shuffled row order: a slot
+    taken for padding, or a row read by the wrong index, samples or caches another row's way."""
+    num_slots = int(rng.integers(2, 9 if big(device) else 4))
+    case = _case(rng, rows=num_slots, vocab=int(rng.integers(2, 4096 if big(device) else 48)), greedy_share=0.0,
+                 note=f"all {num_slots} slots live")
+    inputs = case.inputs
+    inputs["idx_mapping"] = torch.from_numpy(rng.permutation(num_slots).astype(np.int32))
+    inputs["temperature"], inputs["seeds"] = temperatures(rng, num_slots, 0.0), seeds(rng, num_slots)
+    inputs["logits_cache"] = inputs["logits_cache"][:num_slots].clone()
+    return case
+
+
 def big_offsets(rng, device, launch):
     """On the GPU, three logits rows 2^30 elements apart, or cache slots spread over 2^31 elements: the
     last row's or slot's offset passes 2^31, which int32 offset arithmetic wraps (a view of about 8.6 GB;
@@ -199,4 +232,4 @@ def big_offsets(rng, device, launch):
 FAMILIES = {"mixed": mixed, "padded": padded, "zero_width": zero_width, "nonfinite": nonfinite,
             "long_vocab": long_vocab, "ties": ties, "layouts": laid_out(padded, "logits", "logits_cache"),
             "extremes": extremes, "tiles": tiles, "no_cache": no_cache, "big_offsets": big_offsets,
-            "tiny_vocab": tiny_vocab}
+            "tiny_vocab": tiny_vocab, "every_slot": every_slot, "huge_vocab": huge_vocab}
