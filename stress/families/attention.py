@@ -2,7 +2,8 @@
 
 KV slots a case never wrote hold NaN (and are declared unwritten to the CPU tracer), so a read of
 them shows in the output; output rows outside the batch hold SENTINEL and must survive. Block
-tables are random permutations of a shared block pool; the null block is never referenced.
+tables are random permutations of a shared block pool; block 0 (the null block) is referenced
+only by the one-element cache, whose only block it is.
 """
 
 import numpy as np
@@ -163,8 +164,53 @@ def dtypes(rng, device, launch):
                           causal=bool(rng.integers(2)), **shape)
 
 
+def _emptied(case: Case, names: tuple[str, ...], dim: int) -> Case:
+    """``case`` with the tensors ``names`` (and their unwritten masks) cut to size 0 along ``dim``."""
+    for name in names:
+        case.inputs[name] = case.inputs[name].narrow(dim, 0, 0).contiguous()
+        if name in case.unwritten:
+            case.unwritten[name] = case.unwritten[name].narrow(dim, 0, 0).contiguous()
+    return case
+
+
+def one_element(rng, device, launch):
+    """A cache of one element (one block of one slot, one KV head, head dim 1) that every batch row reads
+    as its only key; query and out rows past the batch outnumber the head dim."""
+    rows, group, dtype = int(rng.integers(1, 3)), pick(rng, (1, 3, 4)), pick(rng, DTYPES)
+    pad_tokens = int(rng.integers(1, 4))
+    k_cache, v_cache = _randn(rng, (1, 1, 1, 1), dtype), _randn(rng, (1, 1, 1, 1), dtype)
+    inputs = {"query": _randn(rng, (rows + pad_tokens, group, 1), dtype), "k_cache": k_cache, "v_cache": v_cache,
+              "block_table": torch.zeros((rows, 1), dtype=torch.int32), "seq_lens": int32([1] * rows),
+              "query_start_loc": int32(range(rows + 1)), "scale": float(rng.uniform(0.5, 2.0)),
+              "causal": bool(rng.integers(2)), "out": torch.full((rows + pad_tokens, group, 1), SENTINEL, dtype=dtype)}
+    return Case(inputs=inputs, note=f"one-element cache, {rows} batch rows, group {group}, {pad_tokens} padded tokens")
+
+
+def empty_inputs(rng, device, launch):
+    """Inputs the launcher returns early on, or launches programs that find nothing to do: no batch rows, no
+    query tokens (out rows to spare), head dim 0, a cache of no blocks (every sequence empty, so the queries'
+    out rows stay untouched)."""
+    shape = _shape(rng, device)
+    kind = pick(rng, ("no batch rows", "no tokens", "head dim 0", "no blocks"))
+    rows = _batch(rng, device, 3, 4)
+    query_lens = [0] * rows if kind == "no tokens" else [int(rng.integers(1, 4)) for _ in range(rows)]
+    seq_lens = [0] * rows if kind == "no blocks" else _requests(rng, device, query_lens, 40)
+    if kind == "no batch rows":
+        query_lens, seq_lens = [], []
+    case = attention_case(rng, query_lens=query_lens, seq_lens=seq_lens, causal=bool(rng.integers(2)),
+                          extra_rows=int(rng.integers(0, 3)), pad_tokens=int(rng.integers(0, 3)), note=kind, **shape)
+    if kind == "no tokens":  # out keeps rows past the (empty) batch
+        case.inputs["out"] = torch.cat([case.inputs["out"], torch.full_like(case.inputs["out"][:1], SENTINEL)])
+        return _emptied(case, ("query",), 0)
+    if kind == "head dim 0":
+        return _emptied(case, ("query", "k_cache", "v_cache", "out"), -1)
+    if kind == "no blocks":
+        return _emptied(case, ("k_cache", "v_cache"), 0)
+    return case
+
+
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
-            "dtypes": dtypes,
+            "dtypes": dtypes, "empty": empty_inputs, "one_element": one_element,
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
             # the launcher asks K and V for the same strides)
             "layouts": laid_out(edges, "query", "out", "block_table")}
