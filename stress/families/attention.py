@@ -155,6 +155,17 @@ def gqa(rng, device, launch):
                           **_shape(rng, device, kv_heads=kv_heads, groups=(1, 3, 4, 5, 6, 8)))
 
 
+def chunks(rng, device, launch):
+    """One long draft block among decode rows, so it spans several query chunks of a program (the default chunk
+    is sized from the mean query count), with groups that leave rows past a program's last whole group (3, 5,
+    6: those rows belong to the next chunk's first query) and groups that fill it (2, 4: a chunk's last query
+    is its last row)."""
+    query_lens = [1] * int(rng.integers(1, 4)) + [int(rng.integers(8, 49 if big(device) else 25))]
+    query_lens = [query_lens[i] for i in rng.permutation(len(query_lens))]
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 48),
+                          causal=bool(rng.integers(2)), **_shape(rng, device, groups=(2, 3, 4, 5, 6)))
+
+
 def dtypes(rng, device, launch):
     """fp16, bf16 and fp32 caches, head dims that are not powers of two."""
     query_lens = [int(rng.integers(1, 5)) for _ in range(_batch(rng, device))]
@@ -210,7 +221,7 @@ def empty_inputs(rng, device, launch):
 
 
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
-            "dtypes": dtypes, "empty": empty_inputs, "one_element": one_element,
+            "dtypes": dtypes, "chunks": chunks, "empty": empty_inputs, "one_element": one_element,
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
             # the launcher asks K and V for the same strides)
             "layouts": laid_out(edges, "query", "out", "block_table")}
