@@ -166,6 +166,27 @@ def chunks(rng, device, launch):
                           causal=bool(rng.integers(2)), **_shape(rng, device, groups=(2, 3, 4, 5, 6)))
 
 
+def wide_groups(rng, device, launch):
+    """MQA-like groups of more query heads per KV head than the smallest program's 16 rows, up to past 128 (a
+    program then holds one query's group); decode rows with padded batch rows after them, so the mean query count
+    per batch row is below one. Groups stay within a ``block_m`` the launch forces (the launcher refuses wider)."""
+    groups = tuple(g for g in (17, 24, 32, 48, 64, 130) if g <= launch.get("block_m", g))
+    query_lens = [1] * _batch(rng, device, 2, 8)
+    shape = {**_shape(rng, device, kv_heads=int(rng.integers(1, 3))), "group": pick(rng, groups)}
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
+                          causal=bool(rng.integers(2)), pad_rows=int(rng.integers(1, 4)), **shape)
+
+
+def float32(rng, device, launch):
+    """float32 (whose default key tile is narrower than the 16-bit floats') at head dims whose tile is below 128,
+    and from 128 up, where the launcher narrows it further."""
+    query_lens = [int(rng.integers(1, 4)) for _ in range(_batch(rng, device))]
+    head_dim = pick(rng, (64, 80, 128, 256) if big(device) else (16, 24, 65, 128))
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
+                          causal=bool(rng.integers(2)), **{**_shape(rng, device), "dtype": torch.float32,
+                                                             "head_dim": head_dim})
+
+
 def dtypes(rng, device, launch):
     """fp16, bf16 and fp32 caches, head dims that are not powers of two."""
     query_lens = [int(rng.integers(1, 5)) for _ in range(_batch(rng, device))]
@@ -221,7 +242,8 @@ def empty_inputs(rng, device, launch):
 
 
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
-            "dtypes": dtypes, "chunks": chunks, "empty": empty_inputs, "one_element": one_element,
+            "dtypes": dtypes, "chunks": chunks, "wide_groups": wide_groups, "float32": float32,
+            "empty": empty_inputs, "one_element": one_element,
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
             # the launcher asks K and V for the same strides)
             "layouts": laid_out(edges, "query", "out", "block_table")}
