@@ -379,7 +379,8 @@ SLOT_MAPPING_FAMILIES = {"basic": slots_basic, "partial_block": slots_partial_bl
 # ---------------------------------------------------------------- has_unaligned_cached_prefix
 
 
-def _prefix_case(rng, *, block_sizes, unaligned_live, unaligned_idle=True, padded=False, note=""):
+def _prefix_case(rng, *, block_sizes, unaligned_live, unaligned_idle=True, padded=False, slot_zero=None, note=""):
+    """``slot_zero``: whether slot 0 (live) holds the unaligned count; None: one time in two."""
     batch_rows = int(rng.integers(1, 8))
     idx_mapping, num_slots = slots_for(rng, batch_rows, int(rng.integers(1, 5)))
     step = int(np.lcm.reduce(block_sizes))
@@ -390,8 +391,10 @@ def _prefix_case(rng, *, block_sizes, unaligned_live, unaligned_idle=True, padde
         cached[idle] += 1  # slots outside the batch must not matter
     if unaligned_live:
         row = int(rng.integers(batch_rows))
-        if rng.integers(2) and 0 not in live:
-            idx_mapping[row] = 0  # one time in two slot 0 holds the unaligned count: the smallest live slot
+        if rng.integers(2) if slot_zero is None else slot_zero:  # slot 0: the smallest live slot
+            if 0 in live:
+                row = int(np.flatnonzero(live == 0)[0])
+            idx_mapping[row] = 0
         victim = int(idx_mapping[row])
         cached[victim] += int(rng.integers(1, max(block_sizes)))
         if all(cached[victim] % bs == 0 for bs in block_sizes):
@@ -411,6 +414,12 @@ def prefix_unaligned(rng, device, launch):
     return _prefix_case(rng, block_sizes=[pick(rng, BLOCK_SIZES[1:])], unaligned_live=True, note="one unaligned")
 
 
+def prefix_slot_zero(rng, device, launch):
+    """The unaligned count sits on slot 0, the one a test of slots > 0 (instead of >= 0, padded rows) drops."""
+    return _prefix_case(rng, block_sizes=[pick(rng, BLOCK_SIZES[1:])], unaligned_live=True, slot_zero=True,
+                        note="slot 0 unaligned")
+
+
 def prefix_multi_group(rng, device, launch):
     """Several draft KV groups: aligned to one block size is not enough, also when neither size divides
     the other (16 and 24, 3 and 16)."""
@@ -423,5 +432,5 @@ def prefix_padded(rng, device, launch):
     return _prefix_case(rng, block_sizes=[16], unaligned_live=False, padded=True, note="slot -1 rows")
 
 
-PREFIX_FAMILIES = {"aligned": prefix_aligned, "unaligned": prefix_unaligned, "multi_group": prefix_multi_group,
-                   "padded": prefix_padded}
+PREFIX_FAMILIES = {"aligned": prefix_aligned, "unaligned": prefix_unaligned, "slot_zero": prefix_slot_zero,
+                   "multi_group": prefix_multi_group, "padded": prefix_padded}
