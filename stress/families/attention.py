@@ -61,13 +61,13 @@ def _poisoned(shape, dtype) -> torch.Tensor:
 
 
 def attention_case(rng, *, query_lens, seq_lens, kv_heads, group, head_dim, block_size, dtype, causal,
-                   pad_rows=0, extra_rows=0, pad_tokens=0, note="") -> Case:
+                   pad_rows=0, extra_rows=0, pad_tokens=0, min_width=1, note="") -> Case:
     """Live requests with ``query_lens`` / ``seq_lens``; ``pad_rows`` batch rows with no query and no key;
     ``extra_rows`` block-table and seq_lens rows past the batch (their values must not matter);
-    ``pad_tokens`` query and out rows past the batch."""
+    ``pad_tokens`` query and out rows past the batch; block-table rows at least ``min_width`` wide."""
     rows = len(query_lens) + pad_rows
     all_seq = list(seq_lens) + [0] * pad_rows + [int(rng.integers(1, 64)) for _ in range(extra_rows)]
-    width = max([-(-s // block_size) for s in all_seq] + [1]) + int(rng.integers(0, 3))
+    width = max([-(-s // block_size) for s in all_seq] + [min_width]) + int(rng.integers(0, 3))
     table = distinct_blocks(rng, rows + extra_rows, width)
     shape = (table.numel() + 1 + int(rng.integers(0, 3)), block_size, kv_heads, head_dim)
     k_cache, v_cache = _poisoned(shape, dtype), _poisoned(shape, dtype)
@@ -187,6 +187,17 @@ def float32(rng, device, launch):
                                                              "head_dim": head_dim})
 
 
+def two_splits(rng, device, launch):
+    """Two batch rows or KV heads in all, with block-table rows wide enough for 512 tokens (a table sized for
+    the longest sequence, here short ones): on the CPU (one multiprocessor) the default split count is 2, the
+    one count the sweep does not force."""
+    rows, kv_heads = pick(rng, ((1, 2), (2, 1)))
+    query_lens = [int(rng.integers(1, 4)) for _ in range(rows)]
+    shape = {**_shape(rng, device), "kv_heads": kv_heads}
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
+                          causal=bool(rng.integers(2)), min_width=512 // shape["block_size"], **shape)
+
+
 def dtypes(rng, device, launch):
     """fp16, bf16 and fp32 caches, head dims that are not powers of two."""
     query_lens = [int(rng.integers(1, 5)) for _ in range(_batch(rng, device))]
@@ -243,7 +254,7 @@ def empty_inputs(rng, device, launch):
 
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
             "dtypes": dtypes, "chunks": chunks, "wide_groups": wide_groups, "float32": float32,
-            "empty": empty_inputs, "one_element": one_element,
+            "two_splits": two_splits, "empty": empty_inputs, "one_element": one_element,
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
             # the launcher asks K and V for the same strides)
             "layouts": laid_out(edges, "query", "out", "block_table")}
