@@ -198,6 +198,17 @@ def two_splits(rng, device, launch):
                           causal=bool(rng.integers(2)), min_width=512 // shape["block_size"], **shape)
 
 
+def large_scores(rng, device, launch):
+    """Keys scaled by a few hundred, so scores (in log2 units) reach hundreds and the splits' maxima lie further
+    apart than a float32 exponential spans: the combine must weight each split by its maximum against the
+    overall one, and a wrong reference maximum overflows or underflows."""
+    query_lens = [int(rng.integers(1, 4)) for _ in range(_batch(rng, device))]
+    case = attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 60),
+                          causal=bool(rng.integers(2)), note="keys x300", **_shape(rng, device))
+    case.inputs["k_cache"] *= 300  # never-written slots stay NaN
+    return case
+
+
 def dtypes(rng, device, launch):
     """fp16, bf16 and fp32 caches, head dims that are not powers of two."""
     query_lens = [int(rng.integers(1, 5)) for _ in range(_batch(rng, device))]
@@ -254,7 +265,7 @@ def empty_inputs(rng, device, launch):
 
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
             "dtypes": dtypes, "chunks": chunks, "wide_groups": wide_groups, "float32": float32,
-            "two_splits": two_splits, "empty": empty_inputs, "one_element": one_element,
+            "two_splits": two_splits, "large_scores": large_scores, "empty": empty_inputs, "one_element": one_element,
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
             # the launcher asks K and V for the same strides)
             "layouts": laid_out(edges, "query", "out", "block_table")}
