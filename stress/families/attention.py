@@ -169,22 +169,29 @@ def chunks(rng, device, launch):
 def wide_groups(rng, device, launch):
     """MQA-like groups of more query heads per KV head than the smallest program's 16 rows, up to past 128 (a
     program then holds one query's group); decode rows with padded batch rows after them, so the mean query count
-    per batch row is below one. Groups stay within a ``block_m`` the launch forces (the launcher refuses wider)."""
-    groups = tuple(g for g in (17, 24, 32, 48, 64, 130) if g <= launch.get("block_m", g))
+    per batch row is below one."""
+    if "block_m" in launch:  # the launcher refuses groups wider than a forced block_m
+        group = pick(rng, tuple(g for g in (17, 24, 32) if g <= launch["block_m"]))
+    else:  # half the time past 128, where 128 // group is 0 (the per-chunk cap keeps one query)
+        group = 130 if rng.integers(2) else pick(rng, (48, 64))
     query_lens = [1] * _batch(rng, device, 2, 8)
-    shape = {**_shape(rng, device, kv_heads=int(rng.integers(1, 3))), "group": pick(rng, groups)}
+    shape = {**_shape(rng, device, kv_heads=int(rng.integers(1, 3))), "group": group}
     return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
                           causal=bool(rng.integers(2)), pad_rows=int(rng.integers(1, 4)), **shape)
 
 
-def float32(rng, device, launch):
-    """float32 (whose default key tile is narrower than the 16-bit floats') at head dims whose tile is below 128,
-    and from 128 up, where the launcher narrows it further."""
+def float32(rng, device, launch, wide=False):
+    """float32, whose default key tile is narrower than the 16-bit floats', at head dims whose tile is below 128."""
     query_lens = [int(rng.integers(1, 4)) for _ in range(_batch(rng, device))]
-    head_dim = pick(rng, (64, 80, 128, 256) if big(device) else (16, 24, 65, 128))
+    head_dim = pick(rng, ((128, 256) if wide else (64, 80)) if big(device) else ((65, 128) if wide else (16, 24)))
     return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
                           causal=bool(rng.integers(2)), **{**_shape(rng, device), "dtype": torch.float32,
                                                              "head_dim": head_dim})
+
+
+def float32_wide(rng, device, launch):
+    """float32 at head dims whose tile is 128 or more, where the launcher narrows its default key tile further."""
+    return float32(rng, device, launch, wide=True)
 
 
 def two_splits(rng, device, launch):
@@ -265,7 +272,8 @@ def empty_inputs(rng, device, launch):
 
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
             "dtypes": dtypes, "chunks": chunks, "wide_groups": wide_groups, "float32": float32,
-            "two_splits": two_splits, "large_scores": large_scores, "empty": empty_inputs, "one_element": one_element,
+            "float32_wide": float32_wide, "two_splits": two_splits, "large_scores": large_scores,
+            "empty": empty_inputs, "one_element": one_element,
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
             # the launcher asks K and V for the same strides)
             "layouts": laid_out(edges, "query", "out", "block_table")}
