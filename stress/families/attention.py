@@ -234,6 +234,14 @@ def _emptied(case: Case, names: tuple[str, ...], dim: int) -> Case:
     return case
 
 
+def no_keys(rng, device, launch):
+    """Requests with queries but no key (seq_len 0: their out rows stay untouched) among ones with both."""
+    query_lens = [int(rng.integers(1, 4)) for _ in range(_batch(rng, device, 3, 8))]
+    seq_lens = [0 if i % 2 == 0 else s for i, s in enumerate(_requests(rng, device, query_lens, 40))]
+    return attention_case(rng, query_lens=query_lens, seq_lens=seq_lens, causal=bool(rng.integers(2)),
+                          note="even rows without keys", **_shape(rng, device))
+
+
 def one_element(rng, device, launch):
     """A cache of one element (one block of one slot, one KV head, head dim 1) that every batch row reads
     as its only key; query and out rows past the batch outnumber the head dim."""
@@ -273,7 +281,7 @@ def empty_inputs(rng, device, launch):
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
             "dtypes": dtypes, "chunks": chunks, "wide_groups": wide_groups, "float32": float32,
             "float32_wide": float32_wide, "two_splits": two_splits, "large_scores": large_scores,
-            "empty": empty_inputs, "one_element": one_element,
+            "empty": empty_inputs, "no_keys": no_keys, "one_element": one_element,
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
             # the launcher asks K and V for the same strides)
             "layouts": laid_out(edges, "query", "out", "block_table")}
