@@ -172,8 +172,8 @@ def wide_groups(rng, device, launch):
     per batch row is below one."""
     if "block_m" in launch:  # the launcher refuses groups wider than a forced block_m
         group = pick(rng, tuple(g for g in (17, 24, 32) if g <= launch["block_m"]))
-    else:  # half the time past 128, where 128 // group is 0 (the per-chunk cap keeps one query)
-        group = 130 if rng.integers(2) else pick(rng, (48, 64))
+    else:  # past 128 (on the GPU half the time), where 128 // group is 0 (the per-chunk cap keeps one query)
+        group = 130 if not big(device) or rng.integers(2) else pick(rng, (48, 64))
     query_lens = [1] * _batch(rng, device, 2, 8)
     shape = {**_shape(rng, device, kv_heads=int(rng.integers(1, 3))), "group": group}
     return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
