@@ -2,7 +2,9 @@
 keys and values read through a block table, causal or not (DFlash / DSpark draft layers are not).
 
 Request b (a batch row) owns query rows ``[query_start_loc[b], query_start_loc[b+1])``; they are the
-last ``q_len`` of its ``seq_lens[b]`` tokens, so query i sits at position ``seq_len - q_len + i``.
+last ``q_len`` of its ``seq_lens[b]`` tokens, so query i sits at position ``seq_len - q_len + i``: a
+request with queries has no key or at least as many keys as queries (the draft's seq_lens are at
+least its query count, spec 2.2 fix 4), and no more keys than its block-table row addresses.
 Causal: it sees key positions up to its own. Non-causal: every query sees all ``seq_len`` positions.
 Only those positions are read, through ``block_table[b, pos // block_size]``: never a block past
 them, never a slot of another block. A request with no query or no key writes and reads nothing.
@@ -229,7 +231,8 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
     query [T, H_q, D]; k_cache / v_cache [num_blocks, block_size, H_kv, D] (H_q a multiple of H_kv;
     query head h reads KV head h // (H_q / H_kv)); block_table int32 [>= B, W] and seq_lens int32
-    [>= B] by batch row; query_start_loc int32 [B + 1]; out [>= T, H_q, D]. Query, caches and out
+    [>= B] by batch row, ``seq_lens[b]`` 0 or from the row's query count to ``W * block_size`` (values on the
+    device: not checked); query_start_loc int32 [B + 1]; out [>= T, H_q, D]. Query, caches and out
     share one dtype (fp16, bf16 or fp32). Rows of ``out`` outside the batch's queries are untouched.
     ``block_m`` (rows per program: query heads of a GQA group times queries), ``block_n`` (keys per
     tile), ``kv_splits``, ``num_warps`` and ``num_stages`` are launch knobs for stress sweeps and benches.

@@ -2,7 +2,8 @@
 
 KV slots a case never wrote hold NaN (and are declared unwritten to the CPU tracer), so a read of
 them shows in the output; output rows outside the batch hold SENTINEL and must survive. Block
-tables are random permutations of a shared block pool; the null block is never referenced.
+tables are random permutations of a shared block pool; block 0 (the null block) is referenced
+only by the one-element cache, whose only block it is.
 """
 
 import numpy as np
@@ -60,13 +61,13 @@ def _poisoned(shape, dtype) -> torch.Tensor:
 
 
 def attention_case(rng, *, query_lens, seq_lens, kv_heads, group, head_dim, block_size, dtype, causal,
-                   pad_rows=0, extra_rows=0, pad_tokens=0, note="") -> Case:
+                   pad_rows=0, extra_rows=0, pad_tokens=0, min_width=1, note="") -> Case:
     """Live requests with ``query_lens`` / ``seq_lens``; ``pad_rows`` batch rows with no query and no key;
     ``extra_rows`` block-table and seq_lens rows past the batch (their values must not matter);
-    ``pad_tokens`` query and out rows past the batch."""
+    ``pad_tokens`` query and out rows past the batch; block-table rows at least ``min_width`` wide."""
     rows = len(query_lens) + pad_rows
     all_seq = list(seq_lens) + [0] * pad_rows + [int(rng.integers(1, 64)) for _ in range(extra_rows)]
-    width = max([-(-s // block_size) for s in all_seq] + [1]) + int(rng.integers(0, 3))
+    width = max([-(-s // block_size) for s in all_seq] + [min_width]) + int(rng.integers(0, 3))
     table = distinct_blocks(rng, rows + extra_rows, width)
     shape = (table.numel() + 1 + int(rng.integers(0, 3)), block_size, kv_heads, head_dim)
     k_cache, v_cache = _poisoned(shape, dtype), _poisoned(shape, dtype)
@@ -154,6 +155,67 @@ def gqa(rng, device, launch):
                           **_shape(rng, device, kv_heads=kv_heads, groups=(1, 3, 4, 5, 6, 8)))
 
 
+def chunks(rng, device, launch):
+    """One long draft block among decode rows, so it spans several query chunks of a program (the default chunk
+    is sized from the mean query count), with groups that leave rows past a program's last whole group (3, 5,
+    6: those rows belong to the next chunk's first query) and groups that fill it (2, 4: a chunk's last query
+    is its last row)."""
+    query_lens = [1] * int(rng.integers(1, 4)) + [int(rng.integers(8, 49 if big(device) else 25))]
+    query_lens = [query_lens[i] for i in rng.permutation(len(query_lens))]
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 48),
+                          causal=bool(rng.integers(2)), **_shape(rng, device, groups=(2, 3, 4, 5, 6)))
+
+
+def wide_groups(rng, device, launch):
+    """MQA-like groups of more query heads per KV head than the smallest program's 16 rows, up to past 128 (a
+    program then holds one query's group); decode rows with padded batch rows after them, so the mean query count
+    per batch row is below one."""
+    if "block_m" in launch:  # the launcher refuses groups wider than a forced block_m
+        group = pick(rng, tuple(g for g in (17, 24, 32) if g <= launch["block_m"]))
+    else:  # past 128 (on the GPU half the time), where 128 // group is 0 (the per-chunk cap keeps one query)
+        group = 130 if not big(device) or rng.integers(2) else pick(rng, (48, 64))
+    query_lens = [1] * _batch(rng, device, 2, 8)
+    shape = {**_shape(rng, device, kv_heads=int(rng.integers(1, 3))), "group": group}
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
+                          causal=bool(rng.integers(2)), pad_rows=int(rng.integers(1, 4)), **shape)
+
+
+def float32(rng, device, launch, wide=False):
+    """float32, whose default key tile is narrower than the 16-bit floats', at head dims whose tile is below 128."""
+    query_lens = [int(rng.integers(1, 4)) for _ in range(_batch(rng, device))]
+    head_dim = pick(rng, ((128, 256) if wide else (64, 80)) if big(device) else ((65, 128) if wide else (16, 24)))
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
+                          causal=bool(rng.integers(2)), **{**_shape(rng, device), "dtype": torch.float32,
+                                                             "head_dim": head_dim})
+
+
+def float32_wide(rng, device, launch):
+    """float32 at head dims whose tile is 128 or more, where the launcher narrows its default key tile further."""
+    return float32(rng, device, launch, wide=True)
+
+
+def two_splits(rng, device, launch):
+    """Two batch rows or KV heads in all, with block-table rows wide enough for 512 tokens (a table sized for
+    the longest sequence, here short ones): on the CPU (one multiprocessor) the default split count is 2, the
+    one count the sweep does not force."""
+    rows, kv_heads = pick(rng, ((1, 2), (2, 1)))
+    query_lens = [int(rng.integers(1, 4)) for _ in range(rows)]
+    shape = {**_shape(rng, device), "kv_heads": kv_heads}
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
+                          causal=bool(rng.integers(2)), min_width=512 // shape["block_size"], **shape)
+
+
+def large_scores(rng, device, launch):
+    """Keys scaled by a few hundred, so scores (in log2 units) reach hundreds and the splits' maxima lie further
+    apart than a float32 exponential spans: the combine must weight each split by its maximum against the
+    overall one, and a wrong reference maximum overflows or underflows."""
+    query_lens = [int(rng.integers(1, 4)) for _ in range(_batch(rng, device))]
+    case = attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 60),
+                          causal=bool(rng.integers(2)), note="keys x300", **_shape(rng, device))
+    case.inputs["k_cache"] *= 300  # never-written slots stay NaN
+    return case
+
+
 def dtypes(rng, device, launch):
     """fp16, bf16 and fp32 caches, head dims that are not powers of two."""
     query_lens = [int(rng.integers(1, 5)) for _ in range(_batch(rng, device))]
@@ -163,8 +225,63 @@ def dtypes(rng, device, launch):
                           causal=bool(rng.integers(2)), **shape)
 
 
+def _emptied(case: Case, names: tuple[str, ...], dim: int) -> Case:
+    """``case`` with the tensors ``names`` (and their unwritten masks) cut to size 0 along ``dim``."""
+    for name in names:
+        case.inputs[name] = case.inputs[name].narrow(dim, 0, 0).contiguous()
+        if name in case.unwritten:
+            case.unwritten[name] = case.unwritten[name].narrow(dim, 0, 0).contiguous()
+    return case
+
+
+def no_keys(rng, device, launch):
+    """Requests with queries but no key (seq_len 0: their out rows stay untouched) among ones with both."""
+    query_lens = [int(rng.integers(1, 4)) for _ in range(_batch(rng, device, 3, 8))]
+    seq_lens = [0 if i % 2 == 0 else s for i, s in enumerate(_requests(rng, device, query_lens, 40))]
+    return attention_case(rng, query_lens=query_lens, seq_lens=seq_lens, causal=bool(rng.integers(2)),
+                          note="even rows without keys", **_shape(rng, device))
+
+
+def one_element(rng, device, launch):
+    """A cache of one element (one block of one slot, one KV head, head dim 1) that every batch row reads
+    as its only key; query and out rows past the batch outnumber the head dim."""
+    rows, group, dtype = int(rng.integers(1, 3)), pick(rng, (1, 3, 4)), pick(rng, DTYPES)
+    pad_tokens = int(rng.integers(1, 4))
+    k_cache, v_cache = _randn(rng, (1, 1, 1, 1), dtype), _randn(rng, (1, 1, 1, 1), dtype)
+    inputs = {"query": _randn(rng, (rows + pad_tokens, group, 1), dtype), "k_cache": k_cache, "v_cache": v_cache,
+              "block_table": torch.zeros((rows, 1), dtype=torch.int32), "seq_lens": int32([1] * rows),
+              "query_start_loc": int32(range(rows + 1)), "scale": float(rng.uniform(0.5, 2.0)),
+              "causal": bool(rng.integers(2)), "out": torch.full((rows + pad_tokens, group, 1), SENTINEL, dtype=dtype)}
+    return Case(inputs=inputs, note=f"one-element cache, {rows} batch rows, group {group}, {pad_tokens} padded tokens")
+
+
+def empty_inputs(rng, device, launch):
+    """Inputs the launcher returns early on, or launches programs that find nothing to do: no batch rows, no
+    query tokens (out rows to spare), head dim 0, a cache of no blocks (every sequence empty, so the queries'
+    out rows stay untouched)."""
+    shape = _shape(rng, device)
+    kind = pick(rng, ("no batch rows", "no tokens", "head dim 0", "no blocks"))
+    rows = _batch(rng, device, 3, 4)
+    query_lens = [0] * rows if kind == "no tokens" else [int(rng.integers(1, 4)) for _ in range(rows)]
+    seq_lens = [0] * rows if kind == "no blocks" else _requests(rng, device, query_lens, 40)
+    if kind == "no batch rows":
+        query_lens, seq_lens = [], []
+    case = attention_case(rng, query_lens=query_lens, seq_lens=seq_lens, causal=bool(rng.integers(2)),
+                          extra_rows=int(rng.integers(0, 3)), pad_tokens=int(rng.integers(0, 3)), note=kind, **shape)
+    if kind == "no tokens":  # out keeps rows past the (empty) batch
+        case.inputs["out"] = torch.cat([case.inputs["out"], torch.full_like(case.inputs["out"][:1], SENTINEL)])
+        return _emptied(case, ("query",), 0)
+    if kind == "head dim 0":
+        return _emptied(case, ("query", "k_cache", "v_cache", "out"), -1)
+    if kind == "no blocks":
+        return _emptied(case, ("k_cache", "v_cache"), 0)
+    return case
+
+
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
-            "dtypes": dtypes,
+            "dtypes": dtypes, "chunks": chunks, "wide_groups": wide_groups, "float32": float32,
+            "float32_wide": float32_wide, "two_splits": two_splits, "large_scores": large_scores,
+            "empty": empty_inputs, "no_keys": no_keys, "one_element": one_element,
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
             # the launcher asks K and V for the same strides)
             "layouts": laid_out(edges, "query", "out", "block_table")}

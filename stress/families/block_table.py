@@ -15,6 +15,7 @@ from stress.families.common import (
     near_int32_max,
     pick,
     slots_for,
+    spread,
     tile_boundary_sizes,
 )
 from stress.types import Case
@@ -204,19 +205,37 @@ def gather_negative_slot(rng, device, launch):
 
 
 def gather_wide(rng, device, launch):
-    """Rows wider than one program's block."""
-    width = pick(rng, (1025, 4097, 16384) if big(device) else (1025, 1500))
+    """Rows wider than one program's block; on the GPU also wider than 2^20, the largest tile Triton compiles."""
+    width = pick(rng, (1025, 4097, 16384, 2**20 + 1) if big(device) else (1025, 1500))
     return _gather_case(rng, batch_rows=int(rng.integers(1, 4)), pad_rows=0, width=width, extra_slots=3,
                         note=f"width {width}")
 
 
+def gather_no_rows(rng, device, launch):
+    """No batch rows, with no slots at all or some: nothing to write."""
+    slots = pick(rng, (0, 3))
+    return _gather_case(rng, batch_rows=0, pad_rows=2, width=8, extra_slots=slots, note=f"no batch rows, {slots} slots")
+
+
 def gather_zero_width(rng, device, launch):
-    """No batch rows (with no slots at all, or some), or rows of width 0: nothing to write."""
-    if rng.integers(2):
-        slots = pick(rng, (0, 3))
-        return _gather_case(rng, batch_rows=0, pad_rows=2, width=8, extra_slots=slots,
-                            note=f"no batch rows, {slots} slots")
-    return _gather_case(rng, batch_rows=3, pad_rows=0, width=0, extra_slots=1, note="width 0")
+    """Batch rows of width 0, with slots or with none (every row padded): nothing to gather, nothing to write."""
+    slots, rows = pick(rng, (0, 2)), 3
+    return Case(inputs={"persistent": torch.zeros((slots, 0), dtype=torch.int32),
+                        "idx_mapping": int32(rng.integers(-1, slots, rows)),
+                        "out": torch.zeros((rows + int(rng.integers(0, 2)), 0), dtype=torch.int32)},
+                note=f"width 0, {slots} slots")
+
+
+def gather_one_slot(rng, device, launch):
+    """A single slot row that every live batch row gathers (the others are padded, slot -1)."""
+    rows = int(rng.integers(1, 5))
+    slots = rng.integers(-1, 1, rows)
+    slots[int(rng.integers(rows))] = 0
+    case = _gather_case(rng, batch_rows=rows, pad_rows=int(rng.integers(0, 2)), width=int(rng.integers(1, 40)),
+                        extra_slots=0, note="one slot")
+    case.inputs["idx_mapping"] = int32(slots)
+    case.inputs["persistent"] = case.inputs["persistent"][:1].contiguous()
+    return case
 
 
 def gather_narrow(rng, device, launch):
@@ -242,10 +261,26 @@ def gather_extremes(rng, device, launch):
     return case
 
 
+def gather_big_offsets(rng, device, launch):
+    """On the GPU, slot rows or out rows spread over 2^31 elements, the last slot gathered and the last out
+    row written: their offsets pass 2^31, which int32 offset arithmetic wraps (a view of about 8.6 GB; only its
+    rows are written). The CPU runs the same layouts a few thousand elements apart."""
+    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    rows = int(rng.integers(2, 5))
+    case = _gather_case(rng, batch_rows=rows, pad_rows=0, width=int(rng.integers(1, 64)),
+                        extra_slots=int(rng.integers(0, 3)), negative=0.2)
+    case.inputs["idx_mapping"][int(rng.integers(rows))] = case.inputs["persistent"].shape[0] - 1
+    name = pick(rng, ("persistent", "out"))
+    case.inputs[name] = spread(case.inputs[name], 0, reach)
+    case.note = f"{name} spread over {reach} elements"
+    return case
+
+
 GATHER_FAMILIES = {"basic": gather_basic, "padded": gather_padded, "negative_slot": gather_negative_slot,
-                   "wide": gather_wide, "zero_width": gather_zero_width, "narrow": gather_narrow,
+                   "wide": gather_wide, "no_rows": gather_no_rows, "zero_width": gather_zero_width,
+                   "one_slot": gather_one_slot, "narrow": gather_narrow,
                    "layouts": laid_out(gather_negative_slot, "persistent", "out"), "tiles": gather_tiles,
-                   "extremes": gather_extremes}
+                   "extremes": gather_extremes, "big_offsets": gather_big_offsets}
 
 # ---------------------------------------------------------------- compute_slot_mappings
 
@@ -344,7 +379,8 @@ SLOT_MAPPING_FAMILIES = {"basic": slots_basic, "partial_block": slots_partial_bl
 # ---------------------------------------------------------------- has_unaligned_cached_prefix
 
 
-def _prefix_case(rng, *, block_sizes, unaligned_live, unaligned_idle=True, padded=False, note=""):
+def _prefix_case(rng, *, block_sizes, unaligned_live, unaligned_idle=True, padded=False, slot_zero=None, note=""):
+    """``slot_zero``: whether slot 0 (live) holds the unaligned count; None: one time in two."""
     batch_rows = int(rng.integers(1, 8))
     idx_mapping, num_slots = slots_for(rng, batch_rows, int(rng.integers(1, 5)))
     step = int(np.lcm.reduce(block_sizes))
@@ -355,8 +391,10 @@ def _prefix_case(rng, *, block_sizes, unaligned_live, unaligned_idle=True, padde
         cached[idle] += 1  # slots outside the batch must not matter
     if unaligned_live:
         row = int(rng.integers(batch_rows))
-        if rng.integers(2) and 0 not in live:
-            idx_mapping[row] = 0  # one time in two slot 0 holds the unaligned count: the smallest live slot
+        if rng.integers(2) if slot_zero is None else slot_zero:  # slot 0: the smallest live slot
+            if 0 in live:
+                row = int(np.flatnonzero(live == 0)[0])
+            idx_mapping[row] = 0
         victim = int(idx_mapping[row])
         cached[victim] += int(rng.integers(1, max(block_sizes)))
         if all(cached[victim] % bs == 0 for bs in block_sizes):
@@ -376,6 +414,12 @@ def prefix_unaligned(rng, device, launch):
     return _prefix_case(rng, block_sizes=[pick(rng, BLOCK_SIZES[1:])], unaligned_live=True, note="one unaligned")
 
 
+def prefix_slot_zero(rng, device, launch):
+    """The unaligned count sits on slot 0, the one a test of slots > 0 (instead of >= 0, padded rows) drops."""
+    return _prefix_case(rng, block_sizes=[pick(rng, BLOCK_SIZES[1:])], unaligned_live=True, slot_zero=True,
+                        note="slot 0 unaligned")
+
+
 def prefix_multi_group(rng, device, launch):
     """Several draft KV groups: aligned to one block size is not enough, also when neither size divides
     the other (16 and 24, 3 and 16)."""
@@ -388,5 +432,5 @@ def prefix_padded(rng, device, launch):
     return _prefix_case(rng, block_sizes=[16], unaligned_live=False, padded=True, note="slot -1 rows")
 
 
-PREFIX_FAMILIES = {"aligned": prefix_aligned, "unaligned": prefix_unaligned, "multi_group": prefix_multi_group,
-                   "padded": prefix_padded}
+PREFIX_FAMILIES = {"aligned": prefix_aligned, "unaligned": prefix_unaligned, "slot_zero": prefix_slot_zero,
+                   "multi_group": prefix_multi_group, "padded": prefix_padded}
