@@ -47,6 +47,8 @@ def build_case(check: Check, family: str, seed: int, device: str, launch: dict |
     if launch is None:
         shapes = check.sweep(device) if check.sweep else [{}]
         launch = shapes[int(np.random.default_rng([seed, 7]).integers(len(shapes)))]
+    if device in getattr(check.families[family], "own_launch_on", ()):  # stress.families.common.own_launch
+        launch = {}
     case = check.families[family](np.random.default_rng(seed), device, dict(launch))
     case.launch = dict(launch)
     return case

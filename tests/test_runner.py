@@ -26,6 +26,19 @@ def test_case_seed_is_order_independent_and_distinct():
     assert runner.case_seed(1, "x", "f", 3) != a
 
 
+def test_a_family_that_owns_its_launch_runs_the_launchers_own_shape_on_its_devices():
+    """huge_vocab exists for the launcher's capped tile: no drawn or forced tile may replace it; wide_groups
+    owns its launch on the CPU only, and the GPU's forced shapes still reach it."""
+    verify, attention = checks.get("rejection.verify"), checks.get("attention.paged")
+    forced = {"block_v": 128, "num_warps": 4}
+    for seed in range(6):
+        assert runner.build_case(verify, "huge_vocab", seed, "cpu").launch == {}
+    assert runner.build_case(verify, "huge_vocab", 0, "cpu", forced).launch == {}
+    assert runner.build_case(verify, "tiles", 0, "cpu", forced).launch == forced  # a family that owns none
+    assert runner.build_case(attention, "wide_groups", 0, "cpu", {"block_n": 16}).launch == {}
+    assert attention.families["wide_groups"].own_launch_on == ("cpu",)
+
+
 def test_guard_zone_catches_a_write_past_the_end():
     g = guards.place("t", torch.arange(10, dtype=torch.int32), torch.device("cpu"))
     assert g.damage() is None

@@ -14,7 +14,7 @@ from kernels.block_table import shift_block_table_rows
 from kernels.draft_inputs import prepare_draft_inputs
 from kernels.kv_cache import write_kv
 from stress.compare import Float64Expected
-from stress.families.common import SENTINEL, big, distinct_blocks, int32, int64, laid_out, pick, slots_for
+from stress.families.common import SENTINEL, big, distinct_blocks, int32, int64, laid_out, own_launch, pick, slots_for
 from stress.types import Case
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -166,14 +166,14 @@ def chunks(rng, device, launch):
                           causal=bool(rng.integers(2)), **_shape(rng, device, groups=(2, 3, 4, 5, 6)))
 
 
+@own_launch("cpu")
 def wide_groups(rng, device, launch):
     """MQA-like groups of more query heads per KV head than the smallest program's 16 rows, up to past 128 (a
     program then holds one query's group); decode rows with padded batch rows after them, so the mean query count
-    per batch row is below one."""
-    if "block_m" in launch:  # the launcher refuses groups wider than a forced block_m
-        group = pick(rng, tuple(g for g in (17, 24, 32) if g <= launch["block_m"]))
-    else:  # past 128 (on the GPU half the time), where 128 // group is 0 (the per-chunk cap keeps one query)
-        group = 130 if not big(device) or rng.integers(2) else pick(rng, (48, 64))
+    per batch row is below one. The CPU runs the launcher's own shape (its sweep's forced block_m would refuse
+    such groups); the GPU's sweep forces only key tiles, splits and warps."""
+    # past 128 (on the GPU half the time), where 128 // group is 0 (the per-chunk cap keeps one query)
+    group = 130 if not big(device) or rng.integers(2) else pick(rng, (48, 64))
     query_lens = [1] * _batch(rng, device, 2, 8)
     shape = {**_shape(rng, device, kv_heads=int(rng.integers(1, 3))), "group": group}
     return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),

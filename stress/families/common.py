@@ -75,6 +75,17 @@ def laid_out(family, *names: str):
     return build
 
 
+def own_launch(*devices: str):
+    """Marks a family whose point is the launcher's own launch shape (a default tile capped, a split count
+    chosen): on ``devices`` (default: every device) its cases run with no launch knobs, whatever the sweep
+    draws or a caller forces, so a slip in that choice is met by every case rather than by the share of
+    draws that happen to leave it alone."""
+    def mark(family):
+        family.own_launch_on = devices or ("cpu", "cuda")
+        return family
+    return mark
+
+
 def near_int32_max(rng: np.random.Generator, shape) -> torch.Tensor:
     """Distinct int32 ids from the top of the int32 range (products with a block size pass 2^31)."""
     count = int(np.prod(shape))

@@ -5,11 +5,11 @@ and the statistical family: many trials of one request."""
 import numpy as np
 import torch
 
-from stress.families.common import INT32_MAX, SENTINEL, big, laid_out, pick, slots_for, spread
+from stress.families.common import INT32_MAX, SENTINEL, big, laid_out, own_launch, pick, slots_for, spread
 from stress.families.sampling import (
+    HUGE_VOCAB,
     LONG_VOCABS,
     extreme_keys,
-    huge_vocab_size,
     random_logits,
     seeds,
     temperatures,
@@ -220,11 +220,12 @@ def last_slot_placeholder(rng, device, launch):
     return case
 
 
+@own_launch()
 def huge_vocab(rng, device, launch):
     """Depth 0 and greedy (a sampled step takes a minute under the interpreter) over a vocabulary one past
     Triton's largest tile: the launcher's own tile must stay capped, its power of two (2^21) does not build."""
-    vocab = huge_vocab_size(rng, device, launch)
-    return _case(rng, batch=1, depth=0, vocab=vocab, greedy_share=1.0, note=f"vocab {vocab}, greedy, depth 0")
+    return _case(rng, batch=1, depth=0, vocab=HUGE_VOCAB, greedy_share=1.0,
+                 note=f"vocab {HUGE_VOCAB}, greedy, depth 0")
 
 
 def big_offsets(rng, device, launch):

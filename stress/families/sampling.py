@@ -5,7 +5,7 @@ positions, vocab tile boundaries, and no logits cache; with the helpers verifica
 import numpy as np
 import torch
 
-from stress.families.common import big, laid_out, pick, slots_for, spread, tile_boundary_sizes
+from stress.families.common import big, laid_out, own_launch, pick, slots_for, spread, tile_boundary_sizes
 from stress.types import Case
 
 SENTINEL_LOGIT = -7777.0  # pre-filled cache entries no row may write
@@ -36,14 +36,6 @@ LONG_VOCABS = (151936, 256000, 262144)
 
 
 HUGE_VOCAB = 2**20 + 1  # one past Triton's largest tile (2^20 elements): a launcher must cap its own tile
-
-
-def huge_vocab_size(rng, device, launch) -> int:
-    """HUGE_VOCAB, except under a tile the launch names on the CPU: one past a few of those tiles (2^20 tokens
-    at a small tile are thousands of interpreter steps)."""
-    if big(device) or "block_v" not in launch:
-        return HUGE_VOCAB
-    return launch["block_v"] * int(rng.integers(2, 5)) + 1
 
 
 def extreme_keys(rng, temperature: torch.Tensor, seeds_: torch.Tensor, count: int) -> torch.Tensor:
@@ -195,11 +187,11 @@ def no_cache(rng, device, launch):
     return case
 
 
+@own_launch()
 def huge_vocab(rng, device, launch):
     """One greedy row over a vocabulary one past Triton's largest tile (a sampled row takes a minute under the
     interpreter), no cache: the launcher's own tile must stay capped, its power of two (2^21) does not build."""
-    vocab = huge_vocab_size(rng, device, launch)
-    case = _case(rng, rows=1, vocab=vocab, greedy_share=1.0, note=f"vocab {vocab}, greedy")
+    case = _case(rng, rows=1, vocab=HUGE_VOCAB, greedy_share=1.0, note=f"vocab {HUGE_VOCAB}, greedy")
     del case.inputs["logits_cache"], case.inputs["cache_cols"]
     return case
 
