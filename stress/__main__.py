@@ -562,6 +562,9 @@ def cmd_trace(args) -> int:
     failed = 0
     for family, seed in cases:
         case = runner.build_case(check, family, seed, "cpu")
+        if case.refused:
+            print(f"{check.name} / {family} / seed {seed} ({case.note}): a refusal case, nothing to trace")
+            continue
         with mutants.applied(mutant):
             recording = runner.trace_case(check, case, seed, permute="always")
         print(f"{check.name} / {family} / seed {seed} ({case.note}) launch {case.launch or 'default'}: "

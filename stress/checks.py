@@ -34,6 +34,7 @@ from stress.families import engine as engine_families
 from stress.families import graph_replay as replay_families
 from stress.families import graphs as graph_families
 from stress.families import kv_cache as kv_families
+from stress.families import refusals
 from stress.families import rejection as rejection_families
 from stress.families import sampling as sampling_families
 from stress.families import slots as slot_families
@@ -46,7 +47,7 @@ BLOCK_TABLE_CHECKS = (
         name="block_table.gather",
         kernel=kernels.block_table.gather_block_tables,
         reference=reference.block_table.gather_block_tables,
-        families=bt_families.GATHER_FAMILIES,
+        families={**bt_families.GATHER_FAMILIES, "refused": refusals.GATHER},
         outputs=("out",),
         provenance={"out": "persistent"},
         mutants=(
@@ -59,13 +60,27 @@ BLOCK_TABLE_CHECKS = (
                    (Patch(f"{_BT}:_gather_rows_kernel", "persistent_stride + cols, mask=live, other=0)",
                           "persistent_stride + cols)"),),
                    oracles={"cpu": "oob", "cuda": "memcheck"}),
+            # positive controls of the refusal verdict (stress.refusal): the refused family must kill each
+            Mutant("width-guard-removed", "out's width is not compared with persistent's: a narrower out is "
+                   "accepted and its rows are overrun",
+                   (Patch(f"{_BT}:gather_block_tables", "if out.shape[1] != persistent.shape[1]:", "if False:"),),
+                   oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",)),
+            Mutant("refusal-names-wrong-argument", "too few out rows is refused, but the error names idx_mapping",
+                   (Patch(f"{_BT}:gather_block_tables", 'raise ValueError(f"out: {out.shape[0]} rows, but idx_mapping',
+                          'raise ValueError(f"idx_mapping: {out.shape[0]} rows of out, but'),),
+                   oracles={"cpu": "refusal", "cuda": "refusal"}, families=("refused",)),
+            Mutant("written-before-refusal", "out is cleared before persistent is found empty: the refused call "
+                   "has already written",
+                   (Patch(f"{_BT}:gather_block_tables", "    if persistent.shape[0] == 0:\n",
+                          "    if persistent.shape[0] == 0:\n        out.zero_()\n"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("refused",)),
         ),
     ),
     Check(
         name="block_table.slot_mapping",
         kernel=kernels.block_table.compute_slot_mappings,
         reference=reference.block_table.compute_slot_mappings,
-        families=bt_families.SLOT_MAPPING_FAMILIES,
+        families={**bt_families.SLOT_MAPPING_FAMILIES, "refused": refusals.SLOT_MAPPING},
         outputs=("out",),
         mutants=(
             Mutant("pad-tail-unwritten", "tokens past the batch keep stale slots instead of PAD",
@@ -81,7 +96,7 @@ BLOCK_TABLE_CHECKS = (
         name="block_table.shift",
         kernel=kernels.block_table.shift_block_table_rows,
         reference=reference.block_table.shift_block_table_rows,
-        families=bt_families.SHIFT_FAMILIES,
+        families={**bt_families.SHIFT_FAMILIES, "refused": refusals.SHIFT},
         outputs=("block_table",),
         sweep=bt_families.shift_sweep,
         provenance={"block_table": "block_table"},
@@ -109,7 +124,7 @@ BLOCK_TABLE_CHECKS = (
         name="block_table.unaligned_prefix",
         kernel=kernels.block_table.has_unaligned_cached_prefix,
         reference=reference.block_table.has_unaligned_cached_prefix,
-        families=bt_families.PREFIX_FAMILIES,
+        families={**bt_families.PREFIX_FAMILIES, "refused": refusals.UNALIGNED_PREFIX},
         outputs=(RETURN,),
         mutants=(
             Mutant("unaligned-not-refused", "spec fix 4: a partial restored block is not refused",
@@ -169,7 +184,7 @@ SAMPLING_CHECKS = (
         name="sampling.gumbel",
         kernel=kernels.sampling.gumbel_sample,
         reference=reference.sampling.gumbel_sample,
-        families=sampling_families.FAMILIES,
+        families={**sampling_families.FAMILIES, "refused": refusals.GUMBEL},
         outputs=(RETURN, "logits_cache"),
         compare=exact_unless_near_tie,
         sweep=sampling_families.sampling_sweep,
@@ -230,7 +245,7 @@ REJECTION_CHECKS = (
         name="rejection.verify",
         kernel=kernels.rejection.verify,
         reference=reference.rejection.verify,
-        families=rejection_families.FAMILIES,
+        families={**rejection_families.FAMILIES, "refused": refusals.VERIFY},
         outputs=("out_tokens", "num_sampled", "num_rejected"),
         compare=exact_unless_near_tie,
         sweep=rejection_families.verify_sweep,

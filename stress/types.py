@@ -17,6 +17,7 @@ class Case:
     launch: dict[str, Any] = field(default_factory=dict)  # kernel-only knobs (chunk, num_warps)
     note: str = ""  # what makes the case interesting, for reports
     unwritten: dict[str, Any] = field(default_factory=dict)  # input name -> bool mask of bytes never written
+    refused: str = ""  # a refusal case: the argument the launcher's ValueError must name (stress.refusal)
 
 
 @dataclass(frozen=True)

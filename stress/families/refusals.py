@@ -1,0 +1,226 @@
+"""Refusal families: a valid case of a check with one corruption its launcher must refuse (``Case.refused``).
+
+Each case draws one ``Corruption`` and applies it to a fresh valid case, so the rest of the input is valid
+and the guard under test is the one that must fire; ``stress.refusal`` judges the case. Bounds are hit
+exactly where the guard compares (one past the last slot, one row short), where a flipped ``>=`` shows.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from stress.families import block_table as bt
+from stress.families import rejection, sampling
+from stress.families.common import pick
+from stress.types import Case
+
+TRIES = 20  # valid cases drawn until one the corruption applies to (e.g. one with a live batch row)
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """``apply(rng, inputs)`` corrupts ``inputs`` (a dict it may change) in place, or returns False when this
+    valid case has nothing to corrupt; the launcher must then refuse naming ``refused``."""
+
+    refused: str
+    what: str
+    apply: Callable[[np.random.Generator, dict], bool | None]
+
+
+def refusal_family(valid: Callable, corruptions: tuple[Corruption, ...], launcher: str) -> Callable:
+    """A family whose cases are ``valid``'s with one of ``corruptions`` applied."""
+    def build(rng, device, launch):
+        return corrupted(valid, pick(rng, corruptions), rng, device, launch)
+
+    build.refuses, build.valid, build.corruptions = True, valid, corruptions  # see stress.refusal.is_family
+    build.__name__ = "refused"
+    build.__doc__ = f"{launcher}'s refusals, one per case: " + "; ".join(c.what for c in corruptions) + "."
+    return build
+
+
+def corrupted(valid: Callable, corruption: Corruption, rng, device: str, launch: dict) -> Case:
+    """The first of ``valid``'s cases that ``corruption`` applies to, corrupted."""
+    for _ in range(TRIES):
+        case = valid(rng, device, launch)
+        inputs = dict(case.inputs)
+        if corruption.apply(rng, inputs) is not False:
+            return Case(inputs, note=f"{corruption.what}, must be refused ({case.note})", refused=corruption.refused)
+    raise RuntimeError(f"{corruption.what}: none of {TRIES} cases of {valid.__name__} can be corrupted so")
+
+
+# ---------------------------------------------------------------- corruptions
+
+
+def resized(name: str, dim: int, sizes: tuple, what: str, refused: str | None = None) -> Corruption:
+    """``name`` resized along ``dim`` to one of ``sizes``: ints are changes (-1: one entry fewer), callables
+    give the new size from the inputs (one row short of the batch); grown entries repeat the first ones."""
+    def apply(rng, inputs):
+        t = inputs.get(name)
+        if t is None:  # an optional tensor this case leaves out
+            return False
+        size, choice = t.shape[dim], pick(rng, sizes)
+        new = choice(inputs) if callable(choice) else size + choice
+        if new < 0 or new == size or (new > size and size == 0):
+            return False
+        if new < size:
+            inputs[name] = t.narrow(dim, 0, new).clone()
+        else:
+            inputs[name] = torch.cat([t] * -(-new // size), dim).narrow(dim, 0, new).clone()
+        return True
+
+    return Corruption(refused or name, what, apply)
+
+
+def emptied(dims: dict[str, int], what: str, refused: str) -> Corruption:
+    """Every tensor of ``dims`` given size 0 along its dimension (a vocabulary of 0 in logits and cache alike);
+    a tensor absent from the case is skipped, and a case with no entry along the first is left alone."""
+    def apply(rng, inputs):
+        first = next(iter(dims))
+        if inputs[first].numel() == 0:
+            return False
+        for name, dim in dims.items():
+            if inputs.get(name) is not None:
+                inputs[name] = inputs[name].narrow(dim, 0, 0).clone()
+        return True
+
+    return Corruption(refused, what, apply)
+
+
+def past_bound(name: str, bound: Callable[[dict], int], what: str,
+               live: Callable[[dict], torch.Tensor] | None = None, refused: str | None = None) -> Corruption:
+    """One index of ``name`` set to ``bound(inputs)`` (its exclusive upper bound; three times in four exactly
+    there, where a flipped ``>=`` shows, else a little past it): one that ``live(inputs)`` marks, by default
+    one >= 0 (a padded row's -1 is never followed)."""
+    def apply(rng, inputs):
+        t = inputs[name].clone(memory_format=torch.contiguous_format)
+        marked = live(inputs) if live else t >= 0
+        where = marked.flatten().nonzero().flatten()
+        if where.numel() == 0:
+            return False
+        t.view(-1)[int(where[int(rng.integers(where.numel()))])] = bound(inputs) + pick(rng, (0, 0, 0, 5))
+        inputs[name] = t
+        return True
+
+    return Corruption(refused or name, what, apply)
+
+
+def replaced(name: str, values: tuple, what: str, refused: str | None = None) -> Corruption:
+    """``name`` replaced by one of ``values`` (a zero count, a float for an int, a bool)."""
+    def apply(rng, inputs):
+        inputs[name] = pick(rng, values)
+
+    return Corruption(refused or name, what, apply)
+
+
+def retyped(name: str, dtype: torch.dtype) -> Corruption:
+    """``name`` in another dtype."""
+    def apply(rng, inputs):
+        inputs[name] = inputs[name].to(dtype)
+
+    return Corruption(name, f"{name} as {str(dtype).removeprefix('torch.')}", apply)
+
+
+def one_dim_more(name: str) -> Corruption:
+    """``name`` with a leading dimension of 1: the wrong number of dimensions."""
+    def apply(rng, inputs):
+        inputs[name] = inputs[name].unsqueeze(0)
+
+    return Corruption(name, f"{name} with an extra dimension", apply)
+
+
+def as_list(name: str) -> Corruption:
+    """``name`` as a Python list instead of a tensor."""
+    def apply(rng, inputs):
+        inputs[name] = inputs[name].tolist()
+
+    return Corruption(name, f"{name} as a list", apply)
+
+
+# ---------------------------------------------------------------- per launcher
+
+
+def _rows_short_of(batch: Callable[[dict], int]) -> Callable[[dict], int]:
+    """A size one short of the batch, for ``resized``."""
+    return lambda inputs: batch(inputs) - 1
+
+
+def _idx_rows(inputs: dict) -> int:
+    return inputs["idx_mapping"].numel()
+
+
+def _qsl_rows(inputs: dict) -> int:
+    return inputs["query_start_loc"].numel() - 1
+
+
+def _requests(inputs: dict) -> int:
+    return inputs["target_logits"].shape[0]
+
+
+_NOT_POSITIVE = (0, -1, 16.0, True)  # a count the launcher must refuse: zero, negative, float, bool
+
+
+def _live_rows(inputs: dict) -> torch.Tensor:
+    return inputs["idx_mapping"] >= 0
+
+
+GATHER = refusal_family(bt.gather_basic, (
+    resized("out", 1, (-1, 1), "out one column narrower or wider than persistent"),
+    resized("out", 0, (_rows_short_of(_idx_rows),), "out one row short of the batch"),
+    resized("persistent", 0, (lambda i: 0,), "persistent without slot rows"),
+    past_bound("idx_mapping", lambda i: i["persistent"].shape[0], "a slot past persistent's rows"),
+    retyped("idx_mapping", torch.int64), one_dim_more("out"), as_list("persistent"),
+), "gather_block_tables")
+
+SLOT_MAPPING = refusal_family(bt.slots_basic, (
+    resized("block_table", 0, (_rows_short_of(_qsl_rows),), "block_table one row short of the batch"),
+    resized("out", 0, (lambda i: i["positions"].numel() - 1,), "out one entry short of the positions"),
+    past_bound("query_start_loc", lambda i: i["positions"].numel() + 1, "an offset past the tokens"),
+    replaced("block_size", _NOT_POSITIVE, "block_size not a positive int"),
+    retyped("positions", torch.int32),
+), "compute_slot_mappings")
+
+SHIFT = refusal_family(bt.shift_slot_vs_row, (
+    resized("block_table", 0, (_rows_short_of(_idx_rows),), "block_table one row short of the batch"),
+    resized("seq_lens", 0, (_rows_short_of(_idx_rows),), "seq_lens one entry short of the batch"),
+    past_bound("idx_mapping", lambda i: i["num_cached_tokens"].numel(), "a slot past num_cached_tokens"),
+    replaced("block_size", _NOT_POSITIVE, "block_size not a positive int"),
+    retyped("num_cached_tokens", torch.int64),
+), "shift_block_table_rows")
+
+UNALIGNED_PREFIX = refusal_family(bt.prefix_aligned, (
+    replaced("block_sizes", ((),), "no block sizes"),
+    replaced("block_sizes", ((16, 0), (-16,), (16.0,), (True,)), "a block size that is not a positive int"),
+    past_bound("idx_mapping", lambda i: i["num_cached_tokens"].numel(), "a slot past num_cached_tokens"),
+), "has_unaligned_cached_prefix")
+
+GUMBEL = refusal_family(sampling.mixed, (
+    resized("idx_mapping", 0, (-1, 1), "idx_mapping one entry short of or past the logits rows"),
+    resized("positions", 0, (-1, 1), "positions one entry short of or past the logits rows"),
+    resized("seeds", 0, (-1, 1), "seeds for one slot fewer or more than temperature"),
+    replaced("cache_cols", (None,), "logits_cache without cache_cols", refused="logits_cache"),
+    resized("logits_cache", 0, (-1, 1), "logits_cache for one slot fewer or more than temperature"),
+    resized("logits_cache", 2, (-1, 1), "logits_cache one vocabulary entry short or past the logits"),
+    resized("cache_cols", 0, (-1, 1), "cache_cols one entry short of or past the logits rows"),
+    past_bound("idx_mapping", lambda i: i["temperature"].numel(), "a slot past temperature"),
+    past_bound("cache_cols", lambda i: i["logits_cache"].shape[1], "a live row's cache column past the cache",
+               live=_live_rows),
+    emptied({"logits": 1, "logits_cache": 2}, "a vocabulary of 0", refused="logits"),
+), "gumbel_sample")
+
+VERIFY = refusal_family(rejection.mixed, (
+    emptied({"target_logits": 1, "out_tokens": 1}, "no bonus row (k + 1 = 0 rows)", refused="target_logits"),
+    resized("draft_tokens", 1, (-1, 1), "draft_tokens one column short or past k"),
+    resized("draft_tokens", 0, (-1, 1), "draft_tokens one row short or past the requests"),
+    resized("idx_mapping", 0, (-1, 1), "idx_mapping one entry short or past the requests"),
+    resized("positions", 0, (-1, 1), "positions one entry short or past the requests"),
+    resized("seeds", 0, (-1, 1), "seeds for one slot fewer or more than temperature"),
+    resized("out_tokens", 0, (_rows_short_of(_requests),), "out_tokens one row short of the requests"),
+    resized("out_tokens", 1, (-1, 1), "out_tokens one column short or past k + 1"),
+    resized("num_sampled", 0, (_rows_short_of(_requests),), "num_sampled one entry short of the requests"),
+    resized("num_rejected", 0, (_rows_short_of(_requests),), "num_rejected one entry short of the requests"),
+    resized("draft_logits", 2, (-1, 1), "draft_logits one vocabulary entry short or past the target's"),
+    past_bound("idx_mapping", lambda i: i["temperature"].numel(), "a slot past temperature"),
+    emptied({"target_logits": 2, "draft_logits": 2}, "a vocabulary of 0", refused="target_logits"),
+), "verify")
