@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from stress.families import attention, kv_cache, rejection, sampling
 from stress.families import block_table as bt
-from stress.families import rejection, sampling
+from stress.families import draft_inputs as di
 from stress.families.common import pick
 from stress.types import Case
 
@@ -114,12 +115,13 @@ def replaced(name: str, values: tuple, what: str, refused: str | None = None) ->
     return Corruption(refused or name, what, apply)
 
 
-def retyped(name: str, dtype: torch.dtype) -> Corruption:
-    """``name`` in another dtype."""
+def retyped(name: str, *dtypes: torch.dtype, refused: str | None = None) -> Corruption:
+    """``name`` in the first of ``dtypes`` it does not have already."""
     def apply(rng, inputs):
-        inputs[name] = inputs[name].to(dtype)
+        t = inputs[name]
+        inputs[name] = t.to(next(d for d in dtypes if d != t.dtype))
 
-    return Corruption(name, f"{name} as {str(dtype).removeprefix('torch.')}", apply)
+    return Corruption(refused or name, f"{name} in another dtype", apply)
 
 
 def one_dim_more(name: str) -> Corruption:
@@ -224,3 +226,78 @@ VERIFY = refusal_family(rejection.mixed, (
     past_bound("idx_mapping", lambda i: i["temperature"].numel(), "a slot past temperature"),
     emptied({"target_logits": 2, "draft_logits": 2}, "a vocabulary of 0", refused="target_logits"),
 ), "verify")
+
+
+def _batch_rows(inputs: dict) -> int:
+    return inputs["idx_mapping"].numel()
+
+
+def _target_rows(inputs: dict) -> int:
+    return int(inputs["target_query_start_loc"][_batch_rows(inputs)])
+
+
+def _query_rows(inputs: dict) -> int:
+    """Query rows per request: K (anchor-first) or 1 + K."""
+    k = inputs["num_draft_tokens"]
+    return k if inputs.get("anchor_first") else 1 + k
+
+
+def _anchor_first_without_drafts(rng, inputs):
+    inputs.update(anchor_first=True, num_draft_tokens=0)
+    inputs["draft_tokens"] = inputs["draft_tokens"][:, :0].clone()
+
+
+def _short(name: str, need: Callable[[dict], int], what: str) -> Corruption:
+    """``name`` one row short of what the live batch needs."""
+    return resized(name, 0, (_rows_short_of(need),), f"{name} one row short of {what}")
+
+
+PREPARE = refusal_family(di.decode, (
+    replaced("num_draft_tokens", (-1, 2.0, True), "num_draft_tokens not an int >= 0"),
+    Corruption("num_draft_tokens", "anchor-first with no draft rows", _anchor_first_without_drafts),
+    replaced("mask_token_id", (1.0, True, None), "mask_token_id not an int"),
+    replaced("block_size", _NOT_POSITIVE, "block_size not a positive int"),
+    resized("next_prefill_tokens", 0, (-1, 1), "next_prefill_tokens for one slot fewer or more than last_sampled"),
+    resized("num_cached_tokens", 0, (-1, 1), "num_cached_tokens for one slot fewer or more than last_sampled"),
+    past_bound("idx_mapping", lambda i: i["last_sampled"].numel(), "a live batch row's slot past last_sampled"),
+    _short("target_query_start_loc", lambda i: _batch_rows(i) + 1, "the batch's offsets"),
+    _short("target_positions", _target_rows, "the target rows"),
+    _short("num_sampled", _batch_rows, "the batch"),
+    _short("block_table", _batch_rows, "the batch"),
+    _short("context_positions", _target_rows, "the target rows"),
+    _short("input_ids", lambda i: _batch_rows(i) * _query_rows(i), "the query rows"),
+    _short("sample_indices", lambda i: _batch_rows(i) * i["num_draft_tokens"], "the sampled rows"),
+    _short("seq_lens", _batch_rows, "the batch"),
+    resized("context_slot_mapping", 0, (-1, 1), "context_slot_mapping one entry off context_positions"),
+    resized("query_slot_mapping", 0, (-1, 1), "query_slot_mapping one entry off input_ids"),
+    resized("sample_idx_mapping", 0, (-1, 1), "sample_idx_mapping one entry off sample_indices"),
+    resized("draft_tokens", 1, (-1, 1), "draft_tokens one column off num_draft_tokens"),
+), "prepare_draft_inputs")
+
+WRITE_KV = refusal_family(kv_cache.pad, (
+    retyped("value", torch.float16, torch.float32),
+    resized("value", 0, (-1, 1), "value one token off key"),
+    resized("value", 2, (-1, 1), "value one head dim off key"),
+    resized("kv_cache", 3, (-1, 1), "a cache of one KV head fewer or more than key", refused="k_cache"),
+    resized("kv_cache", 4, (-1, 1), "a cache one head dim off key", refused="k_cache"),
+    resized("slot_mapping", 0, (lambda i: i["key"].shape[0] - 1,), "slot_mapping one entry short of the tokens"),
+    retyped("slot_mapping", torch.int32),
+), "write_kv")
+
+
+def _query_tokens(inputs: dict) -> int:
+    return inputs["query"].shape[0]
+
+
+PAGED_ATTENTION = refusal_family(attention.decode, (
+    retyped("out", torch.float16, torch.float32),
+    retyped("k_cache", torch.float16, torch.float32),
+    resized("v_cache", 0, (-1, 1), "v_cache one block off k_cache"),
+    resized("query", 2, (-1, 1), "query one head dim off the caches", refused="k_cache"),
+    emptied({"k_cache": 2, "v_cache": 2}, "caches without KV heads", refused="query"),
+    resized("out", 0, (_rows_short_of(_query_tokens),), "out one row short of the queries"),
+    resized("out", 1, (-1, 1), "out one head off the query"),
+    _short("block_table", _qsl_rows, "the batch"),
+    _short("seq_lens", _qsl_rows, "the batch"),
+    replaced("scale", (float("nan"), float("inf"), "0.125", True, None), "scale not a finite float"),
+), "paged_attention")
