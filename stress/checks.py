@@ -214,7 +214,7 @@ SLOT_CHECKS = (
         name="spec.slots",
         kernel=stress.schedule.replay,  # drives the production kernels.spec.slots.RequestSlots
         reference=reference.spec.slots.replay,
-        families=slot_families.FAMILIES,
+        families={**slot_families.FAMILIES, "refused": refusals.SLOTS},
         outputs=(RETURN,),
         mutants=(
             Mutant("set-order-recycling", "spec fix 2B (pre-fix): freed slots are recycled in set order",

@@ -14,6 +14,7 @@ import torch
 from stress.families import attention, kv_cache, rejection, sampling
 from stress.families import block_table as bt
 from stress.families import draft_inputs as di
+from stress.families import slots
 from stress.families.common import pick
 from stress.types import Case
 
@@ -301,3 +302,13 @@ PAGED_ATTENTION = refusal_family(attention.decode, (
     _short("seq_lens", _qsl_rows, "the batch"),
     replaced("scale", (float("nan"), float("inf"), "0.125", True, None), "scale not a finite float"),
 ), "paged_attention")
+
+
+def _no_slots(rng, inputs):
+    inputs["max_num_reqs"] = 0  # every schedule admits at least one request
+
+
+SLOTS = refusal_family(slots.churn, (
+    replaced("max_num_reqs", (-1, 4.0, True, None, "8"), "max_num_reqs not an int >= 0"),
+    Corruption("req_id", "an admission with every slot taken", _no_slots),
+), "RequestSlots")
