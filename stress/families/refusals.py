@@ -11,10 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stress.families import attention, kv_cache, rejection, sampling
+from stress.families import attention, kv_cache, rejection, sampling, slots
 from stress.families import block_table as bt
 from stress.families import draft_inputs as di
-from stress.families import slots
 from stress.families.common import pick
 from stress.types import Case
 
