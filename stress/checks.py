@@ -321,7 +321,8 @@ def _host_check(name: str, driver, impl, families: dict, compare, mutants: tuple
 
 HOST_CHECKS = (
     _host_check(
-        "spec.graph_candidates", host.graph_outcomes, reference.spec.graphs, graph_families.FAMILIES,
+        "spec.graph_candidates", host.graph_outcomes, reference.spec.graphs,
+        {**graph_families.FAMILIES, "refused": refusals.GRAPH_CANDIDATES},
         host.graph_outcomes_agree,
         (
             Mutant("zero-width-candidates", "spec fix 1 (pre-fix): no zero-width filter, so a depth-0 band of an "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stress.families import attention, kv_cache, rejection, sampling, slots
+from stress.families import attention, graphs, kv_cache, rejection, sampling, slots
 from stress.families import block_table as bt
 from stress.families import draft_inputs as di
 from stress.families.common import pick
@@ -311,3 +311,76 @@ SLOTS = refusal_family(slots.churn, (
     replaced("max_num_reqs", (-1, 4.0, True, None, "8"), "max_num_reqs not an int >= 0"),
     Corruption("req_id", "an admission with every slot taken", _no_slots),
 ), "RequestSlots")
+
+
+def configured(key: str, value: Callable[[np.random.Generator, dict], object], what: str,
+               refused: str | None = None) -> Corruption:
+    """The case's ``config`` (a host check's keyword arguments) with ``key`` set to ``value(rng, config)``;
+    None from ``value``: this configuration has nothing to corrupt so."""
+    def apply(rng, inputs):
+        config = dict(inputs["config"])
+        new = value(rng, config)
+        if new is None:
+            return False
+        config[key] = new
+        inputs["config"] = config
+        return True
+
+    return Corruption(refused or key, what, apply)
+
+
+def query_replaced(query: Callable[[np.random.Generator, dict], graphs.Query | None], what: str,
+                   refused: str) -> Corruption:
+    """One of the case's dispatch queries replaced by ``query(rng, config)`` (None: not in this configuration)."""
+    def apply(rng, inputs):
+        bad = query(rng, inputs["config"])
+        if bad is None:
+            return False
+        queries = list(inputs["queries"])
+        queries[int(rng.integers(len(queries)))] = bad
+        inputs["queries"] = queries
+        return True
+
+    return Corruption(refused, what, apply)
+
+
+def _depth_without_maximum(rng, config):
+    config["adaptive"] = config["adaptive"] or config["schedule"] is None
+    return 0
+
+
+def _below_largest_size(rng, config):
+    largest = max(config["capture_sizes"], default=0)
+    return largest - 1 if largest > 1 else None
+
+
+_BAD_SCHEDULES = ("1-8:2", 5, [], {(1, 8, 2)}, [(1, 8)], [(3, 2, 1)], [(0, 4, 1)], [(1, 4, -1)], [(1, 4.0, 1)])
+
+
+def _uneven_longest(rng, config):
+    """A longest request one token short of what ``r`` requests sharing ``t`` tokens need (``r`` does not
+    divide ``t``: rounding the mean down instead of up lets it through)."""
+    r = min(config["max_num_reqs"], 3)
+    return graphs.Query(r, 2 * r + 1, None, False, 2) if r >= 2 else None
+
+
+def _uniform_and_longest_differ(rng, config):
+    r, w = 2, 3
+    return graphs.Query(r, r * w, w, False, w + 1) if config["max_num_reqs"] >= r else None
+
+
+GRAPH_CANDIDATES = refusal_family(graphs.dsd_schedule, (
+    configured("max_spec_tokens", _depth_without_maximum, "a DSD schedule or adaptive depth with Kmax 0"),
+    configured("max_capture_size", _below_largest_size, "max_capture_size below the largest capture size"),
+    configured("schedule", lambda rng, config: pick(rng, _BAD_SCHEDULES),
+               "a schedule that is no list of (start, end, depth) bands, or a band that is no band"),
+    query_replaced(lambda rng, c: graphs.Query(2, 1, None, False, None), "more requests than tokens", "num_reqs"),
+    query_replaced(lambda rng, c: graphs.Query(c["max_num_reqs"] + 1, 2 * c["max_num_reqs"] + 2, None, False, None),
+                   "more requests than max_num_reqs", "num_reqs"),
+    query_replaced(lambda rng, c: graphs.Query(1, 3, 2, False, None), "a uniform width that misses the tokens",
+                   "uniform"),
+    query_replaced(_uneven_longest, "a longest request shorter than the mean", "max_req_tokens"),
+    query_replaced(lambda rng, c: graphs.Query(1, 3, None, False, 4), "a longest request past the tokens",
+                   "max_req_tokens"),
+    query_replaced(_uniform_and_longest_differ, "a longest request other than the uniform width", "max_req_tokens"),
+), "build_candidates and dispatch")
