@@ -347,7 +347,8 @@ HOST_CHECKS = (
         ),
     ),
     _host_check(
-        "spec.depth", host.depth_outcomes, reference.spec.depth, depth_families.FAMILIES, host.records_agree,
+        "spec.depth", host.depth_outcomes, reference.spec.depth,
+        {**depth_families.FAMILIES, "refused": refusals.DEPTH}, host.records_agree,
         (
             Mutant("depth-or-default", "spec fix 7 (pre-fix): the depth is resolved as `value or default`, so a "
                    "scheduled 0 becomes K",

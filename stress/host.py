@@ -149,6 +149,11 @@ def depth_outcomes(kind: str, params: dict, draft=None, impl=depth) -> list:
                 for value, default in params["pairs"]]
     if kind == "limit":
         return [Limit(n, _call(_view, impl, draft, draft.shape[0], n, params["k_max"])) for n in params["ns"]]
+    if kind == "call":  # a refusal case (stress.families.refusals.DEPTH): its ValueError is left to the judge
+        made = getattr(impl, params["function"])(*([] if draft is None else [draft]), *params["args"])
+        for method, args in params.get("then", ()):
+            getattr(made, method)(*args)
+        return []
     if kind == "controller":  # the depth after each step
         controller = impl.AcceptanceLengthController(params["max_depth"], params["window"], **_initial(params))
         return [ERROR if _call(controller.observe, *step) == ERROR else controller.depth for step in params["steps"]]

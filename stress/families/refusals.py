@@ -15,6 +15,7 @@ from stress.families import attention, graphs, kv_cache, rejection, sampling, sl
 from stress.families import block_table as bt
 from stress.families import draft_inputs as di
 from stress.families.common import pick
+from stress.families.depth import draft_columns
 from stress.types import Case
 
 TRIES = 20  # valid cases drawn until one the corruption applies to (e.g. one with a live batch row)
@@ -28,6 +29,7 @@ class Corruption:
     refused: str
     what: str
     apply: Callable[[np.random.Generator, dict], bool | None]
+    valid: Callable | None = None  # the valid family it corrupts, where not the refusal family's own
 
 
 def refusal_family(valid: Callable, corruptions: tuple[Corruption, ...], launcher: str) -> Callable:
@@ -43,6 +45,7 @@ def refusal_family(valid: Callable, corruptions: tuple[Corruption, ...], launche
 
 def corrupted(valid: Callable, corruption: Corruption, rng, device: str, launch: dict) -> Case:
     """The first of ``valid``'s cases that ``corruption`` applies to, corrupted."""
+    valid = corruption.valid or valid
     for _ in range(TRIES):
         case = valid(rng, device, launch)
         inputs = dict(case.inputs)
@@ -384,3 +387,107 @@ GRAPH_CANDIDATES = refusal_family(graphs.dsd_schedule, (
                    "max_req_tokens"),
     query_replaced(_uniform_and_longest_differ, "a longest request other than the uniform width", "max_req_tokens"),
 ), "build_candidates and dispatch")
+
+
+def _call(function: str, args: list, note: str, then: tuple = (), draft: torch.Tensor | None = None) -> Case:
+    """A case of ``stress.host.depth_outcomes``' ``call`` kind: ``function(draft?, *args)``, then each method."""
+    inputs = {"kind": "call", "params": {"function": function, "args": args, "then": then}}
+    if draft is not None:
+        inputs["draft"] = draft
+    return Case(inputs, note=note)
+
+
+def limit_call(rng, device, launch):
+    """A valid ``limit_draft_tokens``: n in 1..columns of a draft of 1..k_max columns."""
+    k_max = int(rng.integers(1, 7))
+    columns = int(rng.integers(1, k_max + 1))
+    n = int(rng.integers(1, columns + 1))
+    return _call("limit_draft_tokens", [n, k_max], f"n={n} of {columns} columns, k_max {k_max}",
+                 draft=draft_columns(rng, int(rng.integers(1, 4)), columns))
+
+
+def band_call(rng, device, launch):
+    """A valid ``band_lookup``: 1-3 bands from batch size 1, each ending before the next starts."""
+    bands, start = [], 1
+    for _ in range(int(rng.integers(1, 4))):
+        end = start + int(rng.integers(0, 4))
+        bands.append((start, end, int(rng.integers(0, 6))))
+        start = end + int(rng.integers(1, 3))
+    return _call("band_lookup", [bands, start + 1, 4], f"bands {bands}")
+
+
+def controller_call(rng, device, launch):
+    """A valid ``BandAcceptanceLengthController`` over a table of 1-3 batch sizes, asked one depth."""
+    caps = (0, *(int(c) for c in rng.integers(0, 5, size=int(rng.integers(1, 4)))))
+    size = int(rng.integers(1, len(caps)))
+    return _call("BandAcceptanceLengthController", [caps, 2], f"caps {caps}", then=(("depth_for", [size]),))
+
+
+def _argument(index: int, values: Callable[[np.random.Generator, list], object]):
+    """Corrupts ``args[index]`` of a ``call`` case to ``values(rng, args)``; None: nothing to corrupt."""
+    def apply(rng, inputs):
+        params = dict(inputs["params"])
+        args = list(params["args"])
+        new = values(rng, args)
+        if new is None:
+            return False
+        args[index] = new
+        inputs["params"] = {**params, "args": args}
+        return True
+
+    return apply
+
+
+def _asked(values: Callable[[np.random.Generator, tuple], int]):
+    """Corrupts the batch size the controller is asked for."""
+    def apply(rng, inputs):
+        caps = inputs["params"]["args"][0]
+        inputs["params"] = {**inputs["params"], "then": (("depth_for", [values(rng, caps)]),)}
+
+    return apply
+
+
+def _draft_columns(columns: Callable[[list], int | None]):
+    def apply(rng, inputs):
+        n, k_max = inputs["params"]["args"]
+        wanted = columns([n, k_max])
+        if wanted is None:
+            return False
+        inputs["draft"] = draft_columns(rng, inputs["draft"].shape[0], wanted)
+
+    return apply
+
+
+def _ends_before_start(rng, args):
+    """A second band that ends before it starts and lies past the first (nothing else wrong with it)."""
+    first = args[0][0]
+    return [first, (first[1] + 3, first[1] + 2, 1)]
+
+
+def _touching(rng, args):
+    """Two bands sharing one batch size: the second starts where the first ends (past 1)."""
+    first = args[0][0]
+    if first[1] < 2:
+        first = (1, 2, first[2])
+    return [first, (first[1], first[1] + 2, 1)]
+
+
+DEPTH = refusal_family(limit_call, (
+    Corruption("n", "n not an int", _argument(0, lambda rng, a: pick(rng, (True, 1.0, None, "1")))),
+    Corruption("n", "n outside 0..k_max", _argument(0, lambda rng, a: pick(rng, (-1, a[1] + 1)))),
+    Corruption("k_max", "k_max not a positive int", _argument(1, lambda rng, a: pick(rng, _NOT_POSITIVE))),
+    Corruption("draft", "a draft of k_max + 1 columns", _draft_columns(lambda a: a[1] + 1)),
+    Corruption("draft", "a draft of fewer columns than n", _draft_columns(lambda a: a[0] - 1 if a[0] > 1 else None)),
+    Corruption("schedule", "a schedule that is no list of bands, or a band that is no band",
+               _argument(0, lambda rng, a: pick(rng, _BAD_SCHEDULES)), band_call),
+    Corruption("schedule", "a band past the first that ends before it starts", _argument(0, _ends_before_start),
+               band_call),
+    Corruption("schedule", "two bands sharing a batch size", _argument(0, _touching), band_call),
+    Corruption("schedule", "no band starting at 1", _argument(0, lambda rng, a: [(2, 4, 1)]), band_call),
+    Corruption("caps", "a table without batch sizes, or without its unused 0",
+               _argument(0, lambda rng, a: pick(rng, ((0,), (1, *a[0][1:]), (0, -1)))), controller_call),
+    Corruption("window", "window not a positive int", _argument(1, lambda rng, a: pick(rng, _NOT_POSITIVE)),
+               controller_call),
+    Corruption("batch_size", "a batch size at or past the table's end, or 0",
+               _asked(lambda rng, caps: pick(rng, (len(caps), len(caps), 0))), controller_call),
+), "limit_draft_tokens, band_lookup and BandAcceptanceLengthController")
