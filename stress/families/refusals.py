@@ -170,6 +170,20 @@ def _live_rows(inputs: dict) -> torch.Tensor:
     return inputs["idx_mapping"] >= 0
 
 
+def _slot_0_column_past_cache(rng, inputs):
+    """A live row moved to slot 0 (the edge of the live-row mask, ``idx_mapping >= 0``; the row that held it
+    takes the row's old slot) with its cache column at the cache's depth."""
+    idx, cols = inputs["idx_mapping"].clone(), inputs["cache_cols"].clone()
+    live = (idx >= 0).nonzero().flatten()
+    if live.numel() == 0:
+        return False
+    row = int(live[int(rng.integers(live.numel()))])
+    idx[idx == 0] = idx[row]
+    idx[row] = 0
+    cols[row] = inputs["logits_cache"].shape[1]
+    inputs.update(idx_mapping=idx, cache_cols=cols)
+
+
 GATHER = refusal_family(bt.gather_basic, (
     resized("out", 1, (-1, 1), "out one column narrower or wider than persistent"),
     resized("out", 0, (_rows_short_of(_idx_rows),), "out one row short of the batch"),
@@ -211,6 +225,7 @@ GUMBEL = refusal_family(sampling.mixed, (
     past_bound("idx_mapping", lambda i: i["temperature"].numel(), "a slot past temperature"),
     past_bound("cache_cols", lambda i: i["logits_cache"].shape[1], "a live row's cache column past the cache",
                live=_live_rows),
+    Corruption("cache_cols", "the cache column of slot 0's row past the cache", _slot_0_column_past_cache),
     emptied({"logits": 1, "logits_cache": 2}, "a vocabulary of 0", refused="logits"),
 ), "gumbel_sample")
 
