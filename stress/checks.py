@@ -366,7 +366,8 @@ HOST_CHECKS = (
         ),
     ),
     _host_check(
-        "spec.backends", host.backend_outcomes, reference.spec.backends, backend_families.FAMILIES,
+        "spec.backends", host.backend_outcomes, reference.spec.backends,
+        {**backend_families.FAMILIES, "refused": refusals.BACKENDS},
         host.records_agree,
         (
             NON_CAUSAL_CLAIMS_FULL,

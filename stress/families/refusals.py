@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kernels.spec.backends import LAYER_TYPES
 from stress.families import attention, graphs, kv_cache, rejection, sampling, slots
 from stress.families import block_table as bt
 from stress.families import draft_inputs as di
@@ -405,7 +406,8 @@ GRAPH_CANDIDATES = refusal_family(graphs.dsd_schedule, (
 
 
 def _call(function: str, args: list, note: str, then: tuple = (), draft: torch.Tensor | None = None) -> Case:
-    """A case of ``stress.host.depth_outcomes``' ``call`` kind: ``function(draft?, *args)``, then each method."""
+    """A case of ``stress.host.depth_outcomes``' ``call`` kind: ``function(draft?, *args)``, then each method
+    (``stress.host.called``); its corruptions change ``params``."""
     inputs = {"kind": "call", "params": {"function": function, "args": args, "then": then}}
     if draft is not None:
         inputs["draft"] = draft
@@ -506,3 +508,37 @@ DEPTH = refusal_family(limit_call, (
     Corruption("batch_size", "a batch size at or past the table's end, or 0",
                _asked(lambda rng, caps: pick(rng, (len(caps), len(caps), 0))), controller_call),
 ), "limit_draft_tokens, band_lookup and BandAcceptanceLengthController")
+
+
+def layer_call(rng, device, launch):
+    """A valid ``dflash_layer_causal`` (``stress.host.backend_outcomes``' ``call``): a layer of 1-6, with
+    per-layer types or none, and an override now and then."""
+    num_layers = int(rng.integers(1, 7))
+    types = pick(rng, (None, [pick(rng, LAYER_TYPES) for _ in range(num_layers)]))
+    args = [int(rng.integers(num_layers)), num_layers, types, pick(rng, (None, None, True, False))]
+    return Case({"rows": [], "call": {"function": "dflash_layer_causal", "args": args}},
+                note=f"layer {args[0]} of {num_layers}, types {types}")
+
+
+def _layer_argument(index: int, values: Callable[[np.random.Generator, list], object]):
+    """``_argument`` for ``layer_call``'s ``call``."""
+    def apply(rng, inputs):
+        call = inputs["call"]
+        args = list(call["args"])
+        args[index] = values(rng, args)
+        inputs["call"] = {**call, "args": args}
+
+    return apply
+
+
+BACKENDS = refusal_family(layer_call, (
+    Corruption("layer", "a layer that is no int in [0, num_layers)",
+               _layer_argument(0, lambda rng, a: pick(rng, (True, False, 1.0, -1, a[1], a[1])))),
+    Corruption("num_layers", "num_layers not a positive int",
+               _layer_argument(1, lambda rng, a: pick(rng, _NOT_POSITIVE))),
+    Corruption("layer_types", "layer types one entry off the layers, or of an unknown kind",
+               _layer_argument(2, lambda rng, a: pick(rng, (["full_attention"] * (a[1] + 1),
+                                                           ["full_attention"] * (a[1] - 1) + ["linear_attention"])))),
+    Corruption("causal_override", "causal_override neither a bool nor None",
+               _layer_argument(3, lambda rng, a: pick(rng, (1, 0, "yes")))),
+), "dflash_layer_causal")
