@@ -130,3 +130,32 @@ def test_a_refusal_case_reruns_from_its_repro_line():
     again = runner.run_case(runner.Task("block_table.gather", "refused", 11), runtime.DEVICE)
     assert result.verdict == again.verdict == "pass" and result.details == again.details
     assert result.repro().startswith("./specsan repro block_table.gather refused 11")
+
+
+def test_refusal_cases_are_neither_sanitized_nor_hammered():
+    check = checks.get("block_table.shift")
+    sanitized = {t.family for t in runner.plan([check], None, 1, 0, tool="memcheck")}
+    assert "refused" not in sanitized and "overlap" in sanitized
+    assert "refused" in {t.family for t in runner.plan([check], None, 1, 0)}
+    from stress import hunt
+
+    result = hunt.hunt(check, runtime.DEVICE, seconds=0.2, seed=0, families=["refused", "overlap"], launch={"chunk": 16})
+    assert result.verdict == "pass" and result.cases >= 1
+
+
+def test_trace_and_repro_of_a_refusal_case():
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "SPECSAN_DEVICE": "cpu"}
+    traced = subprocess.run([sys.executable, "-m", "stress", "trace", "block_table.gather", "refused", "3"], cwd=root,
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert traced.returncode == 0 and "a refusal case, nothing to trace" in traced.stdout
+    # seed 11 draws "out one column narrower or wider than persistent", the guard the mutant removes
+    repro = subprocess.run([sys.executable, "-m", "stress", "repro", "block_table.gather", "refused", "11", "--device",
+                            "cpu", "--mutant", "width-guard-removed"], cwd=root, capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert repro.returncode == 1 and "verdict: fail:accepted" in repro.stdout, repro.stdout + repro.stderr
+    assert "expected a ValueError naming 'out' (out one column narrower or wider" in repro.stdout

@@ -51,7 +51,8 @@ def corrupted(valid: Callable, corruption: Corruption, rng, device: str, launch:
         case = valid(rng, device, launch)
         inputs = dict(case.inputs)
         if corruption.apply(rng, inputs) is not False:
-            return Case(inputs, note=f"{corruption.what}, must be refused ({case.note})", refused=corruption.refused)
+            note = f"{corruption.what}, must be refused" + (f" ({case.note})" if case.note else "")
+            return Case(inputs, note=note, refused=corruption.refused)
     raise RuntimeError(f"{corruption.what}: none of {TRIES} cases of {valid.__name__} can be corrupted so")
 
 
