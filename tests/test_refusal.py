@@ -139,7 +139,8 @@ def test_refusal_cases_are_neither_sanitized_nor_hammered():
     assert "refused" in {t.family for t in runner.plan([check], None, 1, 0)}
     from stress import hunt
 
-    result = hunt.hunt(check, runtime.DEVICE, seconds=0.2, seed=0, families=["refused", "overlap"], launch={"chunk": 16})
+    result = hunt.hunt(check, runtime.DEVICE, seconds=0.2, seed=0, families=["refused", "overlap"],
+                       launch={"chunk": 16})
     assert result.verdict == "pass" and result.cases >= 1
 
 
