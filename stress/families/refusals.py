@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from kernels.spec.backends import LAYER_TYPES
-from stress.families import attention, graphs, kv_cache, rejection, sampling, slots
+from stress.families import attention, engine, graphs, kv_cache, rejection, sampling, slots
 from stress.families import block_table as bt
 from stress.families import draft_inputs as di
 from stress.families.common import pick
@@ -543,3 +543,16 @@ BACKENDS = refusal_family(layer_call, (
     Corruption("causal_override", "causal_override neither a bool nor None",
                _layer_argument(3, lambda rng, a: pick(rng, (1, 0, "yes")))),
 ), "dflash_layer_causal")
+
+
+def _pool_of_one_block(rng, inputs):
+    """A scheduler block pool of one block (only the null block) or none: the exact bound."""
+    config = dict(inputs["config"])
+    pool = pick(rng, ("target_num_blocks", "draft_num_blocks"))
+    config["scheduler"] = {**config["scheduler"], pool: pick(rng, (1, 1, 0))}
+    inputs["config"] = config
+
+
+ENGINE = refusal_family(engine.shared_prefix, (
+    Corruption("num_blocks", "a KV block pool with no block besides the null block", _pool_of_one_block),
+), "the engine's BlockPool")
