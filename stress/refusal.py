@@ -49,6 +49,19 @@ def check_reference(check: Check, case: Case) -> None:
         pass
 
 
+def judge_all(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
+    """``case`` and its ``more_refusals`` in turn (each checked against the reference first): the first that
+    fails decides, its details led by the corruption it was."""
+    passed = []
+    for refusal in (case, *case.more_refusals):
+        check_reference(check, refusal)
+        verdict, details = judge(check, refusal, device, kernel)
+        if verdict != PASS:
+            return verdict, [f"refusal case: {refusal.note}", *details]
+        passed += details
+    return PASS, passed
+
+
 def judge(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
     """Call ``kernel`` once on guarded copies of the case's inputs and judge the refusal."""
     from stress import compare, guards

@@ -125,10 +125,11 @@ def test_every_corruption_of_a_refused_family_is_refused(check_name, family):
             assert verdict == "pass", f"{corruption.what} (seed {seed}): {details}"
 
 
-def test_a_refusal_case_reruns_from_its_repro_line():
+def test_a_refusal_case_tries_every_guard_and_reruns_from_its_repro_line():
     result = runner.run_case(runner.Task("block_table.gather", "refused", 11), runtime.DEVICE)
     again = runner.run_case(runner.Task("block_table.gather", "refused", 11), runtime.DEVICE)
     assert result.verdict == again.verdict == "pass" and result.details == again.details
+    assert len(result.details) == len(checks.get("block_table.gather").families["refused"].corruptions)
     assert result.repro().startswith("./specsan repro block_table.gather refused 11")
 
 
@@ -154,9 +155,9 @@ def test_trace_and_repro_of_a_refusal_case():
     traced = subprocess.run([sys.executable, "-m", "stress", "trace", "block_table.gather", "refused", "3"], cwd=root,
                             capture_output=True, text=True, env=env, timeout=300)
     assert traced.returncode == 0 and "a refusal case, nothing to trace" in traced.stdout
-    # seed 11 draws "out one column narrower or wider than persistent", the guard the mutant removes
-    repro = subprocess.run([sys.executable, "-m", "stress", "repro", "block_table.gather", "refused", "11", "--device",
+    repro = subprocess.run([sys.executable, "-m", "stress", "repro", "block_table.gather", "refused", "3", "--device",
                             "cpu", "--mutant", "width-guard-removed"], cwd=root, capture_output=True, text=True,
                            env=env, timeout=300)
     assert repro.returncode == 1 and "verdict: fail:accepted" in repro.stdout, repro.stdout + repro.stderr
-    assert "expected a ValueError naming 'out' (out one column narrower or wider" in repro.stdout
+    assert "refusal case: out one column narrower or wider than persistent" in repro.stdout
+    assert "expected a ValueError naming 'out'" in repro.stdout

@@ -1,8 +1,11 @@
-"""Refusal families: a valid case of a check with one corruption its launcher must refuse (``Case.refused``).
+"""Refusal families: valid cases of a check, each with one corruption its launcher must refuse (``Case.refused``).
 
-Each case draws one ``Corruption`` and applies it to a fresh valid case, so the rest of the input is valid
-and the guard under test is the one that must fire; ``stress.refusal`` judges the case. Bounds are hit
-exactly where the guard compares (one past the last slot, one row short), where a flipped ``>=`` shows.
+Each ``Corruption`` is applied to a fresh valid case, so the rest of the input is valid and the guard under
+test is the one that must fire; ``stress.refusal`` judges each. A case holds one such refusal per corruption
+of its family (``Case.more_refusals``): refusals launch no kernel and cost little, and so every case tries
+every guard (one drawn corruption per case would leave most guards untried in a three-case hunt). Bounds
+are hit exactly where the guard compares (one past the last slot, one row short), where a flipped ``>=``
+shows.
 """
 
 from collections.abc import Callable
@@ -34,13 +37,15 @@ class Corruption:
 
 
 def refusal_family(valid: Callable, corruptions: tuple[Corruption, ...], launcher: str) -> Callable:
-    """A family whose cases are ``valid``'s with one of ``corruptions`` applied."""
+    """A family whose every case holds each of ``corruptions``, each applied to its own case of ``valid``."""
     def build(rng, device, launch):
-        return corrupted(valid, pick(rng, corruptions), rng, device, launch)
+        first, *more = [corrupted(valid, c, rng, device, launch) for c in corruptions]
+        first.more_refusals = more
+        return first
 
     build.refuses, build.valid, build.corruptions = True, valid, corruptions  # see stress.refusal.is_family
     build.__name__ = "refused"
-    build.__doc__ = f"{launcher}'s refusals, one per case: " + "; ".join(c.what for c in corruptions) + "."
+    build.__doc__ = f"{launcher}'s refusals, each on its own valid case: " + "; ".join(c.what for c in corruptions)
     return build
 
 
