@@ -64,24 +64,29 @@ def corrupted(valid: Callable, corruption: Corruption, rng, device: str, launch:
 # ---------------------------------------------------------------- corruptions
 
 
-def resized(name: str, dim: int, sizes: tuple, what: str, refused: str | None = None) -> Corruption:
-    """``name`` resized along ``dim`` to one of ``sizes``: ints are changes (-1: one entry fewer), callables
-    give the new size from the inputs (one row short of the batch); grown entries repeat the first ones."""
-    def apply(rng, inputs):
-        t = inputs.get(name)
-        if t is None:  # an optional tensor this case leaves out
-            return False
-        size, choice = t.shape[dim], pick(rng, sizes)
-        new = choice(inputs) if callable(choice) else size + choice
-        if new < 0 or new == size or (new > size and size == 0):
-            return False
-        if new < size:
-            inputs[name] = t.narrow(dim, 0, new).clone()
-        else:
-            inputs[name] = torch.cat([t] * -(-new // size), dim).narrow(dim, 0, new).clone()
-        return True
+def resized(name: str, dim: int, sizes: tuple, what: str, refused: str | None = None) -> tuple[Corruption, ...]:
+    """One corruption per entry of ``sizes``: ``name`` resized along ``dim``, by an int (-1: one entry fewer)
+    or to what a callable gives from the inputs (one row short of the batch); grown entries repeat the first
+    ones."""
+    def resize(choice):
+        def apply(rng, inputs):
+            t = inputs.get(name)
+            if t is None:  # an optional tensor this case leaves out
+                return False
+            size = t.shape[dim]
+            new = choice(inputs) if callable(choice) else size + choice
+            if new < 0 or new == size or (new > size and size == 0):
+                return False
+            if new < size:
+                inputs[name] = t.narrow(dim, 0, new).clone()
+            else:
+                inputs[name] = torch.cat([t] * -(-new // size), dim).narrow(dim, 0, new).clone()
+            return True
 
-    return Corruption(refused or name, what, apply)
+        return apply
+
+    return tuple(Corruption(refused or name, what if callable(choice) else f"{what} ({choice:+d})", resize(choice))
+                 for choice in sizes)
 
 
 def emptied(dims: dict[str, int], what: str, refused: str) -> Corruption:
@@ -101,28 +106,30 @@ def emptied(dims: dict[str, int], what: str, refused: str) -> Corruption:
 
 def past_bound(name: str, bound: Callable[[dict], int], what: str,
                live: Callable[[dict], torch.Tensor] | None = None, refused: str | None = None) -> Corruption:
-    """One index of ``name`` set to ``bound(inputs)`` (its exclusive upper bound; three times in four exactly
-    there, where a flipped ``>=`` shows, else a little past it): one that ``live(inputs)`` marks, by default
-    one >= 0 (a padded row's -1 is never followed)."""
+    """One index of ``name`` set to ``bound(inputs)``, its exclusive upper bound (exactly there, where a flipped
+    ``>=`` shows): one that ``live(inputs)`` marks, by default one >= 0 (a padded row's -1 is never followed)."""
     def apply(rng, inputs):
         t = inputs[name].clone(memory_format=torch.contiguous_format)
         marked = live(inputs) if live else t >= 0
         where = marked.flatten().nonzero().flatten()
         if where.numel() == 0:
             return False
-        t.view(-1)[int(where[int(rng.integers(where.numel()))])] = bound(inputs) + pick(rng, (0, 0, 0, 5))
+        t.view(-1)[int(where[int(rng.integers(where.numel()))])] = bound(inputs)
         inputs[name] = t
         return True
 
     return Corruption(refused or name, what, apply)
 
 
-def replaced(name: str, values: tuple, what: str, refused: str | None = None) -> Corruption:
-    """``name`` replaced by one of ``values`` (a zero count, a float for an int, a bool)."""
-    def apply(rng, inputs):
-        inputs[name] = pick(rng, values)
+def replaced(name: str, values: tuple, what: str, refused: str | None = None) -> tuple[Corruption, ...]:
+    """One corruption per entry of ``values``: ``name`` replaced by it (a zero count, a float for an int, a bool)."""
+    def replace(value):
+        def apply(rng, inputs):
+            inputs[name] = value
 
-    return Corruption(refused or name, what, apply)
+        return apply
+
+    return tuple(Corruption(refused or name, f"{what}: {value!r}", replace(value)) for value in values)
 
 
 def retyped(name: str, *dtypes: torch.dtype, refused: str | None = None) -> Corruption:
@@ -192,43 +199,43 @@ def _slot_0_column_past_cache(rng, inputs):
 
 
 GATHER = refusal_family(bt.gather_basic, (
-    resized("out", 1, (-1, 1), "out one column narrower or wider than persistent"),
-    resized("out", 0, (_rows_short_of(_idx_rows),), "out one row short of the batch"),
-    resized("persistent", 0, (lambda i: 0,), "persistent without slot rows"),
+    *resized("out", 1, (-1, 1), "out one column narrower or wider than persistent"),
+    *resized("out", 0, (_rows_short_of(_idx_rows),), "out one row short of the batch"),
+    *resized("persistent", 0, (lambda i: 0,), "persistent without slot rows"),
     past_bound("idx_mapping", lambda i: i["persistent"].shape[0], "a slot past persistent's rows"),
     retyped("idx_mapping", torch.int64), one_dim_more("out"), as_list("persistent"),
 ), "gather_block_tables")
 
 SLOT_MAPPING = refusal_family(bt.slots_basic, (
-    resized("block_table", 0, (_rows_short_of(_qsl_rows),), "block_table one row short of the batch"),
-    resized("out", 0, (lambda i: i["positions"].numel() - 1,), "out one entry short of the positions"),
+    *resized("block_table", 0, (_rows_short_of(_qsl_rows),), "block_table one row short of the batch"),
+    *resized("out", 0, (lambda i: i["positions"].numel() - 1,), "out one entry short of the positions"),
     past_bound("query_start_loc", lambda i: i["positions"].numel() + 1, "an offset past the tokens"),
-    replaced("block_size", _NOT_POSITIVE, "block_size not a positive int"),
+    *replaced("block_size", _NOT_POSITIVE, "block_size not a positive int"),
     retyped("positions", torch.int32),
 ), "compute_slot_mappings")
 
 SHIFT = refusal_family(bt.shift_slot_vs_row, (
-    resized("block_table", 0, (_rows_short_of(_idx_rows),), "block_table one row short of the batch"),
-    resized("seq_lens", 0, (_rows_short_of(_idx_rows),), "seq_lens one entry short of the batch"),
+    *resized("block_table", 0, (_rows_short_of(_idx_rows),), "block_table one row short of the batch"),
+    *resized("seq_lens", 0, (_rows_short_of(_idx_rows),), "seq_lens one entry short of the batch"),
     past_bound("idx_mapping", lambda i: i["num_cached_tokens"].numel(), "a slot past num_cached_tokens"),
-    replaced("block_size", _NOT_POSITIVE, "block_size not a positive int"),
+    *replaced("block_size", _NOT_POSITIVE, "block_size not a positive int"),
     retyped("num_cached_tokens", torch.int64),
 ), "shift_block_table_rows")
 
 UNALIGNED_PREFIX = refusal_family(bt.prefix_aligned, (
-    replaced("block_sizes", ((),), "no block sizes"),
-    replaced("block_sizes", ((16, 0), (-16,), (16.0,), (True,)), "a block size that is not a positive int"),
+    *replaced("block_sizes", ((),), "no block sizes"),
+    *replaced("block_sizes", ((16, 0), (-16,), (16.0,), (True,)), "a block size that is not a positive int"),
     past_bound("idx_mapping", lambda i: i["num_cached_tokens"].numel(), "a slot past num_cached_tokens"),
 ), "has_unaligned_cached_prefix")
 
 GUMBEL = refusal_family(sampling.mixed, (
-    resized("idx_mapping", 0, (-1, 1), "idx_mapping one entry short of or past the logits rows"),
-    resized("positions", 0, (-1, 1), "positions one entry short of or past the logits rows"),
-    resized("seeds", 0, (-1, 1), "seeds for one slot fewer or more than temperature"),
-    replaced("cache_cols", (None,), "logits_cache without cache_cols", refused="logits_cache"),
-    resized("logits_cache", 0, (-1, 1), "logits_cache for one slot fewer or more than temperature"),
-    resized("logits_cache", 2, (-1, 1), "logits_cache one vocabulary entry short or past the logits"),
-    resized("cache_cols", 0, (-1, 1), "cache_cols one entry short of or past the logits rows"),
+    *resized("idx_mapping", 0, (-1, 1), "idx_mapping one entry short of or past the logits rows"),
+    *resized("positions", 0, (-1, 1), "positions one entry short of or past the logits rows"),
+    *resized("seeds", 0, (-1, 1), "seeds for one slot fewer or more than temperature"),
+    *replaced("cache_cols", (None,), "logits_cache without cache_cols", refused="logits_cache"),
+    *resized("logits_cache", 0, (-1, 1), "logits_cache for one slot fewer or more than temperature"),
+    *resized("logits_cache", 2, (-1, 1), "logits_cache one vocabulary entry short or past the logits"),
+    *resized("cache_cols", 0, (-1, 1), "cache_cols one entry short of or past the logits rows"),
     past_bound("idx_mapping", lambda i: i["temperature"].numel(), "a slot past temperature"),
     past_bound("cache_cols", lambda i: i["logits_cache"].shape[1], "a live row's cache column past the cache",
                live=_live_rows),
@@ -238,16 +245,16 @@ GUMBEL = refusal_family(sampling.mixed, (
 
 VERIFY = refusal_family(rejection.mixed, (
     emptied({"target_logits": 1, "out_tokens": 1}, "no bonus row (k + 1 = 0 rows)", refused="target_logits"),
-    resized("draft_tokens", 1, (-1, 1), "draft_tokens one column short or past k"),
-    resized("draft_tokens", 0, (-1, 1), "draft_tokens one row short or past the requests"),
-    resized("idx_mapping", 0, (-1, 1), "idx_mapping one entry short or past the requests"),
-    resized("positions", 0, (-1, 1), "positions one entry short or past the requests"),
-    resized("seeds", 0, (-1, 1), "seeds for one slot fewer or more than temperature"),
-    resized("out_tokens", 0, (_rows_short_of(_requests),), "out_tokens one row short of the requests"),
-    resized("out_tokens", 1, (-1, 1), "out_tokens one column short or past k + 1"),
-    resized("num_sampled", 0, (_rows_short_of(_requests),), "num_sampled one entry short of the requests"),
-    resized("num_rejected", 0, (_rows_short_of(_requests),), "num_rejected one entry short of the requests"),
-    resized("draft_logits", 2, (-1, 1), "draft_logits one vocabulary entry short or past the target's"),
+    *resized("draft_tokens", 1, (-1, 1), "draft_tokens one column short or past k"),
+    *resized("draft_tokens", 0, (-1, 1), "draft_tokens one row short or past the requests"),
+    *resized("idx_mapping", 0, (-1, 1), "idx_mapping one entry short or past the requests"),
+    *resized("positions", 0, (-1, 1), "positions one entry short or past the requests"),
+    *resized("seeds", 0, (-1, 1), "seeds for one slot fewer or more than temperature"),
+    *resized("out_tokens", 0, (_rows_short_of(_requests),), "out_tokens one row short of the requests"),
+    *resized("out_tokens", 1, (-1, 1), "out_tokens one column short or past k + 1"),
+    *resized("num_sampled", 0, (_rows_short_of(_requests),), "num_sampled one entry short of the requests"),
+    *resized("num_rejected", 0, (_rows_short_of(_requests),), "num_rejected one entry short of the requests"),
+    *resized("draft_logits", 2, (-1, 1), "draft_logits one vocabulary entry short or past the target's"),
     past_bound("idx_mapping", lambda i: i["temperature"].numel(), "a slot past temperature"),
     emptied({"target_logits": 2, "draft_logits": 2}, "a vocabulary of 0", refused="target_logits"),
 ), "verify")
@@ -278,34 +285,34 @@ def _short(name: str, need: Callable[[dict], int], what: str) -> Corruption:
 
 
 PREPARE = refusal_family(di.decode, (
-    replaced("num_draft_tokens", (-1, 2.0, True), "num_draft_tokens not an int >= 0"),
+    *replaced("num_draft_tokens", (-1, 2.0, True), "num_draft_tokens not an int >= 0"),
     Corruption("num_draft_tokens", "anchor-first with no draft rows", _anchor_first_without_drafts),
-    replaced("mask_token_id", (1.0, True, None), "mask_token_id not an int"),
-    replaced("block_size", _NOT_POSITIVE, "block_size not a positive int"),
-    resized("next_prefill_tokens", 0, (-1, 1), "next_prefill_tokens for one slot fewer or more than last_sampled"),
-    resized("num_cached_tokens", 0, (-1, 1), "num_cached_tokens for one slot fewer or more than last_sampled"),
+    *replaced("mask_token_id", (1.0, True, None), "mask_token_id not an int"),
+    *replaced("block_size", _NOT_POSITIVE, "block_size not a positive int"),
+    *resized("next_prefill_tokens", 0, (-1, 1), "next_prefill_tokens for one slot fewer or more than last_sampled"),
+    *resized("num_cached_tokens", 0, (-1, 1), "num_cached_tokens for one slot fewer or more than last_sampled"),
     past_bound("idx_mapping", lambda i: i["last_sampled"].numel(), "a live batch row's slot past last_sampled"),
-    _short("target_query_start_loc", lambda i: _batch_rows(i) + 1, "the batch's offsets"),
-    _short("target_positions", _target_rows, "the target rows"),
-    _short("num_sampled", _batch_rows, "the batch"),
-    _short("block_table", _batch_rows, "the batch"),
-    _short("context_positions", _target_rows, "the target rows"),
-    _short("input_ids", lambda i: _batch_rows(i) * _query_rows(i), "the query rows"),
-    _short("sample_indices", lambda i: _batch_rows(i) * i["num_draft_tokens"], "the sampled rows"),
-    _short("seq_lens", _batch_rows, "the batch"),
-    resized("context_slot_mapping", 0, (-1, 1), "context_slot_mapping one entry off context_positions"),
-    resized("query_slot_mapping", 0, (-1, 1), "query_slot_mapping one entry off input_ids"),
-    resized("sample_idx_mapping", 0, (-1, 1), "sample_idx_mapping one entry off sample_indices"),
-    resized("draft_tokens", 1, (-1, 1), "draft_tokens one column off num_draft_tokens"),
+    *_short("target_query_start_loc", lambda i: _batch_rows(i) + 1, "the batch's offsets"),
+    *_short("target_positions", _target_rows, "the target rows"),
+    *_short("num_sampled", _batch_rows, "the batch"),
+    *_short("block_table", _batch_rows, "the batch"),
+    *_short("context_positions", _target_rows, "the target rows"),
+    *_short("input_ids", lambda i: _batch_rows(i) * _query_rows(i), "the query rows"),
+    *_short("sample_indices", lambda i: _batch_rows(i) * i["num_draft_tokens"], "the sampled rows"),
+    *_short("seq_lens", _batch_rows, "the batch"),
+    *resized("context_slot_mapping", 0, (-1, 1), "context_slot_mapping one entry off context_positions"),
+    *resized("query_slot_mapping", 0, (-1, 1), "query_slot_mapping one entry off input_ids"),
+    *resized("sample_idx_mapping", 0, (-1, 1), "sample_idx_mapping one entry off sample_indices"),
+    *resized("draft_tokens", 1, (-1, 1), "draft_tokens one column off num_draft_tokens"),
 ), "prepare_draft_inputs")
 
 WRITE_KV = refusal_family(kv_cache.pad, (
     retyped("value", torch.float16, torch.float32),
-    resized("value", 0, (-1, 1), "value one token off key"),
-    resized("value", 2, (-1, 1), "value one head dim off key"),
-    resized("kv_cache", 3, (-1, 1), "a cache of one KV head fewer or more than key", refused="k_cache"),
-    resized("kv_cache", 4, (-1, 1), "a cache one head dim off key", refused="k_cache"),
-    resized("slot_mapping", 0, (lambda i: i["key"].shape[0] - 1,), "slot_mapping one entry short of the tokens"),
+    *resized("value", 0, (-1, 1), "value one token off key"),
+    *resized("value", 2, (-1, 1), "value one head dim off key"),
+    *resized("kv_cache", 3, (-1, 1), "a cache of one KV head fewer or more than key", refused="k_cache"),
+    *resized("kv_cache", 4, (-1, 1), "a cache one head dim off key", refused="k_cache"),
+    *resized("slot_mapping", 0, (lambda i: i["key"].shape[0] - 1,), "slot_mapping one entry short of the tokens"),
     retyped("slot_mapping", torch.int32),
 ), "write_kv")
 
@@ -317,14 +324,14 @@ def _query_tokens(inputs: dict) -> int:
 PAGED_ATTENTION = refusal_family(attention.decode, (
     retyped("out", torch.float16, torch.float32),
     retyped("k_cache", torch.float16, torch.float32),
-    resized("v_cache", 0, (-1, 1), "v_cache one block off k_cache"),
-    resized("query", 2, (-1, 1), "query one head dim off the caches", refused="k_cache"),
+    *resized("v_cache", 0, (-1, 1), "v_cache one block off k_cache"),
+    *resized("query", 2, (-1, 1), "query one head dim off the caches", refused="k_cache"),
     emptied({"k_cache": 2, "v_cache": 2}, "caches without KV heads", refused="query"),
-    resized("out", 0, (_rows_short_of(_query_tokens),), "out one row short of the queries"),
-    resized("out", 1, (-1, 1), "out one head off the query"),
-    _short("block_table", _qsl_rows, "the batch"),
-    _short("seq_lens", _qsl_rows, "the batch"),
-    replaced("scale", (float("nan"), float("inf"), "0.125", True, None), "scale not a finite float"),
+    *resized("out", 0, (_rows_short_of(_query_tokens),), "out one row short of the queries"),
+    *resized("out", 1, (-1, 1), "out one head off the query"),
+    *_short("block_table", _qsl_rows, "the batch"),
+    *_short("seq_lens", _qsl_rows, "the batch"),
+    *replaced("scale", (float("nan"), float("inf"), "0.125", True, None), "scale not a finite float"),
 ), "paged_attention")
 
 
@@ -333,7 +340,7 @@ def _no_slots(rng, inputs):
 
 
 SLOTS = refusal_family(slots.churn, (
-    replaced("max_num_reqs", (-1, 4.0, True, None, "8"), "max_num_reqs not an int >= 0"),
+    *replaced("max_num_reqs", (-1, 4.0, True, None, "8"), "max_num_reqs not an int >= 0"),
     Corruption("req_id", "an admission with every slot taken", _no_slots),
 ), "RequestSlots")
 
@@ -397,8 +404,8 @@ def _uniform_and_longest_differ(rng, config):
 GRAPH_CANDIDATES = refusal_family(graphs.dsd_schedule, (
     configured("max_spec_tokens", _depth_without_maximum, "a DSD schedule or adaptive depth with Kmax 0"),
     configured("max_capture_size", _below_largest_size, "max_capture_size below the largest capture size"),
-    configured("schedule", lambda rng, config: pick(rng, _BAD_SCHEDULES),
-               "a schedule that is no list of (start, end, depth) bands, or a band that is no band"),
+    *(configured("schedule", lambda rng, config, bad=bad: bad, f"a schedule that is no list of bands: {bad!r}")
+      for bad in _BAD_SCHEDULES),
     query_replaced(lambda rng, c: graphs.Query(2, 1, None, False, None), "more requests than tokens", "num_reqs"),
     query_replaced(lambda rng, c: graphs.Query(c["max_num_reqs"] + 1, 2 * c["max_num_reqs"] + 2, None, False, None),
                    "more requests than max_num_reqs", "num_reqs"),
@@ -446,48 +453,68 @@ def controller_call(rng, device, launch):
     return _call("BandAcceptanceLengthController", [caps, 2], f"caps {caps}", then=(("depth_for", [size]),))
 
 
-def _argument(index: int, values: Callable[[np.random.Generator, list], object]):
-    """Corrupts ``args[index]`` of a ``call`` case to ``values(rng, args)``; None: nothing to corrupt."""
-    def apply(rng, inputs):
-        params = dict(inputs["params"])
-        args = list(params["args"])
-        new = values(rng, args)
-        if new is None:
-            return False
-        args[index] = new
-        inputs["params"] = {**params, "args": args}
-        return True
+def arguments(refused: str, what: str, index: int, values: tuple, valid: Callable, key: str = "params"
+              ) -> tuple[Corruption, ...]:
+    """One corruption per entry of ``values``: ``args[index]`` of a host ``call`` case (``inputs[key]``, see
+    ``stress.host.called``) set to it, or to what it gives from the args where it is callable (None: not
+    in this case)."""
+    def argument(value):
+        def apply(rng, inputs):
+            call = inputs[key]
+            args = list(call["args"])
+            new = value(args) if callable(value) else value
+            if callable(value) and new is None:
+                return False
+            args[index] = new
+            inputs[key] = {**call, "args": args}
+            return True
 
-    return apply
+        return apply
+
+    return tuple(Corruption(refused, f"{what}: {value if callable(value) else repr(value)}", argument(value), valid)
+                 for value in values)
 
 
-def _asked(values: Callable[[np.random.Generator, tuple], int]):
-    """Corrupts the batch size the controller is asked for."""
+class _Named:
+    """A callable value with a name for the corruption's description."""
+
+    def __init__(self, name: str, fn: Callable):
+        self.name, self.fn = name, fn
+
+    def __call__(self, args):
+        return self.fn(args)
+
+    def __str__(self):
+        return self.name
+
+
+def _asked(size: Callable[[tuple], int], what: str) -> Corruption:
+    """The controller asked for the depth of ``size(caps)``."""
     def apply(rng, inputs):
         caps = inputs["params"]["args"][0]
-        inputs["params"] = {**inputs["params"], "then": (("depth_for", [values(rng, caps)]),)}
+        inputs["params"] = {**inputs["params"], "then": (("depth_for", [size(caps)]),)}
 
-    return apply
+    return Corruption("batch_size", what, apply, controller_call)
 
 
-def _draft_columns(columns: Callable[[list], int | None]):
+def _draft_columns(columns: Callable[[list], int | None], what: str) -> Corruption:
+    """``limit_call``'s draft with ``columns(args)`` columns (None: not in this case)."""
     def apply(rng, inputs):
-        n, k_max = inputs["params"]["args"]
-        wanted = columns([n, k_max])
+        wanted = columns(inputs["params"]["args"])
         if wanted is None:
             return False
         inputs["draft"] = draft_columns(rng, inputs["draft"].shape[0], wanted)
 
-    return apply
+    return Corruption("draft", what, apply)
 
 
-def _ends_before_start(rng, args):
+def _ends_before_start(args):
     """A second band that ends before it starts and lies past the first (nothing else wrong with it)."""
     first = args[0][0]
     return [first, (first[1] + 3, first[1] + 2, 1)]
 
 
-def _touching(rng, args):
+def _touching(args):
     """Two bands sharing one batch size: the second starts where the first ends (past 1)."""
     first = args[0][0]
     if first[1] < 2:
@@ -496,23 +523,19 @@ def _touching(rng, args):
 
 
 DEPTH = refusal_family(limit_call, (
-    Corruption("n", "n not an int", _argument(0, lambda rng, a: pick(rng, (True, 1.0, None, "1")))),
-    Corruption("n", "n outside 0..k_max", _argument(0, lambda rng, a: pick(rng, (-1, a[1] + 1)))),
-    Corruption("k_max", "k_max not a positive int", _argument(1, lambda rng, a: pick(rng, _NOT_POSITIVE))),
-    Corruption("draft", "a draft of k_max + 1 columns", _draft_columns(lambda a: a[1] + 1)),
-    Corruption("draft", "a draft of fewer columns than n", _draft_columns(lambda a: a[0] - 1 if a[0] > 1 else None)),
-    Corruption("schedule", "a schedule that is no list of bands, or a band that is no band",
-               _argument(0, lambda rng, a: pick(rng, _BAD_SCHEDULES)), band_call),
-    Corruption("schedule", "a band past the first that ends before it starts", _argument(0, _ends_before_start),
-               band_call),
-    Corruption("schedule", "two bands sharing a batch size", _argument(0, _touching), band_call),
-    Corruption("schedule", "no band starting at 1", _argument(0, lambda rng, a: [(2, 4, 1)]), band_call),
-    Corruption("caps", "a table without batch sizes, or without its unused 0",
-               _argument(0, lambda rng, a: pick(rng, ((0,), (1, *a[0][1:]), (0, -1)))), controller_call),
-    Corruption("window", "window not a positive int", _argument(1, lambda rng, a: pick(rng, _NOT_POSITIVE)),
-               controller_call),
-    Corruption("batch_size", "a batch size at or past the table's end, or 0",
-               _asked(lambda rng, caps: pick(rng, (len(caps), len(caps), 0))), controller_call),
+    *arguments("n", "n not an int", 0, (True, 1.0, None, "1"), limit_call),
+    *arguments("n", "n outside 0..k_max", 0, (-1, _Named("k_max + 1", lambda a: a[1] + 1)), limit_call),
+    *arguments("k_max", "k_max not a positive int", 1, _NOT_POSITIVE, limit_call),
+    _draft_columns(lambda a: a[1] + 1, "a draft of k_max + 1 columns"),
+    _draft_columns(lambda a: a[0] - 1 if a[0] > 1 else None, "a draft of fewer columns than n"),
+    *arguments("schedule", "a schedule that is no list of bands", 0, _BAD_SCHEDULES, band_call),
+    *arguments("schedule", "bands", 0, (_Named("a band past the first that ends before it starts", _ends_before_start),
+                                        _Named("two bands sharing a batch size", _touching), [(2, 4, 1)]), band_call),
+    *arguments("caps", "a table without batch sizes, without its unused 0, or with a negative cap", 0,
+               ((0,), _Named("(1, *caps)", lambda a: (1, *a[0][1:])), (0, -1)), controller_call),
+    *arguments("window", "window not a positive int", 1, _NOT_POSITIVE, controller_call),
+    _asked(len, "a batch size at the table's end"),
+    _asked(lambda caps: 0, "a batch size of 0"),
 ), "limit_draft_tokens, band_lookup and BandAcceptanceLengthController")
 
 
@@ -526,38 +549,29 @@ def layer_call(rng, device, launch):
                 note=f"layer {args[0]} of {num_layers}, types {types}")
 
 
-def _layer_argument(index: int, values: Callable[[np.random.Generator, list], object]):
-    """``_argument`` for ``layer_call``'s ``call``."""
-    def apply(rng, inputs):
-        call = inputs["call"]
-        args = list(call["args"])
-        args[index] = values(rng, args)
-        inputs["call"] = {**call, "args": args}
-
-    return apply
-
-
 BACKENDS = refusal_family(layer_call, (
-    Corruption("layer", "a layer that is no int in [0, num_layers)",
-               _layer_argument(0, lambda rng, a: pick(rng, (True, False, 1.0, -1, a[1], a[1])))),
-    Corruption("num_layers", "num_layers not a positive int",
-               _layer_argument(1, lambda rng, a: pick(rng, _NOT_POSITIVE))),
-    Corruption("layer_types", "layer types one entry off the layers, or of an unknown kind",
-               _layer_argument(2, lambda rng, a: pick(rng, (["full_attention"] * (a[1] + 1),
-                                                           ["full_attention"] * (a[1] - 1) + ["linear_attention"])))),
-    Corruption("causal_override", "causal_override neither a bool nor None",
-               _layer_argument(3, lambda rng, a: pick(rng, (1, 0, "yes")))),
+    *arguments("layer", "a layer that is no int in [0, num_layers)", 0,
+               (True, False, 1.0, -1, _Named("num_layers", lambda a: a[1])), layer_call, key="call"),
+    *arguments("num_layers", "num_layers not a positive int", 1, _NOT_POSITIVE, layer_call, key="call"),
+    *arguments("layer_types", "layer types", 2,
+               (_Named("one entry past the layers", lambda a: ["full_attention"] * (a[1] + 1)),
+                _Named("one of an unknown kind", lambda a: ["full_attention"] * (a[1] - 1) + ["linear_attention"])),
+               layer_call, key="call"),
+    *arguments("causal_override", "causal_override neither a bool nor None", 3, (1, 0, "yes"), layer_call,
+               key="call"),
 ), "dflash_layer_causal")
 
 
-def _pool_of_one_block(rng, inputs):
-    """A scheduler block pool of one block (only the null block) or none: the exact bound."""
-    config = dict(inputs["config"])
-    pool = pick(rng, ("target_num_blocks", "draft_num_blocks"))
-    config["scheduler"] = {**config["scheduler"], pool: pick(rng, (1, 1, 0))}
-    inputs["config"] = config
+def _one_block_pool(pool: str, blocks: int) -> Corruption:
+    """The engine's ``pool`` (``target_num_blocks`` or ``draft_num_blocks``) of ``blocks`` blocks."""
+    def apply(rng, inputs):
+        config = dict(inputs["config"])
+        config["scheduler"] = {**config["scheduler"], pool: blocks}
+        inputs["config"] = config
+
+    return Corruption("num_blocks", f"{pool} {blocks}: no block besides the null block", apply)
 
 
-ENGINE = refusal_family(engine.shared_prefix, (
-    Corruption("num_blocks", "a KV block pool with no block besides the null block", _pool_of_one_block),
-), "the engine's BlockPool")
+ENGINE = refusal_family(engine.shared_prefix, tuple(
+    _one_block_pool(pool, blocks) for pool in ("target_num_blocks", "draft_num_blocks") for blocks in (1, 0)),
+    "the engine's BlockPool")
