@@ -160,3 +160,20 @@ def test_trace_and_repro_of_a_refusal_case():
     assert repro.returncode == 1 and "verdict: fail:accepted" in repro.stdout, repro.stdout + repro.stderr
     assert "refusal case: out one column narrower or wider than persistent" in repro.stdout
     assert "expected a ValueError naming 'out'" in repro.stdout
+
+
+def test_a_gpu_case_leaves_out_index_refusals_unless_indices_are_checked_there(monkeypatch):
+    """On a GPU, validate.indices reads index values back only with SPECSAN_CHECK_INDICES=1."""
+    from kernels import validate
+
+    family = checks.get("block_table.gather").families["refused"]
+
+    def notes(device):
+        case = family(np.random.default_rng(5), device, {})
+        return [c.note for c in (case, *case.more_refusals)]
+
+    monkeypatch.setattr(validate, "CHECK_INDICES_ON_GPU", False)
+    assert not any("a slot past persistent's rows" in n for n in notes("cuda"))
+    assert any("a slot past persistent's rows" in n for n in notes("cpu"))
+    monkeypatch.setattr(validate, "CHECK_INDICES_ON_GPU", True)
+    assert len(notes("cuda")) == len(family.corruptions)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kernels import validate
 from kernels.spec.backends import LAYER_TYPES
 from stress.families import attention, engine, graphs, kv_cache, rejection, sampling, slots
 from stress.families import block_table as bt
@@ -34,12 +35,16 @@ class Corruption:
     what: str
     apply: Callable[[np.random.Generator, dict], bool | None]
     valid: Callable | None = None  # the valid family it corrupts, where not the refusal family's own
+    # False: an index value the launcher checks through kernels.validate.indices/offsets, which on a GPU read
+    # it back only with SPECSAN_CHECK_INDICES=1; without it a GPU case leaves the corruption out
+    on_gpu: bool = True
 
 
 def refusal_family(valid: Callable, corruptions: tuple[Corruption, ...], launcher: str) -> Callable:
     """A family whose every case holds each of ``corruptions``, each applied to its own case of ``valid``."""
     def build(rng, device, launch):
-        first, *more = [corrupted(valid, c, rng, device, launch) for c in corruptions]
+        checked = device != "cuda" or validate.CHECK_INDICES_ON_GPU
+        first, *more = [corrupted(valid, c, rng, device, launch) for c in corruptions if c.on_gpu or checked]
         first.more_refusals = more
         return first
 
@@ -105,9 +110,11 @@ def emptied(dims: dict[str, int], what: str, refused: str) -> Corruption:
 
 
 def past_bound(name: str, bound: Callable[[dict], int], what: str,
-               live: Callable[[dict], torch.Tensor] | None = None, refused: str | None = None) -> Corruption:
+               live: Callable[[dict], torch.Tensor] | None = None, refused: str | None = None,
+               on_gpu: bool = False) -> Corruption:
     """One index of ``name`` set to ``bound(inputs)``, its exclusive upper bound (exactly there, where a flipped
-    ``>=`` shows): one that ``live(inputs)`` marks, by default one >= 0 (a padded row's -1 is never followed)."""
+    ``>=`` shows): one that ``live(inputs)`` marks, by default one >= 0 (a padded row's -1 is never followed).
+    ``on_gpu``: the launcher reads the index back itself, so a GPU launch refuses it too."""
     def apply(rng, inputs):
         t = inputs[name].clone(memory_format=torch.contiguous_format)
         marked = live(inputs) if live else t >= 0
@@ -118,7 +125,7 @@ def past_bound(name: str, bound: Callable[[dict], int], what: str,
         inputs[name] = t
         return True
 
-    return Corruption(refused or name, what, apply)
+    return Corruption(refused or name, what, apply, on_gpu=on_gpu)
 
 
 def replaced(name: str, values: tuple, what: str, refused: str | None = None) -> tuple[Corruption, ...]:
@@ -225,7 +232,7 @@ SHIFT = refusal_family(bt.shift_slot_vs_row, (
 UNALIGNED_PREFIX = refusal_family(bt.prefix_aligned, (
     *replaced("block_sizes", ((),), "no block sizes"),
     *replaced("block_sizes", ((16, 0), (-16,), (16.0,), (True,)), "a block size that is not a positive int"),
-    past_bound("idx_mapping", lambda i: i["num_cached_tokens"].numel(), "a slot past num_cached_tokens"),
+    past_bound("idx_mapping", lambda i: i["num_cached_tokens"].numel(), "a slot past num_cached_tokens", on_gpu=True),
 ), "has_unaligned_cached_prefix")
 
 GUMBEL = refusal_family(sampling.mixed, (
@@ -239,7 +246,8 @@ GUMBEL = refusal_family(sampling.mixed, (
     past_bound("idx_mapping", lambda i: i["temperature"].numel(), "a slot past temperature"),
     past_bound("cache_cols", lambda i: i["logits_cache"].shape[1], "a live row's cache column past the cache",
                live=_live_rows),
-    Corruption("cache_cols", "the cache column of slot 0's row past the cache", _slot_0_column_past_cache),
+    Corruption("cache_cols", "the cache column of slot 0's row past the cache", _slot_0_column_past_cache,
+               on_gpu=False),
     emptied({"logits": 1, "logits_cache": 2}, "a vocabulary of 0", refused="logits"),
 ), "gumbel_sample")
 
@@ -291,7 +299,8 @@ PREPARE = refusal_family(di.decode, (
     *replaced("block_size", _NOT_POSITIVE, "block_size not a positive int"),
     *resized("next_prefill_tokens", 0, (-1, 1), "next_prefill_tokens for one slot fewer or more than last_sampled"),
     *resized("num_cached_tokens", 0, (-1, 1), "num_cached_tokens for one slot fewer or more than last_sampled"),
-    past_bound("idx_mapping", lambda i: i["last_sampled"].numel(), "a live batch row's slot past last_sampled"),
+    past_bound("idx_mapping", lambda i: i["last_sampled"].numel(), "a live batch row's slot past last_sampled",
+               on_gpu=True),
     *_short("target_query_start_loc", lambda i: _batch_rows(i) + 1, "the batch's offsets"),
     *_short("target_positions", _target_rows, "the target rows"),
     *_short("num_sampled", _batch_rows, "the batch"),
