@@ -504,11 +504,14 @@ def cmd_run(args) -> int:
 
 def cmd_repro(args) -> int:
     device = _select_device(args)
-    from stress import runner, sanitizer
+    from stress import refusal, runner, sanitizer
 
     check = _checks([args.check], "CHECK")[0]
     _family(check, args.family)
     _mutant(check, args.mutant)
+    if args.sanitizer and refusal.is_family(check.families[args.family]):
+        raise UsageError("--sanitizer", f"{args.family!r} is a refusal family: its cases launch no kernel",
+                         "rerun it without --sanitizer")
     if args.launch is not None:
         known = {k for shape in (check.sweep(device) if check.sweep else []) for k in shape}
         if unknown := sorted(set(args.launch) - known):
@@ -562,6 +565,9 @@ def cmd_trace(args) -> int:
     failed = 0
     for family, seed in cases:
         case = runner.build_case(check, family, seed, "cpu")
+        if case.refused:
+            print(f"{check.name} / {family} / seed {seed} ({case.note}): a refusal case, nothing to trace")
+            continue
         with mutants.applied(mutant):
             recording = runner.trace_case(check, case, seed, permute="always")
         print(f"{check.name} / {family} / seed {seed} ({case.note}) launch {case.launch or 'default'}: "

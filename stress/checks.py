@@ -34,6 +34,7 @@ from stress.families import engine as engine_families
 from stress.families import graph_replay as replay_families
 from stress.families import graphs as graph_families
 from stress.families import kv_cache as kv_families
+from stress.families import refusals
 from stress.families import rejection as rejection_families
 from stress.families import sampling as sampling_families
 from stress.families import slots as slot_families
@@ -46,7 +47,7 @@ BLOCK_TABLE_CHECKS = (
         name="block_table.gather",
         kernel=kernels.block_table.gather_block_tables,
         reference=reference.block_table.gather_block_tables,
-        families=bt_families.GATHER_FAMILIES,
+        families={**bt_families.GATHER_FAMILIES, "refused": refusals.GATHER},
         outputs=("out",),
         provenance={"out": "persistent"},
         mutants=(
@@ -59,13 +60,27 @@ BLOCK_TABLE_CHECKS = (
                    (Patch(f"{_BT}:_gather_rows_kernel", "persistent_stride + cols, mask=live, other=0)",
                           "persistent_stride + cols)"),),
                    oracles={"cpu": "oob", "cuda": "memcheck"}),
+            # positive controls of the refusal verdict (stress.refusal): the refused family must kill each
+            Mutant("width-guard-removed", "out's width is not compared with persistent's: a narrower out is "
+                   "accepted and its rows are overrun",
+                   (Patch(f"{_BT}:gather_block_tables", "if out.shape[1] != persistent.shape[1]:", "if False:"),),
+                   oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",)),
+            Mutant("refusal-names-wrong-argument", "too few out rows is refused, but the error names idx_mapping",
+                   (Patch(f"{_BT}:gather_block_tables", 'raise ValueError(f"out: {out.shape[0]} rows, but idx_mapping',
+                          'raise ValueError(f"idx_mapping: {out.shape[0]} rows of out, but'),),
+                   oracles={"cpu": "refusal", "cuda": "refusal"}, families=("refused",)),
+            Mutant("written-before-refusal", "out is cleared before persistent is found empty: the refused call "
+                   "has already written",
+                   (Patch(f"{_BT}:gather_block_tables", "    if persistent.shape[0] == 0:\n",
+                          "    if persistent.shape[0] == 0:\n        out.zero_()\n"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("refused",)),
         ),
     ),
     Check(
         name="block_table.slot_mapping",
         kernel=kernels.block_table.compute_slot_mappings,
         reference=reference.block_table.compute_slot_mappings,
-        families=bt_families.SLOT_MAPPING_FAMILIES,
+        families={**bt_families.SLOT_MAPPING_FAMILIES, "refused": refusals.SLOT_MAPPING},
         outputs=("out",),
         mutants=(
             Mutant("pad-tail-unwritten", "tokens past the batch keep stale slots instead of PAD",
@@ -81,7 +96,7 @@ BLOCK_TABLE_CHECKS = (
         name="block_table.shift",
         kernel=kernels.block_table.shift_block_table_rows,
         reference=reference.block_table.shift_block_table_rows,
-        families=bt_families.SHIFT_FAMILIES,
+        families={**bt_families.SHIFT_FAMILIES, "refused": refusals.SHIFT},
         outputs=("block_table",),
         sweep=bt_families.shift_sweep,
         provenance={"block_table": "block_table"},
@@ -109,7 +124,7 @@ BLOCK_TABLE_CHECKS = (
         name="block_table.unaligned_prefix",
         kernel=kernels.block_table.has_unaligned_cached_prefix,
         reference=reference.block_table.has_unaligned_cached_prefix,
-        families=bt_families.PREFIX_FAMILIES,
+        families={**bt_families.PREFIX_FAMILIES, "refused": refusals.UNALIGNED_PREFIX},
         outputs=(RETURN,),
         mutants=(
             Mutant("unaligned-not-refused", "spec fix 4: a partial restored block is not refused",
@@ -130,7 +145,7 @@ DRAFT_INPUT_CHECKS = (
         name="draft_inputs.prepare",
         kernel=kernels.draft_inputs.prepare_draft_inputs,
         reference=reference.draft_inputs.prepare_draft_inputs,
-        families=di_families.FAMILIES,
+        families={**di_families.FAMILIES, "refused": refusals.PREPARE},
         outputs=(RETURN, *reference.draft_inputs.OUTPUTS),
         sweep=di_families.sweep,
         mutants=(
@@ -169,7 +184,7 @@ SAMPLING_CHECKS = (
         name="sampling.gumbel",
         kernel=kernels.sampling.gumbel_sample,
         reference=reference.sampling.gumbel_sample,
-        families=sampling_families.FAMILIES,
+        families={**sampling_families.FAMILIES, "refused": refusals.GUMBEL},
         outputs=(RETURN, "logits_cache"),
         compare=exact_unless_near_tie,
         sweep=sampling_families.sampling_sweep,
@@ -199,7 +214,7 @@ SLOT_CHECKS = (
         name="spec.slots",
         kernel=stress.schedule.replay,  # drives the production kernels.spec.slots.RequestSlots
         reference=reference.spec.slots.replay,
-        families=slot_families.FAMILIES,
+        families={**slot_families.FAMILIES, "refused": refusals.SLOTS},
         outputs=(RETURN,),
         mutants=(
             Mutant("set-order-recycling", "spec fix 2B (pre-fix): freed slots are recycled in set order",
@@ -230,7 +245,7 @@ REJECTION_CHECKS = (
         name="rejection.verify",
         kernel=kernels.rejection.verify,
         reference=reference.rejection.verify,
-        families=rejection_families.FAMILIES,
+        families={**rejection_families.FAMILIES, "refused": refusals.VERIFY},
         outputs=("out_tokens", "num_sampled", "num_rejected"),
         compare=exact_unless_near_tie,
         sweep=rejection_families.verify_sweep,
@@ -306,7 +321,8 @@ def _host_check(name: str, driver, impl, families: dict, compare, mutants: tuple
 
 HOST_CHECKS = (
     _host_check(
-        "spec.graph_candidates", host.graph_outcomes, reference.spec.graphs, graph_families.FAMILIES,
+        "spec.graph_candidates", host.graph_outcomes, reference.spec.graphs,
+        {**graph_families.FAMILIES, "refused": refusals.GRAPH_CANDIDATES},
         host.graph_outcomes_agree,
         (
             Mutant("zero-width-candidates", "spec fix 1 (pre-fix): no zero-width filter, so a depth-0 band of an "
@@ -331,7 +347,8 @@ HOST_CHECKS = (
         ),
     ),
     _host_check(
-        "spec.depth", host.depth_outcomes, reference.spec.depth, depth_families.FAMILIES, host.records_agree,
+        "spec.depth", host.depth_outcomes, reference.spec.depth,
+        {**depth_families.FAMILIES, "refused": refusals.DEPTH}, host.records_agree,
         (
             Mutant("depth-or-default", "spec fix 7 (pre-fix): the depth is resolved as `value or default`, so a "
                    "scheduled 0 becomes K",
@@ -349,7 +366,8 @@ HOST_CHECKS = (
         ),
     ),
     _host_check(
-        "spec.backends", host.backend_outcomes, reference.spec.backends, backend_families.FAMILIES,
+        "spec.backends", host.backend_outcomes, reference.spec.backends,
+        {**backend_families.FAMILIES, "refused": refusals.BACKENDS},
         host.records_agree,
         (
             NON_CAUSAL_CLAIMS_FULL,
@@ -377,7 +395,7 @@ KV_CACHE_CHECKS = (
         name="kv_cache.write",
         kernel=kv_families.write_kv_pair,  # kernels.kv_cache.write_kv on the halves of one combined cache
         reference=kv_families.write_kv_pair_reference,
-        families=kv_families.FAMILIES,
+        families={**kv_families.FAMILIES, "refused": refusals.WRITE_KV},
         outputs=("kv_cache",),
         compare=exact_chunked,
         sweep=kv_families.sweep,
@@ -404,7 +422,7 @@ ATTENTION_CHECKS = (
         name="attention.paged",
         kernel=kernels.attention.paged_attention,
         reference=attention_families.judged(reference.attention.paged_attention, ("v_cache",)),
-        families=attention_families.FAMILIES,
+        families={**attention_families.FAMILIES, "refused": refusals.PAGED_ATTENTION},
         outputs=("out",),
         compare=within_float32_baseline,
         sweep=attention_families.sweep,
@@ -499,7 +517,7 @@ ENGINE_CHECKS = (
         name="engine.step",
         kernel=engine_check.run_engine,  # drives the production kernels.spec.engine.Engine step by step
         reference=engine_check.reference,
-        families=engine_families.FAMILIES,
+        families={**engine_families.FAMILIES, "refused": refusals.ENGINE},
         outputs=(RETURN,),
         compare=engine_check.compare,
         metrics=engine_check.metrics,

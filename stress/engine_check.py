@@ -51,6 +51,9 @@ UNREACHABLE: dict[str, dict[str, str]] = {
                                        "draft count): no padding placeholder follows a request's drafts",
         "shared-drafts-row-stride-one": "the engine's draft tokens are a contiguous [requests, depth] buffer, never "
                                         "one row expanded over the batch (stride 0)",
+        **dict.fromkeys(("width-guard-removed", "refusal-names-wrong-argument", "written-before-refusal"),
+                        "the engine builds every launcher argument itself and always validly: no bad input reaches "
+                        "gather's guards, whose refusal the block_table.gather refused family proves"),
     }.items()}
 UNREACHABLE["gqa-head-mapping"] = {"cpu": "the CPU model has one KV head: every query head reads it whatever the "
                                           "mapping (the GPU model has two)"}

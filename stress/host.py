@@ -140,6 +140,16 @@ class SchedulerStep(NamedTuple):
     depth_after: int
 
 
+def called(impl, call: dict, *first) -> list:
+    """A refusal case (stress.families.refusals): ``call["function"](*first, *call["args"])`` on ``impl``, then
+    each (method, args) of ``call["then"]`` on what it made. Its ValueError is not recorded but left to the
+    refusal judge (stress.refusal), which asks that it name the refused argument."""
+    made = getattr(impl, call["function"])(*first, *call["args"])
+    for method, args in call.get("then", ()):
+        getattr(made, method)(*args)
+    return []
+
+
 def depth_outcomes(kind: str, params: dict, draft=None, impl=depth) -> list:
     """One case of the depth logic, run on ``impl``: the production module, or reference.spec.depth
     (same names) for the expected records. ``kind`` names the part exercised (stress.families.depth)."""
@@ -149,6 +159,8 @@ def depth_outcomes(kind: str, params: dict, draft=None, impl=depth) -> list:
                 for value, default in params["pairs"]]
     if kind == "limit":
         return [Limit(n, _call(_view, impl, draft, draft.shape[0], n, params["k_max"])) for n in params["ns"]]
+    if kind == "call":
+        return called(impl, params, *([] if draft is None else [draft]))
     if kind == "controller":  # the depth after each step
         controller = impl.AcceptanceLengthController(params["max_depth"], params["window"], **_initial(params))
         return [ERROR if _call(controller.observe, *step) == ERROR else controller.depth for step in params["steps"]]
@@ -204,10 +216,13 @@ class Selection(NamedTuple):
     mode: str
 
 
-def backend_outcomes(rows: list[tuple], absent_defaults: bool = False, impl=backends) -> list:
+def backend_outcomes(rows: list[tuple], absent_defaults: bool = False, impl=backends, call: dict | None = None) -> list:
     """Per (capability_major, backend, num_layers, layer_types, causal_override) row, run on ``impl``
     (kernels.spec.backends or reference.spec.backends): a Selection, or ERROR for a refused row. With
-    ``absent_defaults`` a layer config that holds the defaults is left out of the calls."""
+    ``absent_defaults`` a layer config that holds the defaults is left out of the calls. A ``call``
+    (a refusal case) is made instead of the rows' (``called``)."""
+    if call is not None:
+        return called(impl, call)
     contract = reference.spec.backends
     out = []
     for capability_major, backend, num_layers, layer_types, causal_override in rows:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from stress import compare, mutants, runner
+from stress import compare, mutants, refusal, runner
 from stress.types import RETURN, Check, Result
 
 
@@ -216,7 +216,8 @@ def hunt(check: Check, device: str, *, seconds: float, families: list[str] | Non
         raise ValueError(f"{check.name}: no hunt support on {device}: {why}; huntable here: "
                          f"{', '.join(huntable(device)) or 'none'}")
     planted = checks.find_mutant(mutant, check) if mutant else None
-    fams = list(families or (planted.families if planted and planted.families else check.families))
+    fams = [f for f in families or (planted.families if planted and planted.families else check.families)
+            if not refusal.is_family(check.families[f])]  # a refusal case launches nothing to hammer
     shapes = [dict(launch)] if launch is not None else (check.sweep(device) if check.sweep else [{}])
     dev = runtime_device(device)
     result = HuntResult(check.name, device, "pass", mutant=mutant, load=load,

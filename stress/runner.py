@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from stress import gpus, interrupts, pool
+from stress import gpus, interrupts, pool, refusal
 from stress.types import PASS, RETURN, Case, Check, Result
 
 
@@ -185,7 +185,8 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
     """Build, run and judge one case. Never raises: a crash is a verdict.
 
     On the CPU a case that matches its reference is also traced (``trace=False`` skips it). A task
-    with a ``tool`` runs in a process of its own under compute-sanitizer instead.
+    with a ``tool`` runs in a process of its own under compute-sanitizer instead. A refusal case
+    (``Case.refused``) is judged by ``stress.refusal`` instead of against the reference.
     """
     from stress import checks, mutants
 
@@ -208,6 +209,10 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
             return result
         case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
         result.launch, result.note = case.launch, case.note
+        if case.refused:  # bad input the launcher must refuse: no reference output, nothing to trace
+            with mutants.applied(mutant):
+                result.verdict, result.details = refusal.judge_all(check, case, device, _current(check.kernel))
+            return result
         expected = expected_outputs(check, case)
         with mutants.applied(mutant):
             result.verdict, result.details = differential(check, case, expected, device, _background_load(device),
@@ -349,8 +354,9 @@ def plan(checks: list[Check], families: list[str] | None, iters: int, seed: int,
         for check in checks:
             if i not in at[check.name]:
                 continue
-            for family in check.families:
-                if not families or family in families:
+            for family, build in check.families.items():
+                # a refusal case launches no kernel: nothing for compute-sanitizer to watch
+                if (not families or family in families) and not (tool and refusal.is_family(build)):
                     tasks.append(Task(check.name, family, case_seed(seed, check.name, family, at[check.name][i]),
                                       mutant, tool=tool))
     return tasks

@@ -17,6 +17,8 @@ class Case:
     launch: dict[str, Any] = field(default_factory=dict)  # kernel-only knobs (chunk, num_warps)
     note: str = ""  # what makes the case interesting, for reports
     unwritten: dict[str, Any] = field(default_factory=dict)  # input name -> bool mask of bytes never written
+    refused: str = ""  # a refusal case: the argument the launcher's ValueError must name (stress.refusal)
+    more_refusals: list["Case"] = field(default_factory=list)  # refusal cases judged after this one, in order
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ def _case(kind: str, params: dict, note: str, draft: torch.Tensor | None = None)
     return Case(inputs=inputs, note=note)
 
 
-def _draft(rng, rows: int, columns: int) -> torch.Tensor:
+def draft_columns(rng, rows: int, columns: int) -> torch.Tensor:
     """Distinct token ids, so a wrong column or row shows which one it came from."""
     return torch.from_numpy(rng.permutation(rows * columns + 1)[: rows * columns].astype(np.int64)).view(rows, columns)
 
@@ -34,7 +34,7 @@ def limit(rng, device, launch):
     """A draft of 0..k_max columns (sometimes one too many) cut to n in -1..k_max+1, 0 included."""
     k_max = int(rng.integers(1, 7))
     columns = int(rng.integers(0, k_max + 1)) if rng.random() < 0.9 else k_max + 1
-    draft = _draft(rng, int(rng.integers(0, 5)), columns)
+    draft = draft_columns(rng, int(rng.integers(0, 5)), columns)
     ns = [0] + [int(n) for n in rng.integers(-1, k_max + 2, size=6)]
     return _case("limit", {"k_max": k_max, "ns": ns}, f"draft {tuple(draft.shape)}, k_max {k_max}", draft)
 
@@ -138,7 +138,7 @@ def disable_drafting(rng, device, launch):
     params = {"schedule": schedule, "max_batch_size": max_batch_size, "max_depth": max_depth,
               "window": int(rng.integers(1, 3)), "initial_depth": None, "steps": steps}
     return _case("disable_drafting", params, f"S={max_batch_size} Kmax={max_depth} schedule={schedule}",
-                 _draft(rng, max_batch_size, max_depth))
+                 draft_columns(rng, max_batch_size, max_depth))
 
 
 FAMILIES = {"resolve": resolve, "limit": limit, "controller": controller, "bands": bands,

@@ -1,0 +1,179 @@
+"""The refusal verdict (stress.refusal) and the refused families (stress.families.refusals)."""
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import runtime
+from stress import checks, refusal, runner
+from stress.families import refusals
+from stress.types import Case, Check
+
+
+def _refusing(kernel, reference=lambda out, n: None):
+    """A check whose one case (out of 8, n = -1) must be refused naming ``n``."""
+    def family(rng, device, launch):
+        return Case(inputs={"out": torch.full((8,), 7, dtype=torch.int32), "n": -1}, refused="n", note="n < 0")
+
+    return Check(name="fake", kernel=kernel, reference=reference, families={"f": family}, outputs=("out",))
+
+
+def _judge(kernel):
+    check = _refusing(kernel)
+    return refusal.judge(check, runner.build_case(check, "f", 1, "cpu"), "cpu", kernel)
+
+
+def _guarded(out, n):
+    if n < 0:
+        raise ValueError(f"n: expected an int >= 0, got {n}")
+    out[:n] = 0
+
+
+def test_a_refusal_naming_the_argument_before_any_write_passes():
+    verdict, details = _judge(_guarded)
+    assert verdict == "pass" and details == ["refused: n: expected an int >= 0, got -1"]
+
+
+def test_bad_input_that_goes_through_is_accepted():
+    def unguarded(out, n):
+        out[:n] = 0  # n = -1 clears all but the last entry, silently
+
+    verdict, details = _judge(unguarded)
+    assert verdict == "fail:accepted" and "ValueError naming 'n' (n < 0)" in details[0]
+
+
+@pytest.mark.parametrize("raised", [IndexError("n: out of range"), ValueError("out: too short"),
+                                    ValueError("expected n >= 0")], ids=["wrong-type", "wrong-name", "name-not-first"])
+def test_another_exception_or_another_name_is_a_bad_refusal(raised):
+    def kernel(out, n):
+        raise raised
+
+    verdict, details = _judge(kernel)
+    assert verdict == "fail:refusal" and str(raised) in details[0] and "naming 'n'" in details[0]
+
+
+def test_a_write_before_the_raise_is_a_divergence():
+    def late(out, n):
+        out[0] = 0
+        _guarded(out, n)
+
+    verdict, details = _judge(late)
+    assert verdict == "fail:divergence" and "written before raising ValueError: n:" in details[0]
+    assert any("out (read-only input)" in line for line in details[1:])
+
+
+def test_a_write_past_a_tensor_before_the_raise_is_oob():
+    def overrun(out, n):
+        torch.as_strided(out, (9,), (1,))[8] = 0
+        _guarded(out, n)
+
+    verdict, details = _judge(overrun)
+    assert verdict == "fail:oob" and "guard zone" in details[1]
+
+
+def test_the_message_must_begin_with_the_argument_and_a_colon():
+    assert refusal.names("idx_mapping: slot 9 at [2] is outside [-1, 9)", "idx_mapping")
+    assert not refusal.names("out: 3 rows, but idx_mapping has 4 batch rows", "idx_mapping")
+    assert not refusal.names("idx_mapping_2: bad", "idx_mapping")
+
+
+def test_a_validating_reference_must_refuse_the_same_argument():
+    def reference(out, n):
+        raise ValueError(f"out: cannot take n={n}")
+
+    check = _refusing(_guarded, reference)
+    case = runner.build_case(check, "f", 1, "cpu")
+    with pytest.raises(RuntimeError, match="expects a refusal naming 'n'.*out: cannot take"):
+        refusal.check_reference(check, case)
+    refusal.check_reference(_refusing(_guarded, lambda out, n: out[n]), case)  # not validating: the family decides
+
+
+def test_resized_gives_one_corruption_per_size_and_leaves_the_other_inputs_alone():
+    inputs = {"out": torch.arange(12, dtype=torch.int32).view(4, 3), "idx_mapping": torch.arange(4)}
+    (short,) = refusals.resized("out", 0, (lambda i: i["idx_mapping"].numel() - 1,), "one row short")
+    assert short.apply(np.random.default_rng(0), inputs) is not False
+    assert inputs["out"].shape == (3, 3) and inputs["idx_mapping"].tolist() == [0, 1, 2, 3]
+    narrower, wider = refusals.resized("out", 1, (-1, 2), "width")
+    assert (narrower.what, wider.what) == ("width (-1)", "width (+2)")
+    grown = {"out": torch.arange(6).view(2, 3)}
+    wider.apply(np.random.default_rng(0), grown)
+    assert grown["out"].tolist() == [[0, 1, 2, 0, 1], [3, 4, 5, 3, 4]]
+
+
+def test_past_bound_sets_one_live_index_to_its_exact_bound():
+    for seed in range(10):
+        inputs = {"idx_mapping": torch.tensor([-1, 2, 0, -1], dtype=torch.int32)}
+        refusals.past_bound("idx_mapping", lambda i: 5, "past").apply(np.random.default_rng(seed), inputs)
+        changed = (inputs["idx_mapping"] != torch.tensor([-1, 2, 0, -1], dtype=torch.int32)).nonzero().flatten()
+        assert changed.tolist() in ([1], [2]) and int(inputs["idx_mapping"][changed]) == 5
+
+
+REFUSED = [(c.name, f) for c in checks.REGISTRY for f, fn in c.families.items() if refusal.is_family(fn)]
+
+
+@pytest.mark.parametrize("check_name,family", REFUSED, ids=[f"{c}-{f}" for c, f in REFUSED])
+def test_every_corruption_of_a_refused_family_is_refused(check_name, family):
+    """Each corruption of the family, on a few valid cases, refused naming its argument before any write."""
+    check = checks.get(check_name)
+    fn = check.families[family]
+    for corruption in fn.corruptions:
+        for seed in range(3):
+            case = refusals.corrupted(fn.valid, corruption, np.random.default_rng(seed), runtime.DEVICE, {})
+            refusal.check_reference(check, case)
+            verdict, details = refusal.judge(check, case, runtime.DEVICE, check.kernel)
+            assert verdict == "pass", f"{corruption.what} (seed {seed}): {details}"
+
+
+def test_a_refusal_case_tries_every_guard_and_reruns_from_its_repro_line():
+    result = runner.run_case(runner.Task("block_table.gather", "refused", 11), runtime.DEVICE)
+    again = runner.run_case(runner.Task("block_table.gather", "refused", 11), runtime.DEVICE)
+    assert result.verdict == again.verdict == "pass" and result.details == again.details
+    assert len(result.details) == len(checks.get("block_table.gather").families["refused"].corruptions)
+    assert result.repro().startswith("./specsan repro block_table.gather refused 11")
+
+
+def test_refusal_cases_are_neither_sanitized_nor_hammered():
+    check = checks.get("block_table.shift")
+    sanitized = {t.family for t in runner.plan([check], None, 1, 0, tool="memcheck")}
+    assert "refused" not in sanitized and "overlap" in sanitized
+    assert "refused" in {t.family for t in runner.plan([check], None, 1, 0)}
+    from stress import hunt
+
+    result = hunt.hunt(check, runtime.DEVICE, seconds=0.2, seed=0, families=["refused", "overlap"],
+                       launch={"chunk": 16})
+    assert result.verdict == "pass" and result.cases >= 1
+
+
+def test_trace_and_repro_of_a_refusal_case():
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "SPECSAN_DEVICE": "cpu"}
+    traced = subprocess.run([sys.executable, "-m", "stress", "trace", "block_table.gather", "refused", "3"], cwd=root,
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert traced.returncode == 0 and "a refusal case, nothing to trace" in traced.stdout
+    repro = subprocess.run([sys.executable, "-m", "stress", "repro", "block_table.gather", "refused", "3", "--device",
+                            "cpu", "--mutant", "width-guard-removed"], cwd=root, capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert repro.returncode == 1 and "verdict: fail:accepted" in repro.stdout, repro.stdout + repro.stderr
+    assert "refusal case: out one column narrower or wider than persistent" in repro.stdout
+    assert "expected a ValueError naming 'out'" in repro.stdout
+
+
+def test_a_gpu_case_leaves_out_index_refusals_unless_indices_are_checked_there(monkeypatch):
+    """On a GPU, validate.indices reads index values back only with SPECSAN_CHECK_INDICES=1."""
+    from kernels import validate
+
+    family = checks.get("block_table.gather").families["refused"]
+
+    def notes(device):
+        case = family(np.random.default_rng(5), device, {})
+        return [c.note for c in (case, *case.more_refusals)]
+
+    monkeypatch.setattr(validate, "CHECK_INDICES_ON_GPU", False)
+    assert not any("a slot past persistent's rows" in n for n in notes("cuda"))
+    assert any("a slot past persistent's rows" in n for n in notes("cpu"))
+    monkeypatch.setattr(validate, "CHECK_INDICES_ON_GPU", True)
+    assert len(notes("cuda")) == len(family.corruptions)
