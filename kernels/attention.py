@@ -222,6 +222,18 @@ def launch_shape(num_tokens: int, num_batch_rows: int, num_kv_heads: int, group:
             "queries_per_chunk": block_m // group}
 
 
+def _check_indices(query_start_loc, block_table, seq_lens, num_tokens: int, num_blocks: int,
+                   block_size: int) -> None:
+    """What the kernel follows (read back on the CPU, on a GPU only with SPECSAN_CHECK_INDICES=1): query
+    offsets within the queries, sequence lengths within their table row, and every block id a sequence
+    reaches within the cache."""
+    validate.offsets("query_start_loc", query_start_loc, num_tokens)
+    validate.indices("seq_lens", seq_lens, 0, block_table.shape[1] * block_size + 1, what="sequence length")
+    validate.indices("block_table", block_table, 0, num_blocks, what="block id",
+                     where=lambda: torch.arange(block_table.shape[1], device=block_table.device)[None, :] * block_size
+                     < seq_lens[:, None])
+
+
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, *, scale: float, causal: bool,
                     out: torch.Tensor, block_m: int | None = None, block_n: int | None = None,
@@ -279,6 +291,8 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         return
     group = num_q_heads // num_kv_heads
     block_size = k_cache.shape[1]
+    _check_indices(query_start_loc, block_table[:num_batch_rows], seq_lens[:num_batch_rows], num_tokens,
+                   k_cache.shape[0], block_size)
     shape = launch_shape(num_tokens, num_batch_rows, num_kv_heads, group, head_dim,
                          block_table.shape[1] * block_size, query.dtype, device, block_m=block_m, block_n=block_n,
                          kv_splits=kv_splits, num_warps=num_warps, num_stages=num_stages)

@@ -73,6 +73,9 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
                          f"{(num_heads, head_dim)}")
     if slot_mapping.numel() < num_tokens:
         raise ValueError(f"slot_mapping: {slot_mapping.numel()} entries, fewer than the {num_tokens} tokens")
+    writing = slot_mapping[:num_tokens]
+    validate.indices("slot_mapping", writing, 0, k_cache.shape[0] * k_cache.shape[1], what="slot",
+                     where=lambda: writing >= 0)
     for name, knob in (("block_t", block_t), ("block_h", block_h), ("num_warps", num_warps)):
         if knob is not None:
             validate.power_of_two(name, knob)

@@ -86,6 +86,9 @@ def _checked(t: torch.Tensor) -> bool:
 def indices(name: str, t: torch.Tensor, lower: int, upper: int, *, what: str = "index", where=None) -> None:
     """Every entry of ``t`` (or of ``t[where]``) in ``[lower, upper)``: an index the kernel follows.
 
+    ``where`` is a bool mask of ``t``'s shape, or a function returning one, called only when the check runs
+    (so an unchecked GPU launch computes no mask).
+
     Checked whenever ``t`` is on the CPU, where it costs a pass over a small tensor; on a GPU
     only with ``SPECSAN_CHECK_INDICES=1`` (see ``CHECK_INDICES_ON_GPU``).
     """
@@ -93,7 +96,7 @@ def indices(name: str, t: torch.Tensor, lower: int, upper: int, *, what: str = "
         return
     outside = (t < lower) | (t >= upper)
     if where is not None:
-        outside &= where
+        outside &= where() if callable(where) else where
     found = outside.nonzero()
     if found.numel():
         at = [int(i) for i in found[0]]

@@ -315,6 +315,12 @@ PREPARE = refusal_family(di.decode, (
     *resized("draft_tokens", 1, (-1, 1), "draft_tokens one column off num_draft_tokens"),
 ), "prepare_draft_inputs")
 
+def _writing_tokens(inputs: dict) -> torch.Tensor:
+    """The slot_mapping entries that write: a token's (entries past the tokens are ignored), not negative."""
+    slots = inputs["slot_mapping"]
+    return (slots >= 0) & (torch.arange(slots.numel()) < inputs["key"].shape[0])
+
+
 WRITE_KV = refusal_family(kv_cache.pad, (
     retyped("value", torch.float16, torch.float32),
     *resized("value", 0, (-1, 1), "value one token off key"),
@@ -323,11 +329,32 @@ WRITE_KV = refusal_family(kv_cache.pad, (
     *resized("kv_cache", 4, (-1, 1), "a cache one head dim off key", refused="k_cache"),
     *resized("slot_mapping", 0, (lambda i: i["key"].shape[0] - 1,), "slot_mapping one entry short of the tokens"),
     retyped("slot_mapping", torch.int32),
+    past_bound("slot_mapping", lambda i: i["kv_cache"].shape[1] * i["kv_cache"].shape[2],
+               "a token's slot past the cache", live=_writing_tokens),
 ), "write_kv")
 
 
 def _query_tokens(inputs: dict) -> int:
     return inputs["query"].shape[0]
+
+
+def _attended_rows(inputs: dict) -> torch.Tensor:
+    """The batch rows query_start_loc describes (rows past them are never read)."""
+    return torch.arange(inputs["seq_lens"].numel()) < inputs["query_start_loc"].numel() - 1
+
+
+def _row_capacity(inputs: dict) -> int:
+    """One past the longest sequence a block-table row holds (the bound of seq_lens)."""
+    return inputs["block_table"].shape[1] * inputs["k_cache"].shape[1] + 1
+
+
+def _reached_blocks(inputs: dict) -> torch.Tensor:
+    """The block-table entries a batch row's sequence reaches: its first cdiv(seq_len, block_size) columns."""
+    table, rows = inputs["block_table"], inputs["query_start_loc"].numel() - 1
+    reached = torch.zeros(table.shape, dtype=torch.bool)
+    starts = torch.arange(table.shape[1])[None, :] * inputs["k_cache"].shape[1]  # each column's first token
+    reached[:rows] = starts < inputs["seq_lens"][:rows, None]
+    return reached
 
 
 PAGED_ATTENTION = refusal_family(attention.decode, (
@@ -341,6 +368,10 @@ PAGED_ATTENTION = refusal_family(attention.decode, (
     *_short("block_table", _qsl_rows, "the batch"),
     *_short("seq_lens", _qsl_rows, "the batch"),
     *replaced("scale", (float("nan"), float("inf"), "0.125", True, None), "scale not a finite float"),
+    past_bound("query_start_loc", lambda i: i["query"].shape[0] + 1, "a query offset past the queries"),
+    past_bound("seq_lens", _row_capacity, "a sequence longer than its block-table row", live=_attended_rows),
+    past_bound("block_table", lambda i: i["k_cache"].shape[0], "a block id a sequence reaches, past the cache",
+               live=_reached_blocks),
 ), "paged_attention")
 
 
