@@ -358,6 +358,27 @@ def slots_tiles(rng, device, launch):
                               note="256-token block edges")
 
 
+def slots_one_token(rng, device, launch):
+    """The smallest output: one token (one row of one, or no row and one padding token)."""
+    lens = pick(rng, ([1], [0], []))
+    return _slot_mapping_case(rng, query_lens=lens, width=int(rng.integers(1, 4)), block_size=pick(rng, BLOCK_SIZES),
+                              out_extra=1 - sum(lens), null_frac=0.0, note="one output token")
+
+
+def slots_prefill_rows(rng, device, launch):
+    """Many batch rows, prefill-sized ones among decode-sized and empty ones, some ending exactly on a
+    256-token program block: whole program blocks inside late rows, where one scalar search of the tile's
+    first token's row decides every lane (an empty row sharing a start must not own the tokens)."""
+    lens = []
+    for _ in range(int(rng.integers(4, 10))):
+        kind = rng.random()
+        lens.append(0 if kind < 0.2 else int(rng.integers(1, 4)) if kind < 0.5 else int(rng.integers(257, 700)))
+        if rng.random() < 0.3:  # pad this row so the next one starts on a program block
+            lens[-1] += -sum(lens) % 256
+    return _slot_mapping_case(rng, query_lens=lens, width=64, block_size=16, out_extra=int(rng.integers(0, 3)),
+                              note=f"{len(lens)} rows, {sum(lens)} tokens")
+
+
 def slots_extremes(rng, device, launch):
     """Block ids at the top of the int32 range (id * block size passes 2^31: int64 slots) and positions
     near 2^62 (a block index far past the row: PAD)."""
@@ -374,7 +395,8 @@ def slots_extremes(rng, device, launch):
 SLOT_MAPPING_FAMILIES = {"basic": slots_basic, "partial_block": slots_partial_block, "padded": slots_padded,
                          "past_width": slots_past_width, "long_query": slots_long_query,
                          "zero_width": slots_zero_width, "layouts": laid_out(slots_padded, "block_table"),
-                         "tiles": slots_tiles, "extremes": slots_extremes}
+                         "tiles": slots_tiles, "extremes": slots_extremes, "prefill_rows": slots_prefill_rows,
+                         "one_token": slots_one_token}
 
 # ---------------------------------------------------------------- has_unaligned_cached_prefix
 
