@@ -64,13 +64,17 @@ def attention_case(rng, *, query_lens, seq_lens, kv_heads, group, head_dim, bloc
                    pad_rows=0, extra_rows=0, pad_tokens=0, min_width=1, note="") -> Case:
     """Live requests with ``query_lens`` / ``seq_lens``; ``pad_rows`` batch rows with no query and no key;
     ``extra_rows`` block-table and seq_lens rows past the batch (their values must not matter);
-    ``pad_tokens`` query and out rows past the batch; block-table rows at least ``min_width`` wide."""
+    ``pad_tokens`` query and out rows past the batch; block-table rows at least ``min_width`` wide; in half
+    the cases the entries no sequence reaches hold a stale block id past the cache."""
     rows = len(query_lens) + pad_rows
     all_seq = list(seq_lens) + [0] * pad_rows + [int(rng.integers(1, 64)) for _ in range(extra_rows)]
     width = max([-(-s // block_size) for s in all_seq] + [min_width]) + int(rng.integers(0, 3))
     table = distinct_blocks(rng, rows + extra_rows, width)
     shape = (table.numel() + 1 + int(rng.integers(0, 3)), block_size, kv_heads, head_dim)
     k_cache, v_cache = _poisoned(shape, dtype), _poisoned(shape, dtype)
+    if rng.random() < 0.5:  # stale ids past the cache where no sequence reaches: never followed, never checked
+        unreached = torch.arange(width)[None, :] * block_size >= torch.tensor(all_seq)[:, None]
+        table[unreached] = int(rng.integers(shape[0], 2**31 - 1))
     for batch_row, length in enumerate(seq_lens):
         positions = torch.arange(length)
         blocks = table[batch_row].long()[positions // block_size]
@@ -194,10 +198,11 @@ def float32_wide(rng, device, launch):
     return float32(rng, device, launch, wide=True)
 
 
+@own_launch("cpu")
 def two_splits(rng, device, launch):
     """Two batch rows or KV heads in all, with block-table rows wide enough for 512 tokens (a table sized for
     the longest sequence, here short ones): on the CPU (one multiprocessor) the default split count is 2, the
-    one count the sweep does not force."""
+    one count the sweep does not force, so on the CPU it always runs the launcher's own shape."""
     rows, kv_heads = pick(rng, ((1, 2), (2, 1)))
     query_lens = [int(rng.integers(1, 4)) for _ in range(rows)]
     shape = {**_shape(rng, device), "kv_heads": kv_heads}
