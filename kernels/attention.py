@@ -229,9 +229,12 @@ def _check_indices(query_start_loc, block_table, seq_lens, num_tokens: int, num_
     reaches within the cache."""
     validate.offsets("query_start_loc", query_start_loc, num_tokens)
     validate.indices("seq_lens", seq_lens, 0, block_table.shape[1] * block_size + 1, what="sequence length")
-    validate.indices("block_table", block_table, 0, num_blocks, what="block id",
-                     where=lambda: torch.arange(block_table.shape[1], device=block_table.device)[None, :] * block_size
-                     < seq_lens[:, None])
+
+    def reached():  # the columns a row's sequence reaches: those whose first token is below its length
+        first_tokens = torch.arange(block_table.shape[1], device=block_table.device) * block_size
+        return first_tokens[None, :] < seq_lens[:, None]
+
+    validate.indices("block_table", block_table, 0, num_blocks, what="block id", where=reached)
 
 
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -243,8 +246,9 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
     query [T, H_q, D]; k_cache / v_cache [num_blocks, block_size, H_kv, D] (H_q a multiple of H_kv;
     query head h reads KV head h // (H_q / H_kv)); block_table int32 [>= B, W] and seq_lens int32
-    [>= B] by batch row, ``seq_lens[b]`` 0 or from the row's query count to ``W * block_size`` (values on the
-    device: not checked); query_start_loc int32 [B + 1]; out [>= T, H_q, D]. Query, caches and out
+    [>= B] by batch row, ``seq_lens[b]`` 0 or from the row's query count to ``W * block_size`` (the upper
+    bound is checked where indices are, see ``_check_indices``; the lower is not); query_start_loc int32
+    [B + 1]; out [>= T, H_q, D]. Query, caches and out
     share one dtype (fp16, bf16 or fp32). Rows of ``out`` outside the batch's queries are untouched.
     ``block_m`` (rows per program: query heads of a GQA group times queries), ``block_n`` (keys per
     tile), ``kv_splits``, ``num_warps`` and ``num_stages`` are launch knobs for stress sweeps and benches.

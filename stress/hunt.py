@@ -219,7 +219,7 @@ def hunt(check: Check, device: str, *, seconds: float, families: list[str] | Non
     fams = [f for f in families or (planted.families if planted and planted.families else check.families)
             if not refusal.is_family(check.families[f])]  # a refusal case launches nothing to hammer
     shapes = [dict(launch)] if launch is not None else (check.sweep(device) if check.sweep else [{}])
-    dev = runtime_device(device)
+    dev = runner.torch_device(device)
     result = HuntResult(check.name, device, "pass", mutant=mutant, load=load,
                         shapes={shape_key(s): ShapeStats() for s in shapes})
     with mutants.applied(planted):
@@ -239,10 +239,6 @@ def hunt(check: Check, device: str, *, seconds: float, families: list[str] | Non
         if traffic is not None:
             traffic.drain()
     return result
-
-
-def runtime_device(device: str) -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
 
 
 def _sync(device: str) -> None:

@@ -11,7 +11,6 @@ included) sits in guard zones and must come back unchanged.
 - ``fail:refusal``: it raised, but another exception type or a message that does not name the argument.
 """
 
-import copy
 import traceback
 
 import torch
@@ -64,13 +63,10 @@ def judge_all(check: Check, case: Case, device: str, kernel) -> tuple[str, list[
 
 def judge(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
     """Call ``kernel`` once on guarded copies of the case's inputs and judge the refusal."""
-    from stress import compare, guards
+    from stress import compare
+    from stress.runner import guarded, torch_device
 
-    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
-    tensors = {k: v for k, v in case.inputs.items() if isinstance(v, torch.Tensor)}
-    placed = {k: guards.place(k, v, dev) for k, v in tensors.items()}
-    args = {**copy.deepcopy({k: v for k, v in case.inputs.items() if k not in placed}),
-            **{k: g.view for k, g in placed.items()}}
+    placed, args = guarded(case, torch_device(device))
     raised = None
     try:
         kernel(**args, **case.launch)
@@ -84,8 +80,8 @@ def judge(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]
     said = traceback.format_exception_only(raised)[-1].strip()
     if damage := [d for g in placed.values() if (d := g.damage())]:
         return "fail:oob", [f"written past a tensor before raising {said}", *damage]
-    changed = [line for name, original in tensors.items()
-               if (found := compare.unchanged(name, original, placed[name].view)) for line in found.lines()]
+    changed = [line for name, g in placed.items()
+               if (found := compare.unchanged(name, case.inputs[name], g.view)) for line in found.lines()]
     if changed:
         return "fail:divergence", [f"written before raising {said}", *changed]
     if not isinstance(raised, ValueError) or not names(str(raised), case.refused):

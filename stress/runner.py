@@ -82,24 +82,37 @@ def _fatal(exc: BaseException) -> bool:
     return "CUDA error" in text or "AcceleratorError" in text or "illegal memory access" in text
 
 
+def torch_device(device: str) -> torch.device:
+    """Where a case runs: this process's current GPU, or the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+
+
+def guarded(case: Case, dev: torch.device) -> tuple[dict, dict]:
+    """Guarded copies of the case's tensor inputs on ``dev`` (``stress.guards``), and the call's arguments:
+    those copies' views, and fresh copies of every other input."""
+    from stress import guards
+
+    placed = {k: guards.place(k, v, dev) for k, v in case.inputs.items() if isinstance(v, torch.Tensor)}
+    return placed, {**copy.deepcopy({k: v for k, v in case.inputs.items() if k not in placed}),
+                    **{k: g.view for k, g in placed.items()}}
+
+
 def differential(check: Check, case: Case, expected: dict, device: str, load=None,
                  metrics: dict | None = None) -> tuple[str, list[str]]:
     """Run the kernel ``repeats`` times on guarded copies; compare each run with the reference.
 
     ``metrics``, when given, receives the check's metrics of the last run."""
-    from stress import compare, guards
+    from stress import compare
 
     compare_fn = check.compare or compare.exact
-    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    dev = torch_device(device)
     tensors = {k: v for k, v in case.inputs.items() if isinstance(v, torch.Tensor)}
     notes = []  # what a comparator tolerated (and says so) in a passing case
     unjudged = []  # outputs a comparator could not judge: the case is not_checked
     for repeat in range(check.repeats.get(device, 1)):
         # the last repeat's guarded copies go before new ones are made (a view past 2^31 elements is GBs)
         placed = args = returned = outputs = None
-        placed = {k: guards.place(k, v, dev) for k, v in tensors.items()}
-        args = {**copy.deepcopy({k: v for k, v in case.inputs.items() if k not in placed}),
-                **{k: g.view for k, g in placed.items()}}
+        placed, args = guarded(case, dev)
         if load is not None:
             load.kick()
         returned = _current(check.kernel)(**args, **case.launch)
