@@ -37,6 +37,8 @@ def test_a_family_that_owns_its_launch_runs_the_launchers_own_shape_on_its_devic
     assert runner.build_case(verify, "tiles", 0, "cpu", forced).launch == forced  # a family that owns none
     assert runner.build_case(attention, "wide_groups", 0, "cpu", {"block_n": 16}).launch == {}
     assert attention.families["wide_groups"].own_launch_on == ("cpu",)
+    # a forced 16 x 8 x 8192 tile at one warp kept ptxas past the 300 s deadline on the H200
+    assert checks.get("kv_cache.write").families["wide_heads"].own_launch_on == ("cpu", "cuda")
 
 
 def test_guard_zone_catches_a_write_past_the_end():
