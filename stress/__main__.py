@@ -774,6 +774,8 @@ def cmd_mutate(args) -> int:
         f"({sum(g['hang'] for g in summary['by_check'].values())} of them as a hang, fail:timeout); "
         f"{equivalent} equivalent (same TTIR/bytecode, or reasoned in stress/equivalent_mutants.toml); "
         f"{summary['wall_s']:.0f} s")
+    if pending := sum(g["pending"] for g in summary["by_check"].values()):
+        out(f"{pending} mutant(s) undecided: the run stopped before their hunts ended (neither killed nor survived)")
     if args.json:
         print(json.dumps(summary, indent=2))
     low = [name for name, g in summary["by_check"].items() if g["score"] is not None and g["score"] < args.fail_under]

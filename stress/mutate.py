@@ -299,6 +299,8 @@ def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, time
             elif "fail:timeout" in kill.other_failures:
                 timed = next(r for r in h.results.values() if r.verdict == "fail:timeout")
                 row.status, row.killed_by, row.verdict, row.repro = "hang", kill.check, "fail:timeout", timed.repro()
+            elif kill.status == "unfinished":  # a signal stopped its hunt: undecided, never a survivor
+                return
             elif round_ == len(row.owners) - 1:  # the last owner could not kill it either
                 row.status = "survived"
             if row.status != "pending":
@@ -327,11 +329,11 @@ def scores(rows: list[Row], key) -> dict[str, dict]:
 
 def score_table(title: str, table: dict[str, dict]) -> str:
     lines = [f"{title:34} {'gen':>5} {'equiv':>5} {'reas':>5} {'inval':>5} {'killed':>6} {'hang':>5} "
-             f"{'surv':>5} {'score':>7}"]
+             f"{'surv':>5} {'pend':>5} {'score':>7}"]
     for name, g in table.items():
         score = "-" if g["score"] is None else f"{g['score']:.1f}%"
         lines.append(f"{name:34} {g['generated']:>5} {g['equivalent']:>5} {g['reasoned']:>5} {g['invalid']:>5} "
-                     f"{g['killed']:>6} {g['hang']:>5} {g['survived']:>5} {score:>7}")
+                     f"{g['killed']:>6} {g['hang']:>5} {g['survived']:>5} {g['pending']:>5} {score:>7}")
     return "\n".join(lines)
 
 

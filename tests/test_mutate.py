@@ -155,3 +155,28 @@ def test_a_small_sample_of_a_host_check_is_decided_and_streamed(tmp_path):
     same = mutate.plan([checks.get("spec.slots")], mutate.Coverage({"spec.slots": [r.target for r in rows]}, {},
                                                                    {"spec.slots": []}), None, None, 3, 0)
     assert [r.id for r in same] == [r.id for r in rows]  # the sample is deterministic
+
+
+@pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")
+def test_a_hunt_stopped_by_a_signal_leaves_its_mutants_undecided(monkeypatch, tmp_path):
+    """A signal ends every open hunt as "unfinished": those mutants stay pending, never survivors, and the
+    stream says the run did not complete."""
+    import json
+    import signal
+
+    from stress import interrupts, matrix
+
+    def stopped(hunts, device, jobs, timeout, on_row, on_case=None):
+        for h in hunts:
+            on_row(h.finish("unfinished"))
+        raise interrupts.Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(matrix, "_run_hunts", stopped)
+    summary = mutate.run([checks.get("spec.slots")], "cpu", iters=1, seed=0, jobs=1, timeout=60, operators=None,
+                         only=None, sample=3, report=str(tmp_path), log=lambda line: None)
+    hunted = [r for r in summary["rows"] if r.equivalence == "bytecode" and r.status not in ("equivalent", "invalid")]
+    assert hunted and all(r.status == "pending" for r in hunted), summary["rows"]
+    assert not summary["survivors"] and summary["exit_code"] == 130
+    assert summary["by_check"]["spec.slots"]["pending"] == len(hunted)
+    end = [json.loads(line) for line in open(tmp_path / mutate.Stream.NAME)][-1]["end"]
+    assert end["complete"] is False and end["interrupted"] == "SIGINT"
