@@ -1,5 +1,5 @@
-"""Case families for the KV-cache write: PAD tokens, partial and null blocks, ragged tiles, dtypes, and
-(on the GPU) a cache past 2^31 elements.
+"""Case families for the KV-cache write: PAD tokens, partial and null blocks, ragged tiles, dtypes, default
+tiles at Triton's size limit, and (on the GPU) a cache past 2^31 elements and keys spread past 2^31.
 
 A case holds both caches in one ``kv_cache [2, num_blocks, block_size, H_kv, D]`` tensor (K then V,
 a combined KV allocation as engines keep it), so the runner guards and compares them as one buffer:
@@ -13,7 +13,7 @@ import torch
 
 import reference.kv_cache
 from kernels.kv_cache import write_kv
-from stress.families.common import big, int64, laid_out, own_launch, pick
+from stress.families.common import big, int64, laid_out, own_launch, pick, spread
 from stress.types import Case
 
 
@@ -191,6 +191,34 @@ def wide_heads(rng, device, launch):
                    head_dim=int(rng.integers(4097, 4200)), dtype=pick(rng, DTYPES), note="head dim past 4096")
 
 
+@own_launch()
+def tile_limit(rng, device, launch):
+    """Default tiles next to Triton's limit of 2^20 elements a tile: a head dim just past 2^19 on the CPU
+    (2 heads: one head of 2^20 lanes a program, at the limit) and past 4096 on the GPU (129 to 256 heads of
+    8192 lanes, one head a program). The launcher must not widen the head tile there: two heads of 2^20
+    lanes, or every head at once, pass the limit and do not compile. On the GPU no 2^20-lane tile is
+    compiled (ptxas takes minutes over one; see wide_heads)."""
+    heads, head_dim = (int(rng.integers(129, 257)), int(rng.integers(4097, 4200))) if big(device) \
+        else (2, (1 << 19) + int(rng.integers(1, 64)))
+    return kv_case(rng, slots=_distinct_slots(rng, 1, 3, 1), num_blocks=3, block_size=1, heads=heads,
+                   head_dim=head_dim, dtype=torch.float16, note="head tile at Triton's 2^20-element limit")
+
+
+def spread_tokens(rng, device, launch):
+    """Keys or values whose tokens lie far apart, every token writing. On the GPU three or four tokens spread
+    over 2^31 elements: the stride fits int32 and the last token's offset, the token index times it, passes
+    2^31, which int32 arithmetic wraps (a view of 4.3 GB; only its tokens are written). The CPU runs the same
+    layout a few thousand elements apart."""
+    tokens = int(rng.integers(3, 5))
+    case = kv_case(rng, slots=_distinct_slots(rng, tokens, 3, 16), num_blocks=3, block_size=16,
+                   heads=int(rng.integers(1, 3)), head_dim=pick(rng, (8, 64)), dtype=pick(rng, DTYPES))
+    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    name = pick(rng, ("key", "value"))
+    case.inputs[name] = spread(case.inputs[name], 0, reach)
+    case.note += f", {name} spread over {reach} elements"
+    return case
+
+
 BIG_ELEMENTS = (1 << 31) + (1 << 16)  # per cache, just past 2^31: offsets of the top blocks overflow int32
 BIG_SHARE = 4  # one GPU case in BIG_SHARE is past 2^31 elements: ~35 GB of device memory at its peak (the case's
 # 8.6 GB combined cache, the reference's copies, the guarded copy), so several workers rarely hold one at once
@@ -219,6 +247,7 @@ def big_cache(rng, device, launch):
 
 FAMILIES = {"pad": pad, "partial_block": partial_block, "null_block": null_block, "ragged": ragged,
             "dtypes": dtypes, "big_cache": big_cache, "bit_patterns": bit_patterns, "empty": empty,
-            "smallest": smallest, "many_heads": many_heads, "wide_heads": wide_heads,
+            "smallest": smallest, "many_heads": many_heads, "wide_heads": wide_heads, "tile_limit": tile_limit,
+            "spread_tokens": spread_tokens,
             # key and value as slices of a fused projection, and a padded combined cache
             "layouts": laid_out(partial_block, "key", "value", "kv_cache")}
