@@ -321,6 +321,19 @@ def _writing_tokens(inputs: dict) -> torch.Tensor:
     return (slots >= 0) & (torch.arange(slots.numel()) < inputs["key"].shape[0])
 
 
+def _slot_0_without_blocks(rng, inputs):
+    """The caches cut to no blocks, every token PAD but one at slot 0: the slot that only the check of every
+    slot >= 0 (PAD aside) refuses, where a check of slots > 0 lets it through."""
+    writing = _writing_tokens(inputs).nonzero().flatten()
+    if writing.numel() == 0:
+        return False
+    slots = torch.where(_writing_tokens(inputs), -1, inputs["slot_mapping"])
+    slots[int(writing[int(rng.integers(writing.numel()))])] = 0
+    inputs["slot_mapping"] = slots
+    inputs["kv_cache"] = inputs["kv_cache"][:, :0].clone()
+    return True
+
+
 WRITE_KV = refusal_family(kv_cache.pad, (
     retyped("value", torch.float16, torch.float32),
     *resized("value", 0, (-1, 1), "value one token off key"),
@@ -331,6 +344,7 @@ WRITE_KV = refusal_family(kv_cache.pad, (
     retyped("slot_mapping", torch.int32),
     past_bound("slot_mapping", lambda i: i["kv_cache"].shape[1] * i["kv_cache"].shape[2],
                "a token's slot past the cache", live=_writing_tokens),
+    Corruption("slot_mapping", "a token's slot 0 in caches of no blocks", _slot_0_without_blocks, on_gpu=False),
 ), "write_kv")
 
 
