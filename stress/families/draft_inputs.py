@@ -76,7 +76,9 @@ def draft_case(rng, *, batch_rows, k=None, anchor_first=None, block_size=None, p
 
     inputs = {
         "idx_mapping": idx_mapping,
-        "target_query_start_loc": int32(np.concatenate([[0], np.cumsum([r[0] for r in rows], dtype=np.int64)])),
+        # a padded row's offset repeats the total (entries past B + 1 are never read)
+        "target_query_start_loc": int32(np.concatenate([[0], np.cumsum([r[0] for r in rows], dtype=np.int64),
+                                                        [num_target_rows] * pad_rows])),
         "target_positions": int64(positions + [POISON] * pad_tokens),
         "num_sampled": int32([r[1] for r in rows]),
         "num_rejected": int32([r[2] for r in rows]),
@@ -179,9 +181,14 @@ def tiles(rng, device, launch):
 
 def extremes(rng, device, launch):
     """Block ids, token ids and the mask id at the top of the int32 range, idle slots cached 2^31 - 1
-    tokens, and (one case in two) every position moved up by about 2^30 with max_model_len: int64
-    position and slot arithmetic, block indices far past the row."""
-    case = draft_case(rng, batch_rows=_batch(rng, device, 2), null_frac=0.2, **_padding(rng), note="int32 extremes")
+    tokens. One case in two keeps its positions in the table rows, with block sizes past 1 (an id times the
+    block size passes 2^31); the others move every position up with max_model_len: by about 2^30, or (block
+    size 3) so that the largest live cached count is the last multiple of 3 below 2^31, where rounding a
+    count up to a whole block would pass 2^31. int64 position and slot arithmetic, block indices far past
+    the row."""
+    moving = pick(rng, (0, 0, 1, 2))
+    case = draft_case(rng, batch_rows=_batch(rng, device, 2), null_frac=0.2, **_padding(rng), note="int32 extremes",
+                      block_size=pick(rng, BLOCK_SIZES[1:]) if moving == 0 else 3 if moving == 2 else None)
     inputs = case.inputs
     table = inputs["block_table"]
     inputs["block_table"] = common.near_int32_max(rng, table.shape).masked_fill(table == 0, 0)
@@ -193,17 +200,32 @@ def extremes(rng, device, launch):
     live = torch.zeros(num_slots, dtype=torch.bool)
     live[inputs["idx_mapping"].long()] = True
     cached[~live] = common.INT32_MAX
-    if rng.integers(2):
-        moved = (2**30 // inputs["block_size"]) * inputs["block_size"]  # a whole number of blocks
+    if moving:
+        bs = inputs["block_size"]
+        top = common.INT32_MAX // bs * bs
+        moved = 2**30 // bs * bs if moving == 1 else top - int(cached[live].max())  # a whole number of blocks
         positions = inputs["target_positions"]
         positions[positions != POISON] += moved
         cached[live] += moved
         inputs["max_model_len"] += moved
-        case.note += ", positions near 2^30"
+        case.note += ", positions near 2^30" if moving == 1 else f", a live slot cached {top} tokens"
+    return case
+
+
+def big_offsets(rng, device, launch):
+    """On the GPU, block-table rows spread over 2^31 elements: the last batch row's table offset, its row
+    times the row stride, passes 2^31, which int32 arithmetic wraps (a view of about 8.6 GB; only its rows
+    are read). Three batch rows or more, so the stride itself fits int32. The CPU runs the same layout a few
+    thousand elements apart. No padded table rows: the last batch row is the table's last."""
+    case = draft_case(rng, batch_rows=int(rng.integers(3, 6)), pad_tokens=int(rng.integers(0, 3)))
+    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    case.inputs["block_table"] = common.spread(case.inputs["block_table"], 0, reach)
+    case.note += f", block_table spread over {reach} elements"
     return case
 
 
 FAMILIES = {"decode": decode, "padded": padded, "prefix_cache": prefix_cache, "rejected_suffix": rejected_suffix,
             "chunked_prefill": chunked_prefill, "zero_width": zero_width, "max_model_len": max_model_len,
             "null_block": null_block, "long_prefill": long_prefill, "tiles": tiles, "extremes": extremes,
+            "big_offsets": big_offsets,
             "layouts": common.laid_out(prefix_cache, "block_table", "draft_tokens")}
