@@ -168,11 +168,27 @@ def shift_extremes(rng, device, launch):
     return case
 
 
+def shift_big_offsets(rng, device, launch):
+    """On the GPU, table rows spread over 2^31 elements, every batch row shifting: the last row's offset, its
+    batch row times the row stride, passes 2^31, which int32 arithmetic wraps (a view of about 8.6 GB; only
+    its rows are written). Three rows or more, so the stride itself fits int32. The CPU runs the same layout
+    a few thousand elements apart."""
+    rows = int(rng.integers(3, 6))
+    width = int(rng.integers(2, 40))
+    bs = pick(rng, BLOCK_SIZES)
+    case = _shift_case(rng, width=width, block_size=bs, shifts=[int(rng.integers(1, width)) for _ in range(rows)],
+                       residuals=[0] * rows, seq_lens=[width * bs] * rows)
+    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    case.inputs["block_table"] = spread(case.inputs["block_table"], 0, reach)
+    case.note = f"block_table spread over {reach} elements"
+    return case
+
+
 SHIFT_FAMILIES = {
     "overlap": shift_overlap, "partial_block": shift_partial_block, "long_row": shift_long_row,
     "zero_shift": shift_zero_shift, "zero_width": shift_zero_width, "padded": shift_padded,
     "slot_vs_row": shift_slot_vs_row, "layouts": laid_out(shift_padded, "block_table"), "tiles": shift_tiles,
-    "extremes": shift_extremes,
+    "extremes": shift_extremes, "big_offsets": shift_big_offsets,
 }
 
 # ---------------------------------------------------------------- gather_block_tables
@@ -264,9 +280,11 @@ def gather_extremes(rng, device, launch):
 def gather_big_offsets(rng, device, launch):
     """On the GPU, slot rows or out rows spread over 2^31 elements, the last slot gathered and the last out
     row written: their offsets pass 2^31, which int32 offset arithmetic wraps (a view of about 8.6 GB; only its
-    rows are written). The CPU runs the same layouts a few thousand elements apart."""
+    rows are written). Three rows or more, so the row stride fits int32 and only the row times the stride
+    passes it (two rows 2^31 apart have a stride Triton passes as int64). The CPU runs the same layouts a few
+    thousand elements apart."""
     reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
-    rows = int(rng.integers(2, 5))
+    rows = int(rng.integers(3, 6))
     case = _gather_case(rng, batch_rows=rows, pad_rows=0, width=int(rng.integers(1, 64)),
                         extra_slots=int(rng.integers(0, 3)), negative=0.2)
     case.inputs["idx_mapping"][int(rng.integers(rows))] = case.inputs["persistent"].shape[0] - 1
