@@ -1,13 +1,16 @@
 """KV-cache write: hand-worked slots, PAD, entries past T, strided views, argument checks, CUDA-graph replay."""
 
+import numpy as np
 import pytest
 import torch
+import triton
 from hypothesis import given
 from hypothesis import strategies as st
 
 import kernels.kv_cache as kkv
 import reference.kv_cache as rkv
 from kernels import runtime
+from stress.families.kv_cache import tile_limit
 
 DEV = runtime.device()
 
@@ -119,3 +122,13 @@ def test_graph_replay_with_new_slots():
         graph.replay()
         expected = rkv.write_kv(key, value, slots, torch.zeros(8, 16, 2, 64), torch.zeros(8, 16, 2, 64))
         assert torch.equal(k_cache.cpu(), expected[0]) and torch.equal(v_cache.cpu(), expected[1])
+
+
+def test_tile_limit_cases_sit_at_tritons_tile_limit():
+    """One head of the case fills at most a 2^20-element tile, more than one passes it (what the family meets)."""
+    limit = triton.language.TRITON_MAX_TENSOR_NUMEL
+    assert tile_limit.own_launch_on == ("cpu", "cuda")
+    for device in ("cpu", "cuda"):
+        heads, head_dim = tile_limit(np.random.default_rng(0), device, {}).inputs["key"].shape[1:]
+        one_head = triton.next_power_of_2(head_dim)
+        assert one_head <= limit < 2 * one_head if device == "cpu" else one_head <= limit < heads * one_head

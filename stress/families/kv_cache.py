@@ -200,7 +200,7 @@ def tile_limit(rng, device, launch):
     compiled (ptxas takes minutes over one; see wide_heads)."""
     heads, head_dim = (int(rng.integers(129, 257)), int(rng.integers(4097, 4200))) if big(device) \
         else (2, (1 << 19) + int(rng.integers(1, 64)))
-    return kv_case(rng, slots=_distinct_slots(rng, 1, 3, 1), num_blocks=3, block_size=1, heads=heads,
+    return kv_case(rng, slots=_distinct_slots(rng, 1, 2, 1), num_blocks=2, block_size=1, heads=heads,
                    head_dim=head_dim, dtype=torch.float16, note="head tile at Triton's 2^20-element limit")
 
 
