@@ -14,7 +14,18 @@ from kernels.block_table import shift_block_table_rows
 from kernels.draft_inputs import prepare_draft_inputs
 from kernels.kv_cache import write_kv
 from stress.compare import Float64Expected
-from stress.families.common import SENTINEL, big, distinct_blocks, int32, int64, laid_out, own_launch, pick, slots_for
+from stress.families.common import (
+    SENTINEL,
+    big,
+    distinct_blocks,
+    int32,
+    int64,
+    laid_out,
+    own_launch,
+    pick,
+    slots_for,
+    spread,
+)
 from stress.types import Case
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -151,12 +162,13 @@ def long(rng, device, launch):
 
 def gqa(rng, device, launch):
     """Several KV heads shared by 1 to 8 query heads each: query head h must read KV head h // group. Groups of
-    3, 5 and 6 leave rows of a program past its whole groups (rows // group >= queries per chunk)."""
+    3, 5 and 6 leave rows of a program past its whole groups (rows // group >= queries per chunk); a group of
+    32 exactly fills the CPU sweep's forced 32-row program (one query per chunk), which the launcher accepts."""
     query_lens = [int(rng.integers(1, 8)) for _ in range(_batch(rng, device, 1))]
     kv_heads = int(rng.integers(2, 9 if big(device) else 3))
     return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
                           causal=bool(rng.integers(2)),
-                          **_shape(rng, device, kv_heads=kv_heads, groups=(1, 3, 4, 5, 6, 8)))
+                          **_shape(rng, device, kv_heads=kv_heads, groups=(1, 3, 4, 5, 6, 8, 32)))
 
 
 def chunks(rng, device, launch):
@@ -230,6 +242,60 @@ def dtypes(rng, device, launch):
                           causal=bool(rng.integers(2)), **shape)
 
 
+def many_queries(rng, device, launch):
+    """Rows of more queries than the launcher's chunk holds (128 // group queries, so the mean query count per
+    batch row passes it and the cap on the default tile decides): prefill-sized on the GPU (512 to 1024, with a
+    decode row or none), one row of a few past the cap on the CPU. A program walks several chunks."""
+    group = pick(rng, (4, 8))
+    if big(device):
+        query_lens = [int(rng.integers(512, 1025))] + [1] * int(rng.integers(0, 2))
+        query_lens = [query_lens[i] for i in rng.permutation(len(query_lens))]
+    else:
+        query_lens = [128 // group + int(rng.integers(1, 8))]
+    long_row = max(query_lens)
+    return attention_case(rng, query_lens=query_lens,
+                          seq_lens=_requests(rng, device, query_lens, long_row + (256 if big(device) else 16)),
+                          causal=bool(rng.integers(2)), **{**_shape(rng, device), "group": group})
+
+
+@own_launch()
+def wide_table(rng, device, launch):
+    """Block-table rows that address far more tokens than their short sequences use (2^24 on the GPU, 2^12 on
+    the CPU; the columns past the sequences hold stale ids, never followed). The launcher's own split count
+    must stay the one the multiprocessors ask for, not what the table could hold: past 65535 splits (a table
+    of 2^24 tokens at 128 keys per split) a GPU grid cannot launch."""
+    query_lens = [1] * _batch(rng, device, 2, 4)
+    case = attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
+                          causal=bool(rng.integers(2)), **_shape(rng, device, groups=(1, 4, 8)))
+    table, block_size = case.inputs["block_table"], case.inputs["k_cache"].shape[1]
+    columns = -(-(2**24 if big(device) else 2**12) // block_size) - table.shape[1]
+    stale = torch.full((table.shape[0], columns), case.inputs["k_cache"].shape[0], dtype=torch.int32)
+    case.inputs["block_table"] = torch.cat([table, stale], 1)
+    case.note += f", table of {case.inputs['block_table'].shape[1] * block_size} tokens"
+    return case
+
+
+def big_offsets(rng, device, launch):
+    """On the GPU, the query rows, out rows, block-table rows or cache blocks spread so that the last one a
+    request reads or writes lies 2^31 elements or more past the first, which int32 offset arithmetic wraps
+    (three batch rows, so each stride stays below 2^31 and is passed as an int32; views of up to 8.6 GB, only
+    their rows written). The CPU runs the same layouts a few thousand elements apart."""
+    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    query_lens = [int(rng.integers(1, 4)) for _ in range(3)]
+    case = attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
+                          causal=bool(rng.integers(2)), **_shape(rng, device))
+    name = pick(rng, ("query", "out", "block_table", "caches"))
+    if name == "caches":  # cut past the last block a sequence reaches, which then lies `reach` past block 0
+        last = int((~case.unwritten["k_cache"]).flatten(1).any(1).nonzero().max())
+        for cache in ("k_cache", "v_cache"):
+            case.unwritten[cache] = case.unwritten[cache][:last + 1].clone()
+            case.inputs[cache] = spread(case.inputs[cache][:last + 1], 0, -(-reach // last) * last)
+    else:
+        case.inputs[name] = spread(case.inputs[name], 0, reach)
+    case.note += f", {name} spread over {reach} elements"
+    return case
+
+
 def _emptied(case: Case, names: tuple[str, ...], dim: int) -> Case:
     """``case`` with the tensors ``names`` (and their unwritten masks) cut to size 0 along ``dim``."""
     for name in names:
@@ -286,7 +352,8 @@ def empty_inputs(rng, device, launch):
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
             "dtypes": dtypes, "chunks": chunks, "wide_groups": wide_groups, "float32": float32,
             "float32_wide": float32_wide, "two_splits": two_splits, "large_scores": large_scores,
-            "empty": empty_inputs, "no_keys": no_keys, "one_element": one_element,
+            "empty": empty_inputs, "no_keys": no_keys, "one_element": one_element, "many_queries": many_queries,
+            "wide_table": wide_table, "big_offsets": big_offsets,
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
             # the launcher asks K and V for the same strides)
             "layouts": laid_out(edges, "query", "out", "block_table")}

@@ -315,9 +315,12 @@ def _slot_mapping_case(rng, *, query_lens, width, block_size, null_frac=0.1, out
         limit = width * block_size * (2 if past_width else 1)
         first = int(rng.integers(0, max(1, limit - q + 1)))
         positions.extend(range(first, first + q))
-    if past_width and positions:
-        # -1 is the position a block index truncated toward zero would wrongly map into the row
-        positions[int(rng.integers(lead, len(positions)))] = pick(rng, (-1, -block_size, -int(rng.integers(1, 100))))
+    if past_width and len(positions) > lead:
+        # -1 (a common padding position) is the one a block index truncated toward zero would wrongly map into
+        # the row's first block: every such case holds it, beside -block_size and a random negative
+        spots = rng.choice(np.arange(lead, len(positions)), size=min(3, len(positions) - lead), replace=False)
+        for spot, value in zip(spots, (-1, -block_size, -int(rng.integers(1, 100))), strict=False):
+            positions[int(spot)] = value
     out = torch.full((int(starts[-1]) + out_extra,), SENTINEL, dtype=torch.int64)
     return Case(inputs={"block_table": table, "query_start_loc": int32(starts), "positions": int64(positions),
                         "block_size": block_size, "out": out}, note=note)
@@ -410,11 +413,23 @@ def slots_extremes(rng, device, launch):
     return case
 
 
+def slots_big_offsets(rng, device, launch):
+    """On the GPU, block-table rows spread over 2^31 elements, the last batch row's tokens on live blocks: their
+    table offsets pass 2^31, which int32 row arithmetic wraps (a view of about 8.6 GB, as in gather's
+    big_offsets; only its rows are written). The CPU runs the same layout a few thousand elements apart."""
+    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    case = _slot_mapping_case(rng, query_lens=[int(rng.integers(1, 12)) for _ in range(int(rng.integers(2, 5)))],
+                              width=int(rng.integers(1, 16)), block_size=pick(rng, BLOCK_SIZES), null_frac=0.0)
+    case.inputs["block_table"] = spread(case.inputs["block_table"], 0, reach)
+    case.note = f"block-table rows spread over {reach} elements"
+    return case
+
+
 SLOT_MAPPING_FAMILIES = {"basic": slots_basic, "partial_block": slots_partial_block, "padded": slots_padded,
                          "past_width": slots_past_width, "long_query": slots_long_query,
                          "zero_width": slots_zero_width, "layouts": laid_out(slots_padded, "block_table"),
                          "tiles": slots_tiles, "extremes": slots_extremes, "prefill_rows": slots_prefill_rows,
-                         "one_token": slots_one_token}
+                         "one_token": slots_one_token, "big_offsets": slots_big_offsets}
 
 # ---------------------------------------------------------------- has_unaligned_cached_prefix
 

@@ -78,8 +78,9 @@ def _band_schedule(rng, max_batch_size: int, max_depth: int, zero_band: bool) ->
 
 
 def bands(rng, device, launch):
-    """A DSD table with one controller per band, observed at random batch sizes; some schedules are
-    refused (bands that overlap, none starting at 1, or one past the others that ends before it starts)."""
+    """A DSD table with one controller per band, observed at random batch sizes, each starting at its cap or
+    at an initial depth clamped to it; some schedules are refused (bands that overlap, none starting at 1,
+    or one past the others that ends before it starts)."""
     max_batch_size, max_depth = int(rng.integers(1, 17)), int(rng.integers(1, 7))
     schedule = _band_schedule(rng, max_batch_size, max_depth, zero_band=bool(rng.random() < 0.5))
     if rng.random() < 0.15:
@@ -88,7 +89,8 @@ def bands(rng, device, launch):
         schedule = pick(rng, ([(start + 1, end + 1, depth)] + schedule[1:], schedule + [(end, end + 2, depth)],
                               schedule + [(last + 3, last + 2, depth)]))
     steps = [(int(rng.integers(1, max_batch_size + 1)), *step) for step in _steps(rng, max_depth, 25)]
-    initial = None if rng.random() < 0.5 else int(rng.integers(1, 7))
+    # an initial depth above some band's cap (up to past every cap) starts that band at its cap
+    initial = None if rng.random() < 0.25 else int(rng.integers(1, max_depth + 3))
     params = {"schedule": schedule, "max_batch_size": max_batch_size, "max_depth": max_depth,
               "window": int(rng.integers(1, 4)), "initial_depth": initial, "steps": steps}
     return _case("bands", params, f"S={max_batch_size} Kmax={max_depth} schedule={schedule}")

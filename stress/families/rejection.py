@@ -229,14 +229,21 @@ def huge_vocab(rng, device, launch):
 
 
 def big_offsets(rng, device, launch):
-    """On the GPU, target logits whose three rows lie 2^30 elements apart: the bonus row's offset passes
-    2^31, which int32 step arithmetic wraps (an 8.6 GB view; only its rows are written). The CPU runs the
-    same layout with rows a few thousand elements apart (the guard fill of 8 GB is too slow there)."""
+    """On the GPU, views whose last row lies 2^31 elements past their first, which int32 offset arithmetic
+    wraps; only their rows are written. Half the time one request's three target rows (two drafts, the
+    bonus) 2^30 elements apart: the bonus row's step offset passes 2^31 (an 8.6 GB view). Else three
+    requests whose target rows, draft-token rows or output rows (one of them per case, so a case holds at
+    most 17 GB of the device while other workers hold theirs) lie 2^30 elements apart: the last request's
+    row offset passes 2^31. The CPU runs the same layouts with rows a few thousand elements apart (the guard
+    fill of 8 GB is too slow there)."""
     reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
     vocab = int(rng.integers(2, 4096 if big(device) else 48))
-    case = _case(rng, batch=1, depth=2, vocab=vocab, greedy_share=0.5, draft_logits=bool(rng.integers(2)),
-                 placeholder_share=0.0, note=f"target rows {reach // 2} elements apart")
-    case.inputs["target_logits"] = spread(case.inputs["target_logits"], 1, reach)
+    by_step = bool(rng.integers(2))
+    case = _case(rng, batch=1 if by_step else 3, depth=2, vocab=vocab, greedy_share=0.5,
+                 draft_logits=bool(rng.integers(2)), placeholder_share=0.0)
+    name = "target_logits" if by_step else pick(rng, ("target_logits", "draft_tokens", "out_tokens"))
+    case.inputs[name] = spread(case.inputs[name], 1 if by_step else 0, reach)
+    case.note = f"{name} {'steps' if by_step else 'request rows'} {reach // 2} elements apart"
     return case
 
 

@@ -210,13 +210,26 @@ def every_slot(rng, device, launch):
 
 
 def big_offsets(rng, device, launch):
-    """On the GPU, three logits rows 2^30 elements apart, or cache slots spread over 2^31 elements: the
-    last row's or slot's offset passes 2^31, which int32 offset arithmetic wraps (a view of about 8.6 GB;
-    only its rows are written). The CPU runs the same layouts a few thousand elements apart."""
+    """On the GPU, offsets past 2^31 elements, which int32 offset arithmetic wraps (views of about 8.6 GB;
+    only their rows are written): three logits rows 2^30 elements apart; cache slots spread over 2^31
+    elements, the last written by a live row; or a cache whose three columns lie 2^30 elements apart (the
+    slots packed inside each column), a live row writing the last. The CPU runs the same layouts a few
+    thousand elements apart."""
     reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
     case = _case(rng, rows=2, pad_rows=1, vocab=int(rng.integers(2, 4096 if big(device) else 48)), greedy_share=0.5)
-    name = pick(rng, ("logits", "logits_cache"))
-    case.inputs[name] = spread(case.inputs[name], 0, reach)
+    inputs = case.inputs
+    name = pick(rng, ("logits", "logits_cache", "cache columns"))
+    if name == "cache columns":
+        slots, _, vocab = inputs["logits_cache"].shape
+        stride = max(slots * vocab, -(-reach // 2))
+        inputs["cache_cols"][1] = 2
+        inputs["logits_cache"] = torch.empty(2 * stride + slots * vocab).as_strided(
+            (slots, 3, vocab), (vocab, stride, 1)).fill_(SENTINEL_LOGIT)
+    else:
+        last_slot = inputs["temperature"].numel() - 1
+        if name == "logits_cache" and last_slot not in inputs["idx_mapping"].tolist():
+            inputs["idx_mapping"][1] = last_slot  # a live row writes the slot past 2^31 (slots stay distinct)
+        inputs[name] = spread(inputs[name], 0, reach)
     case.note = f"{name} spread over {reach} elements"
     return case
 
