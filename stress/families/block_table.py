@@ -228,9 +228,13 @@ def gather_wide(rng, device, launch):
 
 
 def gather_no_rows(rng, device, launch):
-    """No batch rows, with no slots at all or some: nothing to write."""
-    slots = pick(rng, (0, 3))
-    return _gather_case(rng, batch_rows=0, pad_rows=2, width=8, extra_slots=slots, note=f"no batch rows, {slots} slots")
+    """No batch rows and no slots: an empty batch of an empty pool is valid, and nothing is written."""
+    return _gather_case(rng, batch_rows=0, pad_rows=2, width=8, extra_slots=0, note="no batch rows, no slots")
+
+
+def gather_no_rows_some_slots(rng, device, launch):
+    """No batch rows over a pool of three slots: nothing to write."""
+    return _gather_case(rng, batch_rows=0, pad_rows=2, width=8, extra_slots=3, note="no batch rows, 3 slots")
 
 
 def gather_zero_width(rng, device, launch):
@@ -296,7 +300,8 @@ def gather_big_offsets(rng, device, launch):
 
 GATHER_FAMILIES = {"basic": gather_basic, "padded": gather_padded, "negative_slot": gather_negative_slot,
                    "wide": gather_wide, "no_rows": gather_no_rows, "zero_width": gather_zero_width,
-                   "one_slot": gather_one_slot, "narrow": gather_narrow,
+                   "no_rows_some_slots": gather_no_rows_some_slots, "one_slot": gather_one_slot,
+                   "narrow": gather_narrow,
                    "layouts": laid_out(gather_negative_slot, "persistent", "out"), "tiles": gather_tiles,
                    "extremes": gather_extremes, "big_offsets": gather_big_offsets}
 
