@@ -21,6 +21,7 @@ from stress.families.common import (
     int32,
     int64,
     laid_out,
+    offset_reach,
     own_launch,
     pick,
     slots_for,
@@ -280,7 +281,7 @@ def big_offsets(rng, device, launch):
     request reads or writes lies 2^31 elements or more past the first, which int32 offset arithmetic wraps
     (three batch rows, so each stride stays below 2^31 and is passed as an int32; views of up to 8.6 GB, only
     their rows written). The CPU runs the same layouts a few thousand elements apart."""
-    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    reach = offset_reach(rng, device)
     query_lens = [int(rng.integers(1, 4)) for _ in range(3)]
     case = attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
                           causal=bool(rng.integers(2)), **_shape(rng, device))

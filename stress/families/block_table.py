@@ -13,6 +13,7 @@ from stress.families.common import (
     int64,
     laid_out,
     near_int32_max,
+    offset_reach,
     pick,
     slots_for,
     spread,
@@ -178,7 +179,7 @@ def shift_big_offsets(rng, device, launch):
     bs = pick(rng, BLOCK_SIZES)
     case = _shift_case(rng, width=width, block_size=bs, shifts=[int(rng.integers(1, width)) for _ in range(rows)],
                        residuals=[0] * rows, seq_lens=[width * bs] * rows)
-    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    reach = offset_reach(rng, device)
     case.inputs["block_table"] = spread(case.inputs["block_table"], 0, reach)
     case.note = f"block_table spread over {reach} elements"
     return case
@@ -287,7 +288,7 @@ def gather_big_offsets(rng, device, launch):
     rows are written). Three rows or more, so the row stride fits int32 and only the row times the stride
     passes it (two rows 2^31 apart have a stride Triton passes as int64). The CPU runs the same layouts a few
     thousand elements apart."""
-    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    reach = offset_reach(rng, device)
     rows = int(rng.integers(3, 6))
     case = _gather_case(rng, batch_rows=rows, pad_rows=0, width=int(rng.integers(1, 64)),
                         extra_slots=int(rng.integers(0, 3)), negative=0.2)
@@ -422,7 +423,7 @@ def slots_big_offsets(rng, device, launch):
     """On the GPU, block-table rows spread over 2^31 elements, the last batch row's tokens on live blocks: their
     table offsets pass 2^31, which int32 row arithmetic wraps (a view of about 8.6 GB, as in gather's
     big_offsets; only its rows are written). The CPU runs the same layout a few thousand elements apart."""
-    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    reach = offset_reach(rng, device)
     case = _slot_mapping_case(rng, query_lens=[int(rng.integers(1, 12)) for _ in range(int(rng.integers(2, 5)))],
                               width=int(rng.integers(1, 16)), block_size=pick(rng, BLOCK_SIZES), null_frac=0.0)
     case.inputs["block_table"] = spread(case.inputs["block_table"], 0, reach)

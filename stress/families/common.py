@@ -92,6 +92,12 @@ def near_int32_max(rng: np.random.Generator, shape) -> torch.Tensor:
     return torch.from_numpy((INT32_MAX - rng.permutation(count)).astype(np.int32)).view(*shape)
 
 
+def offset_reach(rng: np.random.Generator, device: str) -> int:
+    """How far apart a ``big_offsets`` family spreads a view (``spread``): 2^31 elements on the GPU, where int32
+    offset arithmetic wraps; a few thousand on the CPU, where a guard fill of GBs is too slow."""
+    return 2**31 if big(device) else int(rng.integers(1000, 5000))
+
+
 def spread(t: torch.Tensor, dim: int, reach: int) -> torch.Tensor:
     """``t``'s values in a view whose last index along ``dim`` lies at least ``reach`` elements after its
     first (``reach`` = 2^31: element offsets that int32 address arithmetic wraps). Dimensions inside

@@ -218,7 +218,7 @@ def big_offsets(rng, device, launch):
     are read). Three batch rows or more, so the stride itself fits int32. The CPU runs the same layout a few
     thousand elements apart. No padded table rows: the last batch row is the table's last."""
     case = draft_case(rng, batch_rows=int(rng.integers(3, 6)), pad_tokens=int(rng.integers(0, 3)))
-    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    reach = common.offset_reach(rng, device)
     case.inputs["block_table"] = common.spread(case.inputs["block_table"], 0, reach)
     case.note += f", block_table spread over {reach} elements"
     return case

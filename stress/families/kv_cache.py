@@ -13,7 +13,7 @@ import torch
 
 import reference.kv_cache
 from kernels.kv_cache import write_kv
-from stress.families.common import big, int64, laid_out, own_launch, pick, spread
+from stress.families.common import big, int64, laid_out, offset_reach, own_launch, pick, spread
 from stress.types import Case
 
 
@@ -212,7 +212,7 @@ def spread_tokens(rng, device, launch):
     tokens = int(rng.integers(3, 5))
     case = kv_case(rng, slots=_distinct_slots(rng, tokens, 3, 16), num_blocks=3, block_size=16,
                    heads=int(rng.integers(1, 3)), head_dim=pick(rng, (8, 64)), dtype=pick(rng, DTYPES))
-    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    reach = offset_reach(rng, device)
     name = pick(rng, ("key", "value"))
     case.inputs[name] = spread(case.inputs[name], 0, reach)
     case.note += f", {name} spread over {reach} elements"

@@ -5,7 +5,7 @@ and the statistical family: many trials of one request."""
 import numpy as np
 import torch
 
-from stress.families.common import INT32_MAX, SENTINEL, big, laid_out, own_launch, pick, slots_for, spread
+from stress.families.common import INT32_MAX, SENTINEL, big, laid_out, offset_reach, own_launch, pick, slots_for, spread
 from stress.families.sampling import (
     HUGE_VOCAB,
     LONG_VOCABS,
@@ -236,7 +236,7 @@ def big_offsets(rng, device, launch):
     most 17 GB of the device while other workers hold theirs) lie 2^30 elements apart: the last request's
     row offset passes 2^31. The CPU runs the same layouts with rows a few thousand elements apart (the guard
     fill of 8 GB is too slow there)."""
-    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    reach = offset_reach(rng, device)
     vocab = int(rng.integers(2, 4096 if big(device) else 48))
     by_step = bool(rng.integers(2))
     case = _case(rng, batch=1 if by_step else 3, depth=2, vocab=vocab, greedy_share=0.5,

@@ -5,7 +5,7 @@ positions, vocab tile boundaries, and no logits cache; with the helpers verifica
 import numpy as np
 import torch
 
-from stress.families.common import big, laid_out, own_launch, pick, slots_for, spread, tile_boundary_sizes
+from stress.families.common import big, laid_out, offset_reach, own_launch, pick, slots_for, spread, tile_boundary_sizes
 from stress.types import Case
 
 SENTINEL_LOGIT = -7777.0  # pre-filled cache entries no row may write
@@ -215,7 +215,7 @@ def big_offsets(rng, device, launch):
     elements, the last written by a live row; or a cache whose three columns lie 2^30 elements apart (the
     slots packed inside each column), a live row writing the last. The CPU runs the same layouts a few
     thousand elements apart."""
-    reach = 2**31 if big(device) else int(rng.integers(1000, 5000))
+    reach = offset_reach(rng, device)
     case = _case(rng, rows=2, pad_rows=1, vocab=int(rng.integers(2, 4096 if big(device) else 48)), greedy_share=0.5)
     inputs = case.inputs
     name = pick(rng, ("logits", "logits_cache", "cache columns"))
