@@ -422,9 +422,11 @@ def slots_extremes(rng, device, launch):
 def slots_big_offsets(rng, device, launch):
     """On the GPU, block-table rows spread over 2^31 elements, the last batch row's tokens on live blocks: their
     table offsets pass 2^31, which int32 row arithmetic wraps (a view of about 8.6 GB, as in gather's
-    big_offsets; only its rows are written). The CPU runs the same layout a few thousand elements apart."""
+    big_offsets; only its rows are written). Three rows or more, so the row stride fits int32 (two rows 2^31
+    apart have a stride Triton passes as int64, which hides int32 row arithmetic). The CPU runs the same layout
+    a few thousand elements apart."""
     reach = offset_reach(rng, device)
-    case = _slot_mapping_case(rng, query_lens=[int(rng.integers(1, 12)) for _ in range(int(rng.integers(2, 5)))],
+    case = _slot_mapping_case(rng, query_lens=[int(rng.integers(1, 12)) for _ in range(int(rng.integers(3, 6)))],
                               width=int(rng.integers(1, 16)), block_size=pick(rng, BLOCK_SIZES), null_frac=0.0)
     case.inputs["block_table"] = spread(case.inputs["block_table"], 0, reach)
     case.note = f"block-table rows spread over {reach} elements"
