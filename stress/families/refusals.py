@@ -172,7 +172,13 @@ def _rows_short_of(batch: Callable[[dict], int]) -> Callable[[dict], int]:
     return lambda inputs: batch(inputs) - 1
 
 
-def _idx_rows(inputs: dict) -> int:
+def _short(name: str, need: Callable[[dict], int], what: str) -> Corruption:
+    """``name`` one row short of what the live batch needs."""
+    return resized(name, 0, (_rows_short_of(need),), f"{name} one row short of {what}")
+
+
+def _batch_rows(inputs: dict) -> int:
+    """A batch of one row per ``idx_mapping`` entry."""
     return inputs["idx_mapping"].numel()
 
 
@@ -207,7 +213,7 @@ def _slot_0_column_past_cache(rng, inputs):
 
 GATHER = refusal_family(bt.gather_basic, (
     *resized("out", 1, (-1, 1), "out one column narrower or wider than persistent"),
-    *resized("out", 0, (_rows_short_of(_idx_rows),), "out one row short of the batch"),
+    *_short("out", _batch_rows, "the batch"),
     *resized("persistent", 0, (lambda i: 0,), "persistent without slot rows"),
     past_bound("idx_mapping", lambda i: i["persistent"].shape[0], "a slot past persistent's rows"),
     retyped("idx_mapping", torch.int64), one_dim_more("out"), as_list("persistent"),
@@ -222,8 +228,8 @@ SLOT_MAPPING = refusal_family(bt.slots_basic, (
 ), "compute_slot_mappings")
 
 SHIFT = refusal_family(bt.shift_slot_vs_row, (
-    *resized("block_table", 0, (_rows_short_of(_idx_rows),), "block_table one row short of the batch"),
-    *resized("seq_lens", 0, (_rows_short_of(_idx_rows),), "seq_lens one entry short of the batch"),
+    *_short("block_table", _batch_rows, "the batch"),
+    *resized("seq_lens", 0, (_rows_short_of(_batch_rows),), "seq_lens one entry short of the batch"),
     past_bound("idx_mapping", lambda i: i["num_cached_tokens"].numel(), "a slot past num_cached_tokens"),
     *replaced("block_size", _NOT_POSITIVE, "block_size not a positive int"),
     retyped("num_cached_tokens", torch.int64),
@@ -268,10 +274,6 @@ VERIFY = refusal_family(rejection.mixed, (
 ), "verify")
 
 
-def _batch_rows(inputs: dict) -> int:
-    return inputs["idx_mapping"].numel()
-
-
 def _target_rows(inputs: dict) -> int:
     return int(inputs["target_query_start_loc"][_batch_rows(inputs)])
 
@@ -285,11 +287,6 @@ def _query_rows(inputs: dict) -> int:
 def _anchor_first_without_drafts(rng, inputs):
     inputs.update(anchor_first=True, num_draft_tokens=0)
     inputs["draft_tokens"] = inputs["draft_tokens"][:, :0].clone()
-
-
-def _short(name: str, need: Callable[[dict], int], what: str) -> Corruption:
-    """``name`` one row short of what the live batch needs."""
-    return resized(name, 0, (_rows_short_of(need),), f"{name} one row short of {what}")
 
 
 PREPARE = refusal_family(di.decode, (
