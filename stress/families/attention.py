@@ -72,6 +72,12 @@ def _poisoned(shape, dtype) -> torch.Tensor:
     return torch.full(shape, float("nan"), dtype=dtype)
 
 
+def reached_columns(seq_lens: torch.Tensor, width: int, block_size: int) -> torch.Tensor:
+    """[rows, width] bool: the block-table columns each row's sequence reaches (a column's first token is below
+    its length)."""
+    return torch.arange(width)[None, :] * block_size < seq_lens[:, None]
+
+
 def attention_case(rng, *, query_lens, seq_lens, kv_heads, group, head_dim, block_size, dtype, causal,
                    pad_rows=0, extra_rows=0, pad_tokens=0, min_width=1, note="") -> Case:
     """Live requests with ``query_lens`` / ``seq_lens``; ``pad_rows`` batch rows with no query and no key;
@@ -85,8 +91,7 @@ def attention_case(rng, *, query_lens, seq_lens, kv_heads, group, head_dim, bloc
     shape = (table.numel() + 1 + int(rng.integers(0, 3)), block_size, kv_heads, head_dim)
     k_cache, v_cache = _poisoned(shape, dtype), _poisoned(shape, dtype)
     if rng.random() < 0.5:  # stale ids past the cache where no sequence reaches: never followed, never checked
-        unreached = torch.arange(width)[None, :] * block_size >= torch.tensor(all_seq)[:, None]
-        table[unreached] = int(rng.integers(shape[0], 2**31 - 1))
+        table[~reached_columns(torch.tensor(all_seq), width, block_size)] = int(rng.integers(shape[0], 2**31 - 1))
     for batch_row, length in enumerate(seq_lens):
         positions = torch.arange(length)
         blocks = table[batch_row].long()[positions // block_size]

@@ -368,8 +368,7 @@ def _reached_blocks(inputs: dict) -> torch.Tensor:
     """The block-table entries a batch row's sequence reaches: its first cdiv(seq_len, block_size) columns."""
     table, rows = inputs["block_table"], inputs["query_start_loc"].numel() - 1
     reached = torch.zeros(table.shape, dtype=torch.bool)
-    starts = torch.arange(table.shape[1])[None, :] * inputs["k_cache"].shape[1]  # each column's first token
-    reached[:rows] = starts < inputs["seq_lens"][:rows, None]
+    reached[:rows] = attention.reached_columns(inputs["seq_lens"][:rows], table.shape[1], inputs["k_cache"].shape[1])
     return reached
 
 
