@@ -381,4 +381,3 @@ def _trials_case(rng, mode, trials, target, drafts, draft_logits, temperature) -
 
 
 DISTRIBUTION_FAMILIES = {"target_distribution": target_distribution, "long_vocab": distribution_long_vocab}
-
