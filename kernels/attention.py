@@ -8,6 +8,8 @@ least its query count, spec 2.2 fix 4), and no more keys than its block-table ro
 Causal: it sees key positions up to its own. Non-causal: every query sees all ``seq_len`` positions.
 Only those positions are read, through ``block_table[b, pos // block_size]``: never a block past
 them, never a slot of another block. A request with no query or no key writes and reads nothing.
+A query whose every visible key scores -inf (a key holding -inf, or an infinite query) gets zeros, as
+FlashAttention does: no key carries weight. A NaN score, or +inf, makes its row NaN.
 
 Work split: one program per (batch row, KV head, KV split). Its rows are the query heads of one
 GQA group for a chunk of queries, so each key and value is loaded once for the whole group. With

@@ -437,6 +437,12 @@ ATTENTION_CHECKS = (
                    (Patch(_ATT, "q_head = kv_head * group + rows % group  # query head h reads KV head h // group",
                           "q_head = rows % group * (num_q_heads // group) + kv_head"),),
                    oracles=_EVERYWHERE, families=("gqa",)),
+            Mutant("minus-inf-rows-nan", "a query whose every visible key scores -inf divides 0 by 0 (NaN) instead "
+                   "of getting zeros, in one split and in the combine",
+                   (Patch(_ATT, "o = acc / tl.where(l_i > 0, l_i, 1.0)", "o = acc / tl.where(l_i >= 0, l_i, 1.0)"),
+                    Patch("kernels.attention:_combine_splits_kernel", "o = acc / tl.where(l_sum > 0, l_sum, 1.0)",
+                          "o = acc / tl.where(l_sum >= 0, l_sum, 1.0)")),
+                   oracles=_EVERYWHERE, families=("infinite_keys", "infinite_keys_split")),
         ),
     ),
     Check(
