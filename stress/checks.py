@@ -268,8 +268,8 @@ REJECTION_CHECKS = (
             Mutant("step-offset-int32", "the draft step is an int32 counter: step * the target's step stride "
                    "wraps past 2^31 elements and the bonus row is read 8 GB before the logits",
                    (Patch(_VERIFY, "step = b.to(tl.int64) * 0", "step = b * 0"),),
-                   oracles={"cuda": "crash"}, families=("big_offsets",),
-                   why_not="needs a view past 2^31 elements, big_offsets' GPU-only size; on the CPU its rows "
+                   oracles={"cuda": "crash"}, families=("big_offsets_steps",),
+                   why_not="needs a view past 2^31 elements, big_offsets_steps' GPU-only size; on the CPU its rows "
                            "are a few thousand elements apart"),
             Mutant("shared-drafts-row-stride-one", "draft_tokens' row stride passed as max(1, stride) (pre-fix): "
                    "one draft row expanded to the batch (stride 0) is read at rows 1, 2, ... elements apart",

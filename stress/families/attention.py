@@ -22,6 +22,7 @@ from stress.families.common import (
     int64,
     laid_out,
     offset_reach,
+    one_per_value,
     own_launch,
     pick,
     slots_for,
@@ -320,24 +321,24 @@ def wide_table(rng, device, launch):
     return case
 
 
-def big_offsets(rng, device, launch):
-    """On the GPU, the query rows, out rows, block-table rows or cache blocks spread so that the last one a
-    request reads or writes lies 2^31 elements or more past the first, which int32 offset arithmetic wraps
-    (three batch rows, so each stride stays below 2^31 and is passed as an int32; views of up to 8.6 GB, only
-    their rows written). The CPU runs the same layouts a few thousand elements apart."""
+def big_offsets(rng, device, launch, layout):
+    """On the GPU, one view per family spread so that the last row a request reads or writes lies 2^31
+    elements or more past the first, which int32 offset arithmetic wraps: ``query`` rows, ``out`` rows,
+    ``block_table`` rows or cache blocks (``caches``); three batch rows, so each stride stays below 2^31 and
+    is passed as an int32; views of up to 8.6 GB, only their rows written. The CPU runs the same layouts a
+    few thousand elements apart."""
     reach = offset_reach(rng, device)
     query_lens = [int(rng.integers(1, 4)) for _ in range(3)]
     case = attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
                           causal=bool(rng.integers(2)), **_shape(rng, device))
-    name = pick(rng, ("query", "out", "block_table", "caches"))
-    if name == "caches":  # cut past the last block a sequence reaches, which then lies `reach` past block 0
+    if layout == "caches":  # cut past the last block a sequence reaches, which then lies `reach` past block 0
         last = int((~case.unwritten["k_cache"]).flatten(1).any(1).nonzero().max())
         for cache in ("k_cache", "v_cache"):
             case.unwritten[cache] = case.unwritten[cache][:last + 1].clone()
             case.inputs[cache] = spread(case.inputs[cache][:last + 1], 0, -(-reach // last) * last)
     else:
-        case.inputs[name] = spread(case.inputs[name], 0, reach)
-    case.note += f", {name} spread over {reach} elements"
+        case.inputs[layout] = spread(case.inputs[layout], 0, reach)
+    case.note += f", {layout} spread over {reach} elements"
     return case
 
 
@@ -398,8 +399,9 @@ FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long"
             "dtypes": dtypes, "chunks": chunks, "wide_groups": wide_groups, "float32": float32,
             "float32_wide": float32_wide, "two_splits": two_splits, "large_scores": large_scores,
             "empty": empty_inputs, "no_keys": no_keys, "one_element": one_element, "many_queries": many_queries,
-            "wide_table": wide_table, "big_offsets": big_offsets, "infinite_keys": infinite_keys,
+            "wide_table": wide_table, "infinite_keys": infinite_keys,
             "infinite_keys_split": infinite_keys_split,
+            **one_per_value(big_offsets, "layout", ("query", "out", "block_table", "caches")),
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
             # the launcher asks K and V for the same strides)
             "layouts": laid_out(edges, "query", "out", "block_table")}
