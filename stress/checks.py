@@ -437,6 +437,11 @@ ATTENTION_CHECKS = (
                    (Patch(_ATT, "q_head = kv_head * group + rows % group  # query head h reads KV head h // group",
                           "q_head = rows % group * (num_q_heads // group) + kv_head"),),
                    oracles=_EVERYWHERE, families=("gqa",)),
+            Mutant("empty-cache-accepted", "the return for a cache of no blocks comes before the index check "
+                   "(pre-fix): sequences that reach a block of an empty cache are accepted and nothing is written",
+                   (Patch("kernels.attention:paged_attention", "    if num_batch_rows == 0 or num_tokens == 0:\n",
+                          "    if num_batch_rows == 0 or num_tokens == 0 or k_cache.numel() == 0:\n"),),
+                   oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",)),
             Mutant("minus-inf-rows-nan", "a query whose every visible key scores -inf divides 0 by 0 (NaN) instead "
                    "of getting zeros, in one split and in the combine",
                    (Patch(_ATT, "o = acc / tl.where(l_i > 0, l_i, 1.0)", "o = acc / tl.where(l_i >= 0, l_i, 1.0)"),

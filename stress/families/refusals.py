@@ -378,6 +378,8 @@ PAGED_ATTENTION = refusal_family(attention.decode, (
     *resized("v_cache", 0, (-1, 1), "v_cache one block off k_cache"),
     *resized("query", 2, (-1, 1), "query one head dim off the caches", refused="k_cache"),
     emptied({"k_cache": 2, "v_cache": 2}, "caches without KV heads", refused="query"),
+    emptied({"k_cache": 0, "v_cache": 0}, "caches of no blocks under sequences that reach one",
+            refused="block_table"),
     *resized("out", 0, (_rows_short_of(_query_tokens),), "out one row short of the queries"),
     *resized("out", 1, (-1, 1), "out one head off the query"),
     *_short("block_table", _qsl_rows, "the batch"),
