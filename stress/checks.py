@@ -173,6 +173,12 @@ DRAFT_INPUT_CHECKS = (
             Mutant("sample-slot-is-batch-row", "sampling rows record the batch row instead of the request slot",
                    (Patch(_DI, "(lanes * 0 + slot).to(tl.int32)", "(lanes * 0 + batch_row).to(tl.int32)"),),
                    oracles=_EVERYWHERE),
+            Mutant("decreasing-offsets-accepted", "target offsets are not checked for order (pre-fix): a row of "
+                   "negative length is accepted",
+                   (Patch("kernels.draft_inputs:prepare_draft_inputs",
+                          '    validate.offsets("target_query_start_loc", target_starts[:num_batch_rows + 1], '
+                          'num_target_rows)\n', ""),),
+                   oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",)),
         ),
     ),
 )
