@@ -447,7 +447,9 @@ ATTENTION_CHECKS = (
                    "(pre-fix): sequences that reach a block of an empty cache are accepted and nothing is written",
                    (Patch("kernels.attention:paged_attention", "    if num_batch_rows == 0 or num_tokens == 0:\n",
                           "    if num_batch_rows == 0 or num_tokens == 0 or k_cache.numel() == 0:\n"),),
-                   oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",)),
+                   oracles={"cpu": "accepted"}, families=("refused",),
+                   why_not="a GPU launch reads block ids back only with SPECSAN_CHECK_INDICES=1, so its refused "
+                           "cases leave this corruption out"),
             Mutant("minus-inf-rows-nan", "a query whose every visible key scores -inf divides 0 by 0 (NaN) instead "
                    "of getting zeros, in one split and in the combine",
                    (Patch(_ATT, "o = acc / tl.where(l_i > 0, l_i, 1.0)", "o = acc / tl.where(l_i >= 0, l_i, 1.0)"),

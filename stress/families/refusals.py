@@ -94,9 +94,10 @@ def resized(name: str, dim: int, sizes: tuple, what: str, refused: str | None = 
                  for choice in sizes)
 
 
-def emptied(dims: dict[str, int], what: str, refused: str) -> Corruption:
+def emptied(dims: dict[str, int], what: str, refused: str, on_gpu: bool = True) -> Corruption:
     """Every tensor of ``dims`` given size 0 along its dimension (a vocabulary of 0 in logits and cache alike);
-    a tensor absent from the case is skipped, and a case with no entry along the first is left alone."""
+    a tensor absent from the case is skipped, and a case with no entry along the first is left alone.
+    ``on_gpu``: as ``Corruption``'s."""
     def apply(rng, inputs):
         first = next(iter(dims))
         if inputs[first].numel() == 0:
@@ -106,7 +107,7 @@ def emptied(dims: dict[str, int], what: str, refused: str) -> Corruption:
                 inputs[name] = inputs[name].narrow(dim, 0, 0).clone()
         return True
 
-    return Corruption(refused, what, apply)
+    return Corruption(refused, what, apply, on_gpu=on_gpu)
 
 
 def past_bound(name: str, bound: Callable[[dict], int], what: str,
@@ -390,8 +391,9 @@ PAGED_ATTENTION = refusal_family(attention.decode, (
     *resized("v_cache", 0, (-1, 1), "v_cache one block off k_cache"),
     *resized("query", 2, (-1, 1), "query one head dim off the caches", refused="k_cache"),
     emptied({"k_cache": 2, "v_cache": 2}, "caches without KV heads", refused="query"),
-    emptied({"k_cache": 0, "v_cache": 0}, "caches of no blocks under sequences that reach one",
-            refused="block_table"),
+    # refused through the block ids, checked as indices (on a GPU only with SPECSAN_CHECK_INDICES=1)
+    emptied({"k_cache": 0, "v_cache": 0}, "caches of no blocks under sequences that reach one", refused="block_table",
+            on_gpu=False),
     *resized("out", 0, (_rows_short_of(_query_tokens),), "out one row short of the queries"),
     *resized("out", 1, (-1, 1), "out one head off the query"),
     *_short("block_table", _qsl_rows, "the batch"),
