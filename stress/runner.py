@@ -357,19 +357,21 @@ def plan(checks: list[Check], families: list[str] | None, iters: int, seed: int,
          mutant: str | None = None, tool: str | None = None) -> list[Task]:
     """Iteration-major order, so an interrupted run has covered every family evenly; ``mutant`` is
     applied in every case, and every case runs under compute-sanitizer's ``tool`` when one is given."""
-    # A check with an iteration share runs its n cases spread evenly over the iterations.
-    at = {}
-    for check in checks:
-        n = max(1, round(iters * check.iteration_share)) if check.iteration_share < 1 else iters
-        at[check.name] = {j * iters // n: j for j in range(n)}
+    # A check (or a family: common.one_per_value) with an iteration share runs its n cases spread evenly over
+    # the iterations.
+    def spread_over(share: float) -> dict[int, int]:
+        n = max(1, round(iters * share)) if share < 1 else iters
+        return {j * iters // n: j for j in range(n)}
+
+    at = {(check.name, family): spread_over(check.iteration_share * getattr(build, "iteration_share", 1.0))
+          for check in checks for family, build in check.families.items()}
     tasks = []
     for i in range(iters):
         for check in checks:
-            if i not in at[check.name]:
-                continue
             for family, build in check.families.items():
                 # a refusal case launches no kernel: nothing for compute-sanitizer to watch
-                if (not families or family in families) and not (tool and refusal.is_family(build)):
-                    tasks.append(Task(check.name, family, case_seed(seed, check.name, family, at[check.name][i]),
-                                      mutant, tool=tool))
+                if (i in at[check.name, family] and (not families or family in families)
+                        and not (tool and refusal.is_family(build))):
+                    case = at[check.name, family][i]
+                    tasks.append(Task(check.name, family, case_seed(seed, check.name, family, case), mutant, tool=tool))
     return tasks

@@ -41,6 +41,26 @@ def test_a_family_that_owns_its_launch_runs_the_launchers_own_shape_on_its_devic
     assert checks.get("kv_cache.write").families["wide_heads"].own_launch_on == ("cpu", "cuda")
 
 
+def test_families_split_per_value_share_the_iterations_of_one():
+    """one_per_value's families each get an equal share of a run's iterations (at least one case), spread
+    over them, and build the value they are named for; the check's other families run every iteration."""
+    from collections import Counter
+
+    from stress.families.common import one_per_value
+
+    def family(rng, device, launch, layout):
+        return Case(inputs={}, note=layout)
+
+    split = one_per_value(family, "layout", ("a", "b c", "d"))
+    assert list(split) == ["family_a", "family_b_c", "family_d"]
+    assert split["family_b_c"](None, "cpu", {}).note == "b c"
+    check = Check(name="t.split", kernel=None, reference=None, families={"plain": family, **split}, outputs=())
+    tasks = runner.plan([check], None, 100, 0)
+    assert Counter(t.family for t in tasks) == {"plain": 100, "family_a": 33, "family_b_c": 33, "family_d": 33}
+    assert len({t.seed for t in tasks if t.family == "family_a"}) == 33
+    assert Counter(t.family for t in runner.plan([check], None, 1, 0)) == {f: 1 for f in ("plain", *split)}
+
+
 def test_guard_zone_catches_a_write_past_the_end():
     g = guards.place("t", torch.arange(10, dtype=torch.int32), torch.device("cpu"))
     assert g.damage() is None

@@ -76,13 +76,15 @@ def laid_out(family, *names: str):
 
 
 def one_per_value(family, keyword: str, values) -> dict:
-    """``family`` as one family per value of its argument ``keyword``, named ``<family>_<value>``: every
-    value is met at every iteration, not only in the share of draws that would pick it (a hunt of a few
-    cases per family would otherwise miss the one value that shows a slip)."""
+    """``family`` as one family per value of its argument ``keyword``, named ``<family>_<value>``: a hunt of a
+    few cases per family meets every value, not only those its draws would pick. A run gives each an equal
+    share of its iterations (``iteration_share``, read by ``runner.plan``), so together they cost what one
+    family drawing the value per case did."""
     def bind(value):
         def build(rng, device, launch):
             return family(rng, device, launch, **{keyword: value})
         build.__doc__ = f"{family.__name__} with {keyword}={value!r}: {family.__doc__}"
+        build.iteration_share = 1 / len(values)
         return build
     return {f"{family.__name__}_{str(value).replace(' ', '_')}": bind(value) for value in values}
 
