@@ -8,8 +8,9 @@ and the reference engine disagree in a recorded field. Two kinds escape it:
   until an admission is tight to that one block; here every count the pools report or hold is
   compared, at every call and after every schedule and step, with the blocks no running request holds.
 * ``drafts``: every batch row of a step at depth d > 0 whose restored prefixes are block-aligned gets
-  exactly d sampling rows of its slot and d drafted tokens, which the next step verifies as they are;
-  at depth 0, or in a refused batch, none. The depth itself must lie in the DSD band of the batch size.
+  exactly d sampling rows of its slot and d drafted tokens, of which the request later verifies a
+  prefix, as drafted; at depth 0, or in a refused batch, none. The depth itself must lie in the DSD
+  band of the batch size.
 
 Each is its own oracle (``fail:accounting``, ``fail:drafts``), with a planted bug in ``stress.checks``.
 """
@@ -149,32 +150,31 @@ def _judge_step(config: dict, record: dict, vocab: int) -> str | None:
     return None
 
 
-def _judge_handoff(before: dict, after: dict) -> str | None:
-    """The drafts a request proposed are the ones the next step verifies, as they are, and no more."""
-    proposed = {}
-    if "draft.tokens" in before:
-        proposed = {req: [t for t in row if t >= 0] for req, row in
-                    zip(before["batch.request"].tolist(), before["draft.tokens"].tolist(), strict=True)}
-    if "verify.num_drafts" not in after:
+def _judge_handoff(proposed: dict[int, list[int]], record: dict) -> str | None:
+    """Each request verifies a prefix of the drafts it last proposed (a step that skipped it keeps them),
+    as proposed; one that proposed none verifies none."""
+    if "verify.num_drafts" not in record:
         return None
-    starts = after["target.query_start_loc"].tolist()
-    ids = after["target.input_ids"].tolist()
-    for b, (req, m) in enumerate(zip(after["batch.request"].tolist(), after["verify.num_drafts"].tolist(),
+    starts, ids = record["target.query_start_loc"].tolist(), record["target.input_ids"].tolist()
+    for b, (req, m) in enumerate(zip(record["batch.request"].tolist(), record["verify.num_drafts"].tolist(),
                                      strict=True)):
-        verified = ids[starts[b] + 1:starts[b] + 1 + m] if m else []
-        if verified != proposed.get(req, [])[:m]:
-            return (f"request {req} (batch row {b}) verifies {m} draft(s) {verified}, but proposed "
-                    f"{proposed.get(req, [])} the step before")
+        verified, last = ids[starts[b] + 1:starts[b] + 1 + m], proposed.get(req, [])
+        if verified != last[:m]:
+            return f"request {req} (batch row {b}) verifies {m} draft(s) {verified}, but last proposed {last}"
     return None
 
 
 def draft_findings(config: dict, records: list[dict]) -> list[Finding]:
-    """Every step's drafting against its depth band, its batch and the step before it."""
-    found, vocab = [], config["model"]["vocab"]
+    """Every step's verification against the drafts proposed before it, then its own drafting against its
+    depth band and its batch."""
+    found, vocab, proposed = [], config["model"]["vocab"], {}
     for step, record in enumerate(records):
-        reason = _judge_step(config, record, vocab) if "idx_mapping" in record else None
-        if reason is None and step:
-            reason = _judge_handoff(records[step - 1], record)
+        reason = _judge_handoff(proposed, record)
+        if "idx_mapping" in record:
+            reason = reason or _judge_step(config, record, vocab)
+            if "draft.tokens" in record:
+                proposed.update((req, [t for t in row if t >= 0]) for req, row in
+                                zip(record["batch.request"].tolist(), record["draft.tokens"].tolist(), strict=True))
         if reason is not None:
             found.append(Finding("drafts", step, reason))
     return found

@@ -101,7 +101,7 @@ def test_a_draft_changed_between_steps_and_a_depth_outside_its_band_are_named(pa
     start = int(changed[step]["target.query_start_loc"][b])
     changed[step]["target.input_ids"][start + 1] += 1
     (found,) = engine_invariants.draft_findings(config, changed)
-    assert (found.step, found.oracle) == (step, "drafts") and "the step before" in found.reason
+    assert (found.step, found.oracle) == (step, "drafts") and "last proposed" in found.reason
     deep = [{k: v.clone() for k, v in r.items()} for r in records]
     deep[0]["depth"] += config["num_spec_tokens"]
     assert "outside the band" in engine_invariants.draft_findings(config, deep)[0].reason
