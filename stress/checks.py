@@ -562,7 +562,7 @@ ENGINE_CHECKS = (
                    "per unreferenced cache hit: admission refuses too early only when it is tight to that block",
                    (Patch("kernels.spec.scheduler:PrefixCachingPool", "sum(1 for b in hits if self.refs[b] == 0)",
                           "sum(2 for b in hits if self.refs[b] == 0)"),),
-                   oracles={"cpu": "accounting", "cuda": "accounting"}, families=("shared_prefix", "preempt_resume")),
+                   oracles={"cpu": "accounting", "cuda": "accounting"}, families=("preempt_resume",)),
             Mutant("one-request-drafts-nothing", "a batch of one request runs no draft step through DraftGraphs "
                    "(the empty-batch test reads num_reqs == 1)",
                    (Patch(_DRAFT_GRAPHS, "if num_draft_tokens == 0 or num_reqs == 0:",
