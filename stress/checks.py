@@ -558,6 +558,18 @@ ENGINE_CHECKS = (
                    (Patch(_ENGINE, "        self.model.write_context_kv(",
                           "        prepared and self.model.write_context_kv("),),
                    oracles=_EVERYWHERE, families=("unaligned_prefix", "dsd_bands")),
+            # the step's own invariants (stress.engine_invariants), each killing a slip that no recorded field
+            # shows until a workload happens to make it decide something
+            Mutant("free-count-per-hit-twice", "the target pool's free count for an admission takes two blocks "
+                   "per unreferenced cache hit: admission refuses too early only when it is tight to that block",
+                   (Patch("kernels.spec.scheduler:PrefixCachingPool", "sum(1 for b in hits if self.refs[b] == 0)",
+                          "sum(2 for b in hits if self.refs[b] == 0)"),),
+                   oracles={"cpu": "accounting", "cuda": "accounting"}, families=("preempt_resume",)),
+            Mutant("one-request-drafts-nothing", "a batch of one request runs no draft step through DraftGraphs "
+                   "(the empty-batch test reads num_reqs == 1)",
+                   (Patch(_DRAFT_GRAPHS, "if num_draft_tokens == 0 or num_reqs == 0:",
+                          "if num_draft_tokens == 0 or num_reqs == 1:"),),
+                   oracles={"cpu": "drafts", "cuda": "drafts"}, families=("padded_graphs",)),
         ),
     ),
 )

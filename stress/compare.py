@@ -15,6 +15,7 @@ class Divergence:
     total: int
     first: list[tuple[tuple[int, ...], object, object]]  # (index, expected, got)
     problem: str = ""  # set when shapes or dtypes differ, or an output is missing
+    verdict: str = "divergence"  # the oracle that found it: the case fails as fail:<verdict>
 
     def lines(self, source: torch.Tensor | None = None) -> list[str]:
         if self.problem:

@@ -9,6 +9,10 @@ got. Where the reference found a sampling decision that
 the engine's rounding could turn either way (a near tie), it is replayed following the engine's
 decisions at those points, so one undecidable token does not end the comparison.
 
+Before that comparison, the step's own invariants (``stress.engine_invariants``: the block pools'
+accounting, the drafts every live request gets) are judged apart from the reference; a broken one
+fails the case as ``fail:accounting`` or ``fail:drafts`` with a one-line reason.
+
 Each case also yields its acceptance (accepted drafts / verified drafts) for the engine and the
 reference, which the run summary aggregates per family.
 """
@@ -19,6 +23,7 @@ import numpy as np
 import torch
 
 from reference.spec import engine as reference_engine
+from stress import engine_invariants
 from stress.compare import SHOW, Divergence, Tolerated, Unjudged
 from stress.types import RETURN
 
@@ -86,16 +91,18 @@ class Expected(NamedTuple):
     inputs: dict  # to replay the reference following the engine at near ties
 
 
-def run_engine(config, weights, requests, num_steps, global_seed) -> list[dict]:
-    """The engine's step records. The global numpy RNG is seeded and drawn from before every step (a
-    rank-local consumer the engine must not depend on), then restored: the case stays reproducible."""
+def run_engine(config, weights, requests, num_steps, global_seed) -> engine_invariants.Records:
+    """The engine's step records, with the findings of an audit of its scheduler's pools. The global numpy
+    RNG is seeded and drawn from before every step (a rank-local consumer the engine must not depend on),
+    then restored: the case stays reproducible."""
     from kernels.spec import engine  # looked up at call time, so an applied mutant is the one used
 
     saved = np.random.get_state()
     try:
         np.random.seed(global_seed)  # deliberate: see the docstring
         replay = engine.Engine(config, weights, requests)
-        records = []
+        records = engine_invariants.Records()
+        records.findings = engine_invariants.PoolAudit(replay.scheduler).findings
         for _ in range(num_steps):
             np.random.random(int(np.random.randint(1, 8)))
             records.append(replay.step())
@@ -152,7 +159,18 @@ def first_divergence(trace: reference_engine.Trace, got: list[dict]) -> Divergen
     return None
 
 
+def broken_invariant(expected: Expected, got: list[dict]) -> Divergence | None:
+    """The first invariant the engine's own run broke (``stress.engine_invariants``), as its oracle's verdict."""
+    finding = engine_invariants.first_finding(expected.inputs.get("config"), got)
+    if finding is None:
+        return None
+    return Divergence(f"step {finding.step} {finding.oracle}", 1, [], problem=finding.reason, verdict=finding.oracle)
+
+
 def compare(output: str, expected: Expected, got: list[dict]) -> Divergence | Tolerated | None:
+    """The step's invariants first (they name the broken promise), then the lockstep comparison."""
+    if (broken := broken_invariant(expected, got)) is not None:
+        return broken
     trace = expected.trace
     found = first_divergence(trace, got)
     if found is not None and trace.near_ties:

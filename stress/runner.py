@@ -122,7 +122,7 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
         damage = [d for g in placed.values() if (d := g.damage())]
         if damage:
             return "fail:oob", [tag + d for d in damage]
-        lines = []
+        lines, verdict = [], ""
         # an optional output the case leaves out (None) is neither written nor compared
         outputs = {name: returned if name == RETURN else placed[name].view for name in check.outputs
                    if name == RETURN or name in placed}
@@ -137,11 +137,13 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
             elif found is not None:
                 source = tensors.get(check.provenance.get(name, ""))
                 lines += found.lines(source)
+                verdict = verdict or found.verdict
         for name, original in tensors.items():
             if name not in check.outputs and (found := compare.unchanged(name, original, placed[name].view)):
                 lines += found.lines()
+                verdict = verdict or found.verdict
         if lines:
-            return "fail:divergence", [tag + line for line in lines]
+            return f"fail:{verdict}", [tag + line for line in lines]
     if unjudged:
         return "not_checked:near ties", unjudged + notes
     return PASS, notes

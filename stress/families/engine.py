@@ -304,12 +304,13 @@ def slot_churn(rng, device, launch):
 def padded_graphs(rng, device, launch):
     """The draft through ``DraftGraphs``: captured once per graph shape and replayed at padded sizes on the
     GPU (the same padded path eagerly elsewhere). Batches grow and shrink across coarse capture sizes
-    and two DSD bands of different depth; greedy and sampled requests share the graphs."""
+    and two DSD bands of different depth; greedy and sampled requests share the graphs. The first
+    request arrives alone: step 0 drafts a batch of exactly one live request."""
     slots, k = _sized(device, 4, 12), _sized(device, 3, 4)
     q = k + 1
 
     def requests(rng, vocab):
-        return [request(rng, i, arrival=int(rng.integers(0, 4)), max_new=int(rng.integers(3, 12)),
+        return [request(rng, i, arrival=int(rng.integers(1, 4)) if i else 0, max_new=int(rng.integers(3, 12)),
                         prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(4, 16))),
                         temperature=float(pick(rng, (0.0, 0.0, 1.0)))) for i in range(slots + 2)]
 

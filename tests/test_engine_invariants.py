@@ -1,0 +1,141 @@
+"""The engine step's own invariants (``stress.engine_invariants``): silent on the production engine, each
+planted bug killed by its oracle (the accounting one where the lockstep comparison passes), and each broken
+promise reported as one line."""
+
+import numpy as np
+import pytest
+
+from kernels.spec import scheduler
+from stress import checks, engine_check, engine_invariants, mutants, runner
+
+ENGINE = checks.get("engine.step")
+
+# ---------------------------------------------------------------- the pool audit, without a model
+
+
+def _scheduled(seed: int, mutant: str | None = None) -> tuple[list[engine_invariants.Finding], int]:
+    """A scheduler over requests sharing a prefix, some arriving after its holders finished (hits on
+    unreferenced blocks), in pools tight enough to preempt; outputs made up. The audit's findings, and
+    how many admissions hit a block no running request held."""
+    rng = np.random.default_rng(seed)
+    config = scheduler.SchedulerConfig(max_num_reqs=3, max_num_batched_tokens=int(rng.integers(6, 16)),
+                                       target_block_size=2, target_num_blocks=int(rng.integers(8, 16)),
+                                       draft_block_size=2, draft_num_blocks=int(rng.integers(10, 20)),
+                                       num_query_per_req=2, max_model_len=40)
+    prefix = rng.integers(0, 5, 7).tolist()
+    requests = [scheduler.Request(f"r{i}", i, int(rng.integers(0, 12)), prefix + rng.integers(0, 5, 2).tolist(),
+                                  int(rng.integers(1, 5)), 0.0, None) for i in range(6)]
+    unreferenced_hits = 0
+    with mutants.applied(mutant and checks.find_mutant(mutant, ENGINE)):
+        sched = scheduler.Scheduler(config, requests)  # the (mutated) pool class is looked up here
+        audit = engine_invariants.PoolAudit(sched)
+        for step in range(30):
+            held = {b for r in sched.running for b in r.target_blocks}
+            cached = set(sched.target_pool.key_of)
+            plan = sched.schedule(step)
+            unreferenced_hits += sum(bool(set(r.target_blocks) & cached - held) for r in plan.admitted)
+            for req, n in plan.batch:
+                req.num_computed += n
+                if req.num_computed == len(req.tokens):
+                    req.tokens.append(int(rng.integers(0, 5)))
+                req.finished = req.num_outputs >= req.max_new_tokens
+            sched.finish_step()
+    return audit.findings, unreferenced_hits
+
+
+def test_the_audit_is_silent_on_the_production_pools_and_catches_the_miscount():
+    hits = 0
+    for seed in range(12):
+        findings, reached = _scheduled(seed)
+        assert findings == [], findings[0].reason
+        hits += reached
+        if reached:
+            caught, _ = _scheduled(seed, "free-count-per-hit-twice")
+            assert caught and caught[0].oracle == "accounting", seed
+            assert "unreferenced hit(s)" in caught[0].reason, caught[0].reason
+    assert hits >= 3, "the workloads never hit a cached block that no running request held"
+
+
+def test_the_audit_names_a_free_queue_that_disagrees_with_the_holders():
+    sched = scheduler.Scheduler(scheduler.SchedulerConfig(2, 8, 2, 6, 2, 6, 2, 20),
+                                [scheduler.Request("a", 0, 0, [1, 2, 3], 2, 0.0, None)])
+    audit = engine_invariants.PoolAudit(sched)
+    sched.schedule(0)
+    assert audit.findings == []
+    held = sched.running[0].target_blocks[0]
+    sched.target_pool.free[held] = None  # a held block back in the queue
+    sched.finish_step()
+    (finding,) = audit.findings
+    assert finding.step == 0 and finding.oracle == "accounting"
+    assert f"queued, but held: [{held}]" in finding.reason and "\n" not in finding.reason
+
+
+# ---------------------------------------------------------------- the drafts, from the step records
+
+
+def _records(family: str, i: int, mutant: str | None = None):
+    case = runner.build_case(ENGINE, family, runner.case_seed(0, "engine.step", family, i), "cpu")
+    with mutants.applied(mutant and checks.find_mutant(mutant, ENGINE)):
+        return case.inputs["config"], engine_check.run_engine(**runner.fresh_inputs(case))
+
+
+@pytest.fixture(scope="module")
+def padded():
+    return _records("padded_graphs", 0)
+
+
+def test_padded_graphs_drafts_a_batch_of_one_at_step_0_and_keeps_every_draft_promise(padded):
+    config, records = padded
+    first = records[0]
+    assert first["idx_mapping"].numel() == 1 and int(first["depth"]) > 0 and bool(first["draft.prepared"])
+    assert records.findings == [] and engine_invariants.draft_findings(config, records) == []
+    assert any(int(r["verify.num_drafts"].max()) > 0 for r in records if "verify.num_drafts" in r), \
+        "no step verified drafts: the handoff was never judged"
+
+
+def test_a_draft_changed_between_steps_and_a_depth_outside_its_band_are_named(padded):
+    config, records = padded
+    step = next(s for s, r in enumerate(records) if "verify.num_drafts" in r and int(r["verify.num_drafts"].max()))
+    b = int(records[step]["verify.num_drafts"].argmax())
+    changed = [{k: v.clone() for k, v in r.items()} for r in records]
+    start = int(changed[step]["target.query_start_loc"][b])
+    changed[step]["target.input_ids"][start + 1] += 1
+    (found,) = engine_invariants.draft_findings(config, changed)
+    assert (found.step, found.oracle) == (step, "drafts") and "last proposed" in found.reason
+    deep = [{k: v.clone() for k, v in r.items()} for r in records]
+    deep[0]["depth"] += config["num_spec_tokens"]
+    assert "outside the band" in engine_invariants.draft_findings(config, deep)[0].reason
+
+
+def test_one_request_drafting_nothing_is_named_at_step_0():
+    config, records = _records("padded_graphs", 0, "one-request-drafts-nothing")
+    found = engine_invariants.first_finding(config, records)
+    assert (found.step, found.oracle) == (0, "drafts")
+    assert found.reason.startswith("request 0 (batch row 0, slot ") and "got 0 drafted token(s), expected" in \
+        found.reason, found.reason
+
+
+# ---------------------------------------------------------------- positive controls
+
+
+def test_the_drafts_oracle_kills_its_planted_bug_through_the_runner_in_one_line():
+    assert ENGINE.mutant("one-request-drafts-nothing").oracles == {"cpu": "drafts", "cuda": "drafts"}
+    task = runner.Task("engine.step", "padded_graphs", runner.case_seed(0, "engine.step", "padded_graphs", 0),
+                       mutant="one-request-drafts-nothing")
+    result = runner.run_case(task, "cpu", trace=False)
+    assert result.verdict == "fail:drafts", result.details
+    assert len(result.details) == 1 and result.details[0].startswith("step 0 drafts: request 0 "), result.details
+    assert "--mutant one-request-drafts-nothing" in result.repro()
+
+
+def test_the_accounting_oracle_alone_kills_the_miscount_at_the_first_iteration():
+    """The lockstep comparison passes it: the miscount changes no recorded field of this case."""
+    assert ENGINE.mutant("free-count-per-hit-twice").oracles == {"cpu": "accounting", "cuda": "accounting"}
+    case = runner.build_case(ENGINE, "preempt_resume", runner.case_seed(0, "engine.step", "preempt_resume", 0), "cpu")
+    expected = engine_check.reference(**runner.fresh_inputs(case))
+    with mutants.applied(ENGINE.mutant("free-count-per-hit-twice")):
+        got = engine_check.run_engine(**runner.fresh_inputs(case))
+    assert engine_check.first_divergence(expected.trace, got) is None
+    found = engine_check.compare("engine", expected, got)
+    assert found.verdict == "accounting" and len(found.lines()) == 1, found.lines()
+    assert "unreferenced hit(s)" in found.lines()[0], found.lines()
