@@ -8,6 +8,8 @@ least its query count, spec 2.2 fix 4), and no more keys than its block-table ro
 Causal: it sees key positions up to its own. Non-causal: every query sees all ``seq_len`` positions.
 Only those positions are read, through ``block_table[b, pos // block_size]``: never a block past
 them, never a slot of another block. A request with no query or no key writes and reads nothing.
+A query whose every visible key scores -inf (a key holding -inf, or an infinite query) gets zeros, as
+FlashAttention does: no key carries weight. A NaN score, or +inf, makes its row NaN.
 
 Work split: one program per (batch row, KV head, KV split). Its rows are the query heads of one
 GQA group for a chunk of queries, so each key and value is loaded once for the whole group. With
@@ -291,12 +293,15 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     for name, knob in (("kv_splits", kv_splits), ("num_stages", num_stages)):
         if knob is not None:
             validate.positive_int(name, knob)
-    if num_batch_rows == 0 or num_tokens == 0 or head_dim == 0 or k_cache.numel() == 0:
+    if num_batch_rows == 0 or num_tokens == 0:
         return
     group = num_q_heads // num_kv_heads
     block_size = k_cache.shape[1]
+    # Before the return for empty caches: a sequence that reaches a block of a cache with none is refused.
     _check_indices(query_start_loc, block_table[:num_batch_rows], seq_lens[:num_batch_rows], num_tokens,
                    k_cache.shape[0], block_size)
+    if head_dim == 0 or k_cache.numel() == 0:
+        return
     shape = launch_shape(num_tokens, num_batch_rows, num_kv_heads, group, head_dim,
                          block_table.shape[1] * block_size, query.dtype, device, block_m=block_m, block_n=block_n,
                          kv_splits=kv_splits, num_warps=num_warps, num_stages=num_stages)

@@ -197,6 +197,7 @@ def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_position
                           ("query_start_loc", query_start_loc, num_batch_rows + 1),
                           ("seq_lens", seq_lens, num_batch_rows)):
         _at_least(name, t, need)
+    validate.offsets("target_query_start_loc", target_starts[:num_batch_rows + 1], num_target_rows)
     for name, t, twin, twin_name in (
             ("context_slot_mapping", context_slot_mapping, context_positions, "context_positions"),
             ("positions", positions, input_ids, "input_ids"),

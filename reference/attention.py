@@ -15,7 +15,9 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, sca
     """Attention of ``query [Q, H_q, D]`` (the last Q of L positions) over ``keys / values [L, H_kv, D]``.
 
     Query head h reads KV head ``h // (H_q / H_kv)``. Causal: query i sees keys ``j <= L - Q + i``.
-    A query that sees no key gets zeros. Returns ``[Q, H_q, D]`` in ``precision``.
+    A query that sees no key, or whose every visible key scores -inf, gets zeros: no key carries any
+    weight (FlashAttention's convention; the softmax of an all -inf row is 0/0). Returns ``[Q, H_q, D]``
+    in ``precision``.
     """
     num_queries, num_q_heads, dim = query.shape
     length, num_kv_heads, _ = keys.shape
@@ -29,7 +31,8 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, sca
         visible = torch.arange(length)[None, :] <= (length - num_queries + torch.arange(num_queries))[:, None]
     visible = visible.repeat(group, 1)  # row g * Q + i is query i
     scores = (q @ k.transpose(1, 2) * scale).masked_fill(~visible, float("-inf"))
-    weights = torch.softmax(scores, dim=-1).masked_fill(~visible.any(-1)[:, None], 0.0)  # no visible key: zeros
+    weightless = (scores == float("-inf")).all(-1, keepdim=True)  # no visible key, or -inf scores only
+    weights = torch.softmax(scores, dim=-1).masked_fill(weightless, 0.0)
     out = weights @ v  # [H_kv, group * Q, D]
     return out.view(num_q_heads, num_queries, dim).transpose(0, 1)
 

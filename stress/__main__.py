@@ -248,7 +248,6 @@ def _parser() -> argparse.ArgumentParser:
     mt.add_argument("--report", default="reports/mutate",
                     help="directory for mutate.jsonl, one line per decided mutant (default: reports/mutate)")
     pool(mt, "hunted")
-    mt.set_defaults(timeout=60.0)
     mt.add_argument("--json", action="store_true", help="print the summary as JSON on stdout and nothing else")
 
     tp = sub.add_parser("tp", help="TP determinism: N rank processes replay one schedule and compare every step")

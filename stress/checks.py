@@ -173,6 +173,12 @@ DRAFT_INPUT_CHECKS = (
             Mutant("sample-slot-is-batch-row", "sampling rows record the batch row instead of the request slot",
                    (Patch(_DI, "(lanes * 0 + slot).to(tl.int32)", "(lanes * 0 + batch_row).to(tl.int32)"),),
                    oracles=_EVERYWHERE),
+            Mutant("decreasing-offsets-accepted", "target offsets are not checked for order (pre-fix): a row of "
+                   "negative length is accepted",
+                   (Patch("kernels.draft_inputs:prepare_draft_inputs",
+                          '    validate.offsets("target_query_start_loc", target_starts[:num_batch_rows + 1], '
+                          'num_target_rows)\n', ""),),
+                   oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",)),
         ),
     ),
 )
@@ -268,8 +274,8 @@ REJECTION_CHECKS = (
             Mutant("step-offset-int32", "the draft step is an int32 counter: step * the target's step stride "
                    "wraps past 2^31 elements and the bonus row is read 8 GB before the logits",
                    (Patch(_VERIFY, "step = b.to(tl.int64) * 0", "step = b * 0"),),
-                   oracles={"cuda": "crash"}, families=("big_offsets",),
-                   why_not="needs a view past 2^31 elements, big_offsets' GPU-only size; on the CPU its rows "
+                   oracles={"cuda": "crash"}, families=("big_offsets_steps",),
+                   why_not="needs a view past 2^31 elements, big_offsets_steps' GPU-only size; on the CPU its rows "
                            "are a few thousand elements apart"),
             Mutant("shared-drafts-row-stride-one", "draft_tokens' row stride passed as max(1, stride) (pre-fix): "
                    "one draft row expanded to the batch (stride 0) is read at rows 1, 2, ... elements apart",
@@ -443,6 +449,17 @@ ATTENTION_CHECKS = (
                    (Patch(_ATT, "q_head = kv_head * group + rows % group  # query head h reads KV head h // group",
                           "q_head = rows % group * (num_q_heads // group) + kv_head"),),
                    oracles=_EVERYWHERE, families=("gqa",)),
+            Mutant("empty-cache-accepted", "the return for a cache of no blocks comes before the index check "
+                   "(pre-fix): sequences that reach a block of an empty cache are accepted and nothing is written",
+                   (Patch("kernels.attention:paged_attention", "    if num_batch_rows == 0 or num_tokens == 0:\n",
+                          "    if num_batch_rows == 0 or num_tokens == 0 or k_cache.numel() == 0:\n"),),
+                   oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",)),
+            Mutant("minus-inf-rows-nan", "a query whose every visible key scores -inf divides 0 by 0 (NaN) instead "
+                   "of getting zeros, in one split and in the combine",
+                   (Patch(_ATT, "o = acc / tl.where(l_i > 0, l_i, 1.0)", "o = acc / tl.where(l_i >= 0, l_i, 1.0)"),
+                    Patch("kernels.attention:_combine_splits_kernel", "o = acc / tl.where(l_sum > 0, l_sum, 1.0)",
+                          "o = acc / tl.where(l_sum >= 0, l_sum, 1.0)")),
+                   oracles=_EVERYWHERE, families=("infinite_keys", "infinite_keys_split")),
         ),
     ),
     Check(

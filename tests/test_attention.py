@@ -87,6 +87,27 @@ def test_poison_in_a_visible_slot_reaches_the_output(launch):
 
 
 @pytest.mark.parametrize("launch", LAUNCHES)
+def test_keys_that_score_minus_inf_carry_no_weight(launch):
+    """Keys 0..9 hold -inf in dim 0 and the queries are positive there. Causal, query 0 (position 9) sees only
+    those keys and gets zeros, like a query that sees no key; query 1 (position 10) sees key 10 as its only
+    finite score and returns its value exactly; non-causal, both return the mean of keys 10..19's values (every
+    finite score is 0). The reference agrees on each."""
+    length, d = 20, 8
+    keys = torch.zeros(length, 1, d)
+    keys[:10, 0, 0] = float("-inf")
+    values = torch.randn(length, 1, d, generator=torch.Generator().manual_seed(5))
+    inputs = one_request(keys, values, torch.ones(2, 1, d), causal=True, seq_len=11)
+    out = attend_on_device(inputs, **launch)
+    assert (out[0] == 0).all()
+    assert torch.allclose(out[1, 0], values[10, 0], atol=1e-6)
+    assert torch.allclose(ratt.paged_attention(**inputs)[:2].float(), out[:2], atol=1e-6)
+    inputs["causal"], inputs["seq_lens"][0] = False, length
+    out = attend_on_device(inputs, **launch)
+    assert torch.allclose(out[:2, 0], values[10:, 0].mean(0).expand(2, d), atol=1e-5)
+    assert torch.allclose(ratt.paged_attention(**inputs)[:2].float(), out[:2], atol=1e-5)
+
+
+@pytest.mark.parametrize("launch", LAUNCHES)
 def test_reads_nothing_past_seq_len(launch):
     """Positions past seq_len hold NaN (the rest of the last block, and the spare blocks): never read."""
     gen = torch.Generator().manual_seed(4)

@@ -22,6 +22,7 @@ from stress.families.common import (
     int64,
     laid_out,
     offset_reach,
+    one_per_value,
     own_launch,
     pick,
     slots_for,
@@ -239,6 +240,45 @@ def large_scores(rng, device, launch):
     return case
 
 
+@own_launch()
+def infinite_keys(rng, device, launch, split=False):
+    """Keys holding -inf in head dim 0 for a prefix of each sequence (all of the first batch row's, and of half
+    the others), met by queries positive there: a query whose every visible key scores -inf gets zeros, as one
+    that sees no key; one that also sees finite keys gives the infinite ones no weight. The launcher's own
+    shape: tables of at most 64 tokens (under two key tiles) take one KV split."""
+    shape = _shape(rng, device, dtypes=DTYPES)
+    if split:
+        rows, shape["kv_heads"] = pick(rng, ((1, 2), (2, 1)))
+        query_lens = [int(rng.integers(1, 4)) for _ in range(rows)]
+        seq_lens = _requests(rng, device, query_lens, 40)
+        case = attention_case(rng, query_lens=query_lens, seq_lens=seq_lens, causal=bool(rng.integers(2)),
+                              min_width=512 // shape["block_size"], note="512-token table", **shape)
+    else:
+        query_lens = [int(rng.integers(1, 4)) for _ in range(_batch(rng, device))]
+        seq_lens = _requests(rng, device, query_lens, 30)
+        case = attention_case(rng, query_lens=query_lens, seq_lens=seq_lens, causal=bool(rng.integers(2)), **shape)
+        width = -(-max(seq_lens) // shape["block_size"])
+        case.inputs["block_table"] = case.inputs["block_table"][:, :width].contiguous()
+    query, k_cache = case.inputs["query"], case.inputs["k_cache"]
+    query[..., 0] = query[..., 0].abs() + 0.25  # -inf times a positive number: no NaN score
+    block_size = k_cache.shape[1]
+    cuts = [length if row == 0 or rng.random() < 0.5 else int(rng.integers(0, length + 1))
+            for row, length in enumerate(seq_lens)]
+    for batch_row, cut in enumerate(cuts):
+        positions = torch.arange(cut)
+        blocks = case.inputs["block_table"][batch_row].long()[positions // block_size]
+        k_cache[blocks, positions % block_size, :, 0] = float("-inf")
+    case.note += f", keys -inf up to positions {cuts}"
+    return case
+
+
+@own_launch()
+def infinite_keys_split(rng, device, launch):
+    """``infinite_keys`` through the combine pass: two batch rows or KV heads in all with tables of 512 tokens
+    (as ``two_splits``), so a split may see -inf scores only, or every split of a row."""
+    return infinite_keys(rng, device, launch, split=True)
+
+
 def dtypes(rng, device, launch):
     """fp16, bf16 and fp32 caches, head dims that are not powers of two."""
     query_lens = [int(rng.integers(1, 5)) for _ in range(_batch(rng, device))]
@@ -281,24 +321,24 @@ def wide_table(rng, device, launch):
     return case
 
 
-def big_offsets(rng, device, launch):
-    """On the GPU, the query rows, out rows, block-table rows or cache blocks spread so that the last one a
-    request reads or writes lies 2^31 elements or more past the first, which int32 offset arithmetic wraps
-    (three batch rows, so each stride stays below 2^31 and is passed as an int32; views of up to 8.6 GB, only
-    their rows written). The CPU runs the same layouts a few thousand elements apart."""
+def big_offsets(rng, device, launch, layout):
+    """On the GPU, one view per family spread so that the last row a request reads or writes lies 2^31
+    elements or more past the first, which int32 offset arithmetic wraps: ``query`` rows, ``out`` rows,
+    ``block_table`` rows or cache blocks (``caches``); three batch rows, so each stride stays below 2^31 and
+    is passed as an int32; views of up to 8.6 GB, only their rows written. The CPU runs the same layouts a
+    few thousand elements apart."""
     reach = offset_reach(rng, device)
     query_lens = [int(rng.integers(1, 4)) for _ in range(3)]
     case = attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
                           causal=bool(rng.integers(2)), **_shape(rng, device))
-    name = pick(rng, ("query", "out", "block_table", "caches"))
-    if name == "caches":  # cut past the last block a sequence reaches, which then lies `reach` past block 0
+    if layout == "caches":  # cut past the last block a sequence reaches, which then lies `reach` past block 0
         last = int((~case.unwritten["k_cache"]).flatten(1).any(1).nonzero().max())
         for cache in ("k_cache", "v_cache"):
             case.unwritten[cache] = case.unwritten[cache][:last + 1].clone()
             case.inputs[cache] = spread(case.inputs[cache][:last + 1], 0, -(-reach // last) * last)
     else:
-        case.inputs[name] = spread(case.inputs[name], 0, reach)
-    case.note += f", {name} spread over {reach} elements"
+        case.inputs[layout] = spread(case.inputs[layout], 0, reach)
+    case.note += f", {layout} spread over {reach} elements"
     return case
 
 
@@ -359,7 +399,9 @@ FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long"
             "dtypes": dtypes, "chunks": chunks, "wide_groups": wide_groups, "float32": float32,
             "float32_wide": float32_wide, "two_splits": two_splits, "large_scores": large_scores,
             "empty": empty_inputs, "no_keys": no_keys, "one_element": one_element, "many_queries": many_queries,
-            "wide_table": wide_table, "big_offsets": big_offsets,
+            "wide_table": wide_table, "infinite_keys": infinite_keys,
+            "infinite_keys_split": infinite_keys_split,
+            **one_per_value(big_offsets, "layout", ("query", "out", "block_table", "caches")),
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
             # the launcher asks K and V for the same strides)
             "layouts": laid_out(edges, "query", "out", "block_table")}

@@ -75,6 +75,18 @@ def laid_out(family, *names: str):
     return build
 
 
+def one_per_value(family, keyword: str, values) -> dict:
+    """``family`` as one family per value of its argument ``keyword``, named ``<family>_<value>``: every
+    value is met at every iteration, not only in the share of draws that would pick it (a hunt of a few
+    cases per family would otherwise miss the one value that shows a slip)."""
+    def bind(value):
+        def build(rng, device, launch):
+            return family(rng, device, launch, **{keyword: value})
+        build.__doc__ = f"{family.__name__} with {keyword}={value!r}: {family.__doc__}"
+        return build
+    return {f"{family.__name__}_{str(value).replace(' ', '_')}": bind(value) for value in values}
+
+
 def own_launch(*devices: str):
     """Marks a family whose point is the launcher's own launch shape (a default tile capped, a split count
     chosen): on ``devices`` (default: every device) its cases run with no launch knobs, whatever the sweep

@@ -289,6 +289,17 @@ def _anchor_first_without_drafts(rng, inputs):
     inputs["draft_tokens"] = inputs["draft_tokens"][:, :0].clone()
 
 
+def _decreasing_offsets(rng, inputs) -> bool:
+    """Two neighbouring target offsets of the batch swapped where they differ: a row of negative length."""
+    starts = inputs["target_query_start_loc"]
+    rows = [b for b in range(_batch_rows(inputs)) if starts[b] < starts[b + 1]]
+    if not rows:
+        return False
+    b = int(pick(rng, rows))
+    starts[b], starts[b + 1] = int(starts[b + 1]), int(starts[b])
+    return True
+
+
 PREPARE = refusal_family(di.decode, (
     *replaced("num_draft_tokens", (-1, 2.0, True), "num_draft_tokens not an int >= 0"),
     Corruption("num_draft_tokens", "anchor-first with no draft rows", _anchor_first_without_drafts),
@@ -301,6 +312,7 @@ PREPARE = refusal_family(di.decode, (
     # -1 is a padded row's slot elsewhere (the fail-closed test skips it): a live row must not have it
     past_bound("idx_mapping", lambda i: -1, "a live batch row's slot -1", on_gpu=True),
     *_short("target_query_start_loc", lambda i: _batch_rows(i) + 1, "the batch's offsets"),
+    Corruption("target_query_start_loc", "target offsets that decrease", _decreasing_offsets),
     *_short("target_positions", _target_rows, "the target rows"),
     *_short("num_sampled", _batch_rows, "the batch"),
     *_short("num_rejected", _batch_rows, "the batch"),
@@ -378,6 +390,8 @@ PAGED_ATTENTION = refusal_family(attention.decode, (
     *resized("v_cache", 0, (-1, 1), "v_cache one block off k_cache"),
     *resized("query", 2, (-1, 1), "query one head dim off the caches", refused="k_cache"),
     emptied({"k_cache": 2, "v_cache": 2}, "caches without KV heads", refused="query"),
+    emptied({"k_cache": 0, "v_cache": 0}, "caches of no blocks under sequences that reach one",
+            refused="block_table"),
     *resized("out", 0, (_rows_short_of(_query_tokens),), "out one row short of the queries"),
     *resized("out", 1, (-1, 1), "out one head off the query"),
     *_short("block_table", _qsl_rows, "the batch"),

@@ -5,7 +5,18 @@ and the statistical family: many trials of one request."""
 import numpy as np
 import torch
 
-from stress.families.common import INT32_MAX, SENTINEL, big, laid_out, offset_reach, own_launch, pick, slots_for, spread
+from stress.families.common import (
+    INT32_MAX,
+    SENTINEL,
+    big,
+    laid_out,
+    offset_reach,
+    one_per_value,
+    own_launch,
+    pick,
+    slots_for,
+    spread,
+)
 from stress.families.sampling import (
     HUGE_VOCAB,
     LONG_VOCABS,
@@ -229,20 +240,19 @@ def huge_vocab(rng, device, launch):
                  note=f"vocab {HUGE_VOCAB}, greedy, depth 0")
 
 
-def big_offsets(rng, device, launch):
-    """On the GPU, views whose last row lies 2^31 elements past their first, which int32 offset arithmetic
-    wraps; only their rows are written. Half the time one request's three target rows (two drafts, the
-    bonus) 2^30 elements apart: the bonus row's step offset passes 2^31 (an 8.6 GB view). Else three
-    requests whose target rows, draft-token rows or output rows (one of them per case, so a case holds at
-    most 17 GB of the device while other workers hold theirs) lie 2^30 elements apart: the last request's
-    row offset passes 2^31. The CPU runs the same layouts with rows a few thousand elements apart (the guard
-    fill of 8 GB is too slow there)."""
+def big_offsets(rng, device, launch, layout):
+    """On the GPU, one view per family whose last row lies 2^31 elements past its first, which int32 offset
+    arithmetic wraps; only its rows are written (an 8.6 GB view). ``steps``: one request's three target rows
+    (two drafts, the bonus) 2^30 elements apart, so the bonus row's step offset passes 2^31. Else three
+    requests whose ``target_logits``, ``draft_tokens`` or ``out_tokens`` rows lie 2^30 elements apart: the
+    last request's row offset passes 2^31. The CPU runs the same layouts with rows a few thousand elements
+    apart (the guard fill of 8 GB is too slow there)."""
     reach = offset_reach(rng, device)
     vocab = int(rng.integers(2, 4096 if big(device) else 48))
-    by_step = bool(rng.integers(2))
+    by_step = layout == "steps"
     case = _case(rng, batch=1 if by_step else 3, depth=2, vocab=vocab, greedy_share=0.5,
                  draft_logits=bool(rng.integers(2)), placeholder_share=0.0)
-    name = "target_logits" if by_step else pick(rng, ("target_logits", "draft_tokens", "out_tokens"))
+    name = "target_logits" if by_step else layout
     case.inputs[name] = spread(case.inputs[name], 1 if by_step else 0, reach)
     case.note = f"{name} {'steps' if by_step else 'request rows'} {reach // 2} elements apart"
     return case
@@ -361,10 +371,11 @@ def empty_residual(rng, device, launch):
 
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
-            "extremes": extremes, "tiles": tiles, "big_offsets": big_offsets, "tiny_vocab": tiny_vocab,
+            "extremes": extremes, "tiles": tiles, "tiny_vocab": tiny_vocab,
             "shared_drafts": shared_drafts, "rejected_drafts": rejected_drafts, "agreeing_drafter": agreeing_drafter,
             "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder,
-            "empty_residual": empty_residual}
+            "empty_residual": empty_residual,
+            **one_per_value(big_offsets, "layout", ("steps", "target_logits", "draft_tokens", "out_tokens"))}
 
 
 def target_distribution(rng, device, launch):

@@ -5,7 +5,17 @@ positions, vocab tile boundaries, and no logits cache; with the helpers verifica
 import numpy as np
 import torch
 
-from stress.families.common import big, laid_out, offset_reach, own_launch, pick, slots_for, spread, tile_boundary_sizes
+from stress.families.common import (
+    big,
+    laid_out,
+    offset_reach,
+    one_per_value,
+    own_launch,
+    pick,
+    slots_for,
+    spread,
+    tile_boundary_sizes,
+)
 from stress.types import Case
 
 SENTINEL_LOGIT = -7777.0  # pre-filled cache entries no row may write
@@ -209,32 +219,34 @@ def every_slot(rng, device, launch):
     return case
 
 
-def big_offsets(rng, device, launch):
+def big_offsets(rng, device, launch, layout):
     """On the GPU, offsets past 2^31 elements, which int32 offset arithmetic wraps (views of about 8.6 GB;
-    only their rows are written): three logits rows 2^30 elements apart; cache slots spread over 2^31
-    elements, the last written by a live row; or a cache whose three columns lie 2^30 elements apart (the
-    slots packed inside each column), a live row writing the last. The CPU runs the same layouts a few
-    thousand elements apart."""
+    only their rows are written), one layout per family: ``logits``, three logits rows 2^30 elements apart,
+    the last a live row's; ``logits_cache``, cache slots spread over 2^31 elements, the last written by a
+    live row; ``cache columns``, a cache whose three columns lie 2^30 elements apart (the slots packed inside
+    each column), a live row writing the last. The CPU runs the same layouts a few thousand elements apart."""
     reach = offset_reach(rng, device)
     case = _case(rng, rows=2, pad_rows=1, vocab=int(rng.integers(2, 4096 if big(device) else 48)), greedy_share=0.5)
     inputs = case.inputs
-    name = pick(rng, ("logits", "logits_cache", "cache columns"))
-    if name == "cache columns":
+    if layout == "cache columns":
         slots, _, vocab = inputs["logits_cache"].shape
         stride = max(slots * vocab, -(-reach // 2))
         inputs["cache_cols"][1] = 2
         inputs["logits_cache"] = torch.empty(2 * stride + slots * vocab).as_strided(
             (slots, 3, vocab), (vocab, stride, 1)).fill_(SENTINEL_LOGIT)
     else:
+        if layout == "logits":  # the inert row (slot -1) moves to the middle: the last logits row is read
+            inputs["idx_mapping"][1:] = inputs["idx_mapping"][[2, 1]].clone()
         last_slot = inputs["temperature"].numel() - 1
-        if name == "logits_cache" and last_slot not in inputs["idx_mapping"].tolist():
+        if layout == "logits_cache" and last_slot not in inputs["idx_mapping"].tolist():
             inputs["idx_mapping"][1] = last_slot  # a live row writes the slot past 2^31 (slots stay distinct)
-        inputs[name] = spread(inputs[name], 0, reach)
-    case.note = f"{name} spread over {reach} elements"
+        inputs[layout] = spread(inputs[layout], 0, reach)
+    case.note = f"{layout} spread over {reach} elements"
     return case
 
 
 FAMILIES = {"mixed": mixed, "padded": padded, "zero_width": zero_width, "nonfinite": nonfinite,
             "long_vocab": long_vocab, "ties": ties, "layouts": laid_out(padded, "logits", "logits_cache"),
-            "extremes": extremes, "tiles": tiles, "no_cache": no_cache, "big_offsets": big_offsets,
-            "tiny_vocab": tiny_vocab, "every_slot": every_slot, "huge_vocab": huge_vocab}
+            "extremes": extremes, "tiles": tiles, "no_cache": no_cache,
+            "tiny_vocab": tiny_vocab, "every_slot": every_slot, "huge_vocab": huge_vocab,
+            **one_per_value(big_offsets, "layout", ("logits", "logits_cache", "cache columns"))}
