@@ -21,11 +21,18 @@ Semantics, mirrored by ``reference.rejection``:
   log q(x)``: a token the target gives probability 0 is never accepted, whatever u and q(x));
   resample from ``max(p - q, 0)`` (with one-hot q: the target distribution without x) by
   Gumbel-max. A placeholder is rejected like any other draft and resampled the same way.
+* an empty residual (p <= q at every token, as computed: p = q up to rounding, so x lay outside
+  q's support or rounding rejected it) resamples from the target itself: Gumbel-max over
+  ``logits / temp`` with the same key, the token ``gumbel_sample`` draws there. Upstream's argmax
+  over an all-zero residual emits token 0, an arbitrary id (often a special token) the target may
+  give probability 0; a correction of a rejection must follow p, and with nothing left of p - q
+  that is p itself.
 * ``num_rejected`` counts the request's own drafts (upstream: its logit rows minus the tokens
   sampled): trailing placeholders pad a shorter request to k and are not drafts, so a request
   with d real drafts reports ``d + 1 - num_sampled``. Rejecting the first padding placeholder
   resamples from target row d without exclusion, which is the bonus token upstream would draw.
-* NaN scores never win an argmax; ties go to the lowest token; all -inf gives token 0.
+* NaN scores never win an argmax; ties go to the lowest token; all -inf gives token 0 (a greedy
+  row, a bonus, a one-hot resample, the target fallback of an empty residual).
 * an inert row (slot -1) writes -1 tokens and zero counts.
 """
 
@@ -35,7 +42,7 @@ import triton.language as tl
 from triton.language.random import uint_to_uniform_float
 
 from kernels import runtime, validate  # noqa: F401  (runtime first: it picks compiled vs interpreted)
-from kernels.sampling import final_best, gumbel_noise, gumbel_scores, running_best
+from kernels.sampling import final_best, gumbel_noise, running_best
 
 # Emitted tokens live in a BLOCK_K-wide register vector. One width covers every depth up to 15,
 # so a change of depth never compiles a new variant.
@@ -81,24 +88,36 @@ def _argmax(row_ptr, vocab, BLOCK_V: tl.constexpr):
 @triton.jit
 def _gumbel_argmax(row_ptr, draft_row_ptr, temp, gumbel_seed, excluded, p_max, p_sum, q_max, q_sum, vocab,
                    RESIDUAL: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Gumbel-max over log max(p - q, 0) (RESIDUAL), else over ``logits / temp`` without ``excluded``."""
+    """Gumbel-max over log max(p - q, 0) (RESIDUAL), else over ``logits / temp`` without ``excluded``.
+
+    An empty residual (p <= q at every token) falls back to ``logits / temp`` under the same noise, the
+    token ``gumbel_sample`` draws at this key; its running best rides in the residual's loop."""
     best_scores = tl.full((BLOCK_V,), float("-inf"), tl.float32)
     best_tokens = tl.zeros((BLOCK_V,), tl.int32)
+    target_best_scores = tl.full((BLOCK_V,), float("-inf"), tl.float32)
+    target_best_tokens = tl.zeros((BLOCK_V,), tl.int32)
     for v0 in range(0, vocab, BLOCK_V):
         tokens = v0 + tl.arange(0, BLOCK_V)
         in_vocab = tokens < vocab
         logits = tl.load(row_ptr + tokens, mask=in_vocab, other=float("-inf"))
+        noise = gumbel_noise(gumbel_seed, tokens)
+        target_scores = tl.math.div_rn(logits, temp) + noise  # as kernels.sampling.gumbel_scores
         if RESIDUAL:
             draft_logits = tl.load(draft_row_ptr + tokens, mask=in_vocab, other=float("-inf"))
             p = tl.exp(_clamped(logits, temp) - p_max) / p_sum
             q = tl.exp(_clamped(draft_logits, temp) - q_max) / q_sum
             keep = in_vocab & (p > q)
-            scores = tl.where(keep, tl.log(tl.where(keep, p - q, 1.0)), float("-inf")) + gumbel_noise(gumbel_seed,
-                                                                                                      tokens)
+            scores = tl.where(keep, tl.log(tl.where(keep, p - q, 1.0)), float("-inf")) + noise
+            target_best_scores, target_best_tokens = running_best(target_scores, tokens, target_best_scores,
+                                                                  target_best_tokens)
         else:
-            scores = tl.where(tokens == excluded, float("-inf"), gumbel_scores(logits, temp, gumbel_seed, tokens))
+            scores = tl.where(tokens == excluded, float("-inf"), target_scores)
         best_scores, best_tokens = running_best(scores, tokens, best_scores, best_tokens)
-    return final_best(best_scores, best_tokens, vocab).to(tl.int64)
+    token = final_best(best_scores, best_tokens, vocab)
+    if RESIDUAL:  # no token kept: every residual score is -inf (a kept one's is finite)
+        token = tl.where(tl.max(best_scores, 0) > float("-inf"), token,
+                         final_best(target_best_scores, target_best_tokens, vocab))
+    return token.to(tl.int64)
 
 
 @triton.jit
@@ -143,6 +162,10 @@ def _verify_kernel(target_ptr, target_request_stride, target_step_stride, draft_
                 q_max, q_sum = _softmax_stats(q_row_ptr, temp, vocab, BLOCK_V)
                 q_x = _probability(q_row_ptr, x, temp, q_max, q_sum)
             else:  # one-hot q
+                # Its resample excludes x and has no fallback: it is empty only when every other token scores
+                # -inf (logits -inf/NaN), where "all -inf gives token 0" holds as for a bonus. A p one-hot on x
+                # itself is never rejected: every other exp underflows to 0, so p(x) = exp(0) / exp(0)^m = 1,
+                # and u <= 1 - 2^-24 (uint_to_uniform_float's scale keeps it below 1).
                 q_max, q_sum, q_x = p_max, p_sum, 1.0
             accepted = valid & (p_x > uint_to_uniform_float(bits) * q_x)
             token = draft

@@ -8,7 +8,7 @@ kernel's float32 rounding (bounds below), so the kernel may legitimately emit ot
 import torch
 
 from reference import philox
-from reference.sampling import EPS, Decided, argmax_decided, gumbel_noise, noise_tolerance, sample_row, scaled
+from reference.sampling import EPS, Decided, argmax_decided, gumbel_max, gumbel_noise, sample_row, scaled
 
 CLAMP = 2.0**126  # as kernels.rejection: a quarter of the float32 range
 # float32 softmax error bound, relative: a floor (approximate exp and log on GPUs, the lane
@@ -19,40 +19,70 @@ SOFTMAX_REL = 2.0**-14
 SOFTMAX_REL_PER_TOKEN = 2.0**-28
 SOFTMAX_ABS = 2.0**-100
 LOG_ABS = 2.0**-20  # approximate float32 log on GPUs
+# Below this shifted score the kernel's p is exactly 0, and so is the reference's, with no bound: a floor there
+# would let a real difference of zero (p(x) = 0 against an accept, an empty residual) pass as a near tie. The
+# kernel's c - max is the same float32 c and max as here, rounded by 2^-24 relative, so below -110.99; e^-110.99
+# is below 2^-160, a factor 2^10 under half the smallest float32 subnormal (2^-150), so a float32 exp accurate
+# to within that factor returns 0 there, correctly rounded or not, subnormals flushed or not (numpy under the
+# interpreter, ex2.approx on the GPU), and p = 0 / sum = 0. (A float64 exp underflows only below -745.)
+EXP_ZERO = -111.0
+
+
+def clamped(logits: torch.Tensor, temp: float) -> torch.Tensor:
+    """``logits / temp`` clamped to [-CLAMP, CLAMP], NaN to -CLAMP: what the kernel's softmax reads (float32 values)."""
+    return scaled(logits, temp).nan_to_num(nan=-CLAMP).clamp(-CLAMP, CLAMP)
 
 
 def softmax(logits: torch.Tensor, temp: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probabilities of the clamped scaled row (float64) and their float32 error bound."""
-    c = scaled(logits, temp).nan_to_num(nan=-CLAMP).clamp(-CLAMP, CLAMP)
+    """Probabilities of the clamped scaled row (float64), exactly 0 where the kernel's are, and their float32
+    error bound (0 there)."""
+    c = clamped(logits, temp)
     shifted = c - c.max()
-    e = torch.exp(shifted)
+    e = torch.exp(shifted).masked_fill(shifted < EXP_ZERO, 0.0)
     p = e / e.sum()
     rel = SOFTMAX_REL + SOFTMAX_REL_PER_TOKEN * c.numel() + 2.0**-22 * shifted.abs().clamp(max=104)
-    return p, p * rel + SOFTMAX_ABS
+    return p, torch.where(p > 0, p * rel + SOFTMAX_ABS, 0.0)
 
 
 def _log_or_neg_inf(r: torch.Tensor) -> torch.Tensor:
     return torch.where(r > 0, torch.log(r.clamp(min=1e-300)), torch.tensor(float("-inf"), dtype=r.dtype))
 
 
-def resample(logits, temp, bits, draft: int, q: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[int, bool]:
-    """Gumbel-max keyed by ``bits`` over the residual ``max(p - q, 0)``; q is (probs, bound), one-hot when None."""
+def residual_or_target(residual: tuple[int, bool], target: tuple[int, bool], kept: torch.Tensor,
+                       may_keep: torch.Tensor) -> tuple[int, bool]:
+    """The kernel's resample, (token, near tie): the ``residual`` draw where its residual surely keeps a token
+    (``kept``), the ``target`` draw (its fallback) where it surely keeps none (no ``may_keep``); in between
+    decided only when both ways give one token, the fallback's and the only one the residual may keep."""
+    if kept.any():
+        return residual
+    token, tie = target
+    return token, tie or (bool(may_keep.any()) and may_keep.nonzero().flatten().tolist() != [token])
+
+
+def resample(logits, temp, bits, draft: int, draft_logits: torch.Tensor | None) -> tuple[int, bool]:
+    """Gumbel-max keyed by ``bits`` over the residual ``max(p - q, 0)``, or over ``logits / temp`` when the
+    kernel's residual is empty; q is one-hot when ``draft_logits`` is None (then the draft is excluded instead)."""
     noise = gumbel_noise(bits, logits.numel())
-    if q is None:
-        values = scaled(logits, temp)
+    values = scaled(logits, temp)
+    if draft_logits is None:
         if 0 <= draft < logits.numel():
             values[draft] = float("-inf")
-        scores = values + noise
-        tol = noise_tolerance(values, noise)
-        return argmax_decided(scores, scores - tol, scores + tol)
-    (p, p_tol), (q_p, q_tol) = softmax(logits, temp), q
+        return gumbel_max(values, noise)
+    if torch.equal(clamped(logits, temp), clamped(draft_logits, temp)):
+        # The kernel computes p and q from equal inputs by the same float32 operations: equal bit for bit,
+        # so p > q nowhere and its residual is empty, however large the bound on each.
+        return gumbel_max(values, noise)
+    (p, p_tol), (q_p, q_tol) = softmax(logits, temp), softmax(draft_logits, temp)
     r = p - q_p
     r_tol = p_tol + q_tol + EPS * (p + q_p)
+    # The kernel keeps a token iff its p > q: surely where r > r_tol, never where p is exactly 0 (so is the
+    # kernel's, see softmax; a tiny q's floor must not make it a candidate) or r + r_tol <= 0.
+    may_keep = (p > 0) & (r + r_tol > 0)
     w = _log_or_neg_inf(r)
     g_tol = EPS * (torch.where(torch.isfinite(w), w.abs(), 0) + noise.abs()) + LOG_ABS
     lo = _log_or_neg_inf(r - r_tol) + noise - g_tol
-    hi = _log_or_neg_inf(r + r_tol) + noise + g_tol
-    return argmax_decided(w + noise, lo, hi)
+    hi = torch.where(may_keep, _log_or_neg_inf(r + r_tol) + noise + g_tol, float("-inf"))
+    return residual_or_target(argmax_decided(w + noise, lo, hi), gumbel_max(values, noise), r - r_tol > 0, may_keep)
 
 
 def verify_request(target, drafts, temp, seed, pos, draft_logits=None) -> tuple[list[int], bool]:
@@ -81,7 +111,7 @@ def verify_request(target, drafts, temp, seed, pos, draft_logits=None) -> tuple[
         if accepted:
             tokens.append(x)
             continue
-        token, tie = resample(target[i], temp, bits, x, q)
+        token, tie = resample(target[i], temp, bits, x, None if draft_logits is None else draft_logits[i])
         return tokens + [token], near_tie or tie
     bonus, tie = sample_row(target[len(drafts)], temp, seed, pos + len(drafts))
     return tokens + [bonus], near_tie or tie

@@ -59,14 +59,17 @@ def argmax_decided(scores: torch.Tensor, lo: torch.Tensor | None = None,
     return best, bool(rivals.any())
 
 
+def gumbel_max(values: torch.Tensor, noise: torch.Tensor) -> tuple[int, bool]:
+    """Argmax of ``values + noise`` as the float32 kernel rounds it, and whether it is a near tie."""
+    scores, tol = values + noise, noise_tolerance(values, noise)
+    return argmax_decided(scores, scores - tol, scores + tol)
+
+
 def sample_row(logits: torch.Tensor, temp: float, seed: int, pos: int) -> tuple[int, bool]:
     """One row: greedy when ``temp`` is not > 0, else Gumbel-max keyed by (seed, pos)."""
     if not temp > 0:
         return argmax_decided(logits.to(torch.float64))
-    values = scaled(logits, temp)
-    noise = gumbel_noise(philox.randint(seed, pos), logits.numel())
-    scores, tol = values + noise, noise_tolerance(values, noise)
-    return argmax_decided(scores, scores - tol, scores + tol)
+    return gumbel_max(scaled(logits, temp), gumbel_noise(philox.randint(seed, pos), logits.numel()))
 
 
 def gumbel_sample(logits, idx_mapping, temperature, seeds, positions, *, draft=False, logits_cache=None,

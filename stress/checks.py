@@ -285,6 +285,12 @@ REJECTION_CHECKS = (
             Mutant("seed-by-row", "the Philox seed is read by batch row instead of request slot",
                    (Patch(_VERIFY, "tl.load(seeds_ptr + slot,", "tl.load(seeds_ptr + b,"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),
+            Mutant("empty-residual-token-0", "an empty residual (p <= q at every token) resamples token 0, the "
+                   "argmax of an all -inf row (pre-fix, as upstream), instead of Gumbel-max over the target row",
+                   (Patch("kernels.rejection:_gumbel_argmax", 'tl.max(best_scores, 0) > float("-inf"), token,',
+                          "True, token,"),
+                    Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("empty_residual", "extremes")),
         ),
     ),
     Check(

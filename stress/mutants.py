@@ -74,6 +74,8 @@ def applied(mutant: Mutant | None):
 
 
 def validate(mutant: Mutant) -> None:
-    """Build every patch now, so a stale mutant fails loudly before any run."""
-    for patch in mutant.patches:
-        _build(mutant.name, patch)
+    """Build every patch now, so a stale mutant fails loudly before any run. Built as ``applied`` builds them,
+    each after the ones before it are swapped in: a kernel rebuilt after a mutated helper (a build is cached)
+    must capture the mutated one, not the production helper."""
+    with applied(mutant):
+        pass

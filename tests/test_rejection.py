@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 from kernels import runtime
 from kernels.rejection import verify
 from kernels.sampling import gumbel_sample
+from reference import philox
 from reference import rejection as ref
+from reference.sampling import sample_row
 from stress.compare import Divergence, Tolerated, exact_unless_near_tie
 
 NAN, INF = float("nan"), float("inf")
@@ -109,6 +111,109 @@ def test_zero_probability_is_judged_not_excused_as_a_near_tie():
     assert isinstance(exact_unless_near_tie("out_tokens", out_tokens, accepted), Divergence)
     assert isinstance(exact_unless_near_tie("num_sampled", num_sampled, torch.tensor([2, 2], dtype=torch.int32)),
                       Divergence)
+
+
+def _empty_residual_case(temp: float, seeds: list[int]) -> dict:
+    """One request per seed whose draft logits are the target's, bit for bit, so p = q exactly and p - q is 0
+    at every token: the residual is empty. Tokens 0 and 1 have logit -inf in both, so p = q = 0 there, and
+    draft 1 is rejected whatever u. Token 0, the all -inf argmax, is a token the target never emits."""
+    row = torch.tensor([-INF, -INF, 1.0, 2.5, 0.5, 2.0])
+    batch = len(seeds)
+    return {"target": row.expand(batch, 2, 6).clone(), "drafts": [[1]] * batch, "temps": [temp] * batch,
+            "seeds": seeds, "positions": [9 + 4 * i for i in range(batch)],
+            "draft_logits": row.expand(batch, 1, 6).clone()}
+
+
+@pytest.mark.parametrize("temp", [1.0, 2.0])
+def test_empty_residual_resamples_from_the_target(temp):
+    """p <= q everywhere: the resample is Gumbel-max over the target row with the rejected step's key, the token
+    gumbel_sample draws from that row at that (seed, position), never the all -inf argmax, token 0."""
+    case = _empty_residual_case(temp, list(range(8)))
+    tokens, sampled, rejected = _verify(case["target"], case["drafts"], case["temps"], seeds=case["seeds"],
+                                        positions=case["positions"], draft_logits=case["draft_logits"])
+    dev = runtime.device()
+    expected = gumbel_sample(case["target"][:, 0].to(dev), torch.arange(8, dtype=torch.int32, device=dev),
+                             torch.tensor(case["temps"], device=dev), torch.tensor(case["seeds"], device=dev),
+                             torch.tensor(case["positions"], device=dev)).cpu().tolist()
+    assert sampled == [1] * 8 and rejected == [1] * 8
+    assert [row[0] for row in tokens] == expected
+    assert set(expected) <= {2, 3, 4, 5} and len(set(expected)) > 1  # sampled from p, not one fixed token
+
+
+@pytest.mark.parametrize("temp", [1e-3, 1e-30])
+def test_empty_residual_near_zero_temperature_emits_the_target_argmax(temp):
+    """Target and draft both one-hot on token 3 (every other p and q underflow to exactly 0) and a rejected
+    draft of probability 0: the target row itself puts all its mass on 3."""
+    case = _empty_residual_case(temp, [5, -(2**63), 2**63 - 1])
+    tokens, sampled, _ = _verify(case["target"], case["drafts"], case["temps"], seeds=case["seeds"],
+                                 positions=case["positions"], draft_logits=case["draft_logits"])
+    assert [row[0] for row in tokens] == [3, 3, 3] and sampled == [1, 1, 1]
+
+
+def _reference_inputs(case: dict) -> dict:
+    batch, rows = len(case["drafts"]), len(case["drafts"][0]) + 1
+    return {"target_logits": case["target"], "draft_tokens": torch.tensor(case["drafts"]),
+            "idx_mapping": torch.arange(batch, dtype=torch.int32), "temperature": torch.tensor(case["temps"]),
+            "seeds": torch.tensor(case["seeds"]), "positions": torch.tensor(case["positions"]),
+            "out_tokens": torch.full((batch, rows), SENTINEL), "num_sampled": torch.full((batch,), SENTINEL,
+                                                                                          dtype=torch.int32),
+            "num_rejected": torch.full((batch,), SENTINEL, dtype=torch.int32), "draft_logits": case["draft_logits"]}
+
+
+@pytest.mark.parametrize("temp", [1.0, 1e-3, 1e-30])
+def test_reference_decides_an_empty_residual(temp):
+    """Where p is exactly 0 the kernel's p is 0 too, and p - q of an exact copy is 0: the reference knows the
+    residual is empty and judges the fallback token instead of calling every token a near tie."""
+    case = _empty_residual_case(temp, list(range(4)))
+    out_tokens, _, _ = ref.verify(**_reference_inputs(case))
+    assert not out_tokens.near_tie.any()
+    for b in range(4):
+        fallback, tie = sample_row(case["target"][b, 0], temp, case["seeds"][b], case["positions"][b])
+        assert not tie and int(out_tokens.value[b, 0]) == fallback
+
+
+def test_reference_leaves_an_undecidable_residual_undecided():
+    """q a hair above p at one token and below it at another (by far less than float32 rounding): the kernel's
+    residual may be empty or hold either token, so the reference must not claim to know the resample."""
+    case = _empty_residual_case(1.0, [0])
+    case["draft_logits"][0, 0, 3] += 1e-6
+    case["draft_logits"][0, 0, 4] -= 1e-6
+    out_tokens, _, _ = ref.verify(**_reference_inputs(case))
+    assert out_tokens.near_tie.all()
+
+
+def test_softmax_is_exact_where_the_kernels_p_is_zero():
+    """Below EXP_ZERO (-111) the kernel's float32 exp is 0, so its p is exactly 0: the reference's p is 0 there
+    with no bound. Above it p keeps its floor (-100: a float32 subnormal, or 0 where subnormals are flushed)."""
+    p, tol = ref.softmax(torch.tensor([0.0, -INF, -111.5, -800.0, NAN, -100.0]), 1.0)
+    assert (p[1:5] == 0).all() and (tol[1:5] == 0).all()
+    assert p[5] > 0 and tol[5] >= ref.SOFTMAX_ABS and tol[0] > 0
+
+
+def test_probability_below_float32_exp_underflow_is_rejected():
+    """p(x) with a shifted logit of -111.5 is exactly 0 in the kernel (the reference's EXP_ZERO claim) and q(x) is
+    0 too: p(x) > u q(x) fails whatever u, and the reference decides it, no near tie. The residual is token 2."""
+    target = torch.tensor([[[0.0, -111.5, -1.0], [0.0, 0.0, 0.0]]]).repeat(4, 1, 1)
+    q = torch.tensor([[[0.0, -2000.0, -3.0]]]).repeat(4, 1, 1)
+    case = {"target": target, "drafts": [[1]] * 4, "temps": [1.0] * 4, "seeds": [0, 1, 2, 3], "positions": [3] * 4,
+            "draft_logits": q}
+    tokens, sampled, _ = _verify(target, case["drafts"], case["temps"], seeds=case["seeds"], draft_logits=q,
+                                 positions=case["positions"])
+    assert sampled == [1] * 4 and [row[0] for row in tokens] == [2] * 4
+    out_tokens, num_sampled, _ = ref.verify(**_reference_inputs(case))
+    assert not out_tokens.near_tie.any() and num_sampled.value.tolist() == [1] * 4
+
+
+def test_one_hot_q_accepts_a_draft_the_target_is_sure_of_at_the_largest_uniform():
+    """With one-hot q the resample excludes x, so a p one-hot on x must never be rejected (nothing would be left):
+    p(x) = exp(0) / exp(0) = 1 exactly, every other exp 0, and Triton's uniform stays below 1. Seed 7 at position
+    8263248 draws its largest value, 1 - 2^-24: only a p(x) of exactly 1 passes p(x) > u there."""
+    assert float(philox.uniform(philox.randint(7, 8263248))) == 1 - 2.0**-24
+    target = torch.zeros(2, 2, 5)
+    target[0, 0] = torch.tensor([-INF, -INF, 1.0, -INF, -INF])
+    target[1, 0] = torch.tensor([0.0, 0.0, 3.0, 0.0, 0.0])  # at temperature 1e-3 the others lie 3000 below
+    tokens, sampled, _ = _verify(target, [[2], [2]], temps=[1.0, 1e-3], seeds=[7, 7], positions=[8263248] * 2)
+    assert sampled == [2, 2] and [row[0] for row in tokens] == [2, 2]
 
 
 def test_probabilistic_accepts_a_certain_draft_and_emits_the_bonus():

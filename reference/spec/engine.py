@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 
 from reference import block_table, draft_inputs, philox
-from reference.rejection import CLAMP
+from reference.rejection import CLAMP, residual_or_target
 from reference.sampling import DRAFT_NOISE_SALT, EPS, argmax_decided, gumbel_noise, scaled
 from reference.spec import backends, depth, graphs, slots
 from reference.spec.models import LogitError, Model
@@ -88,8 +88,9 @@ def _probs(row: Row, temp: float) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def sample(row: Row, temp, seed, pos, excluded=None, q: Row | None = None) -> tuple[int, bool]:
-    """Greedy (temp not > 0) or Gumbel-max keyed by (seed, pos); with ``q`` over max(p - q, 0), else
-    over ``logits / temp`` without ``excluded``. Returns the token and whether it is a near tie."""
+    """Greedy (temp not > 0) or Gumbel-max keyed by (seed, pos); with ``q`` over max(p - q, 0) (over
+    ``logits / temp`` when that is empty), else over ``logits / temp`` without ``excluded``. Returns the
+    token and whether it is a near tie."""
     if not temp > 0:
         return _decided(row.logits, row, 1.0)
     noise = gumbel_noise(philox.randint(seed, pos), row.logits.numel())
@@ -102,7 +103,8 @@ def sample(row: Row, temp, seed, pos, excluded=None, q: Row | None = None) -> tu
     (p, p_rel), (q_p, q_rel) = _probs(row, temp), _probs(q, temp)
     r, r_err = p - q_p, p * p_rel + q_p * q_rel
     w = _log_or_neg_inf(r) + noise
-    return argmax_decided(w, _log_or_neg_inf(r - r_err) + noise - 1e-6, _log_or_neg_inf(r + r_err) + noise + 1e-6)
+    residual = argmax_decided(w, _log_or_neg_inf(r - r_err) + noise - 1e-6, _log_or_neg_inf(r + r_err) + noise + 1e-6)
+    return residual_or_target(residual, sample(row, temp, seed, pos), r > r_err, r + r_err > 0)
 
 
 def _log_or_neg_inf(r):

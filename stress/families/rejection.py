@@ -20,6 +20,7 @@ from stress.families.common import (
 from stress.families.sampling import (
     HUGE_VOCAB,
     LONG_VOCABS,
+    NEAR_ZERO_TEMPERATURES,
     extreme_keys,
     random_logits,
     seeds,
@@ -325,11 +326,55 @@ def agreeing_drafter(rng, device, launch):
     return case
 
 
+def empty_residual(rng, device, launch):
+    """Draft logits that leave no residual max(p - q, 0): a copy of the target row, bit for bit (p = q at any
+    temperature), or, at a temperature near 0, another row whose maximum is the target's by a margin of 1 (both
+    one-hot on it, every other p and q exactly 0). Each request accepts its first j drafts (the row's argmax,
+    p(x) = q(x) > u q(x)) and then proposes a token of p(x) = q(x) = 0, a placeholder or an id past the vocab,
+    rejected whatever u: its resample must follow the target row, Gumbel-max over logits / temp. Token 0, which
+    an all -inf argmax gives, is outside the target's support in half the requests."""
+    b, k, v = _size(rng, device)
+    v = max(v, 3)
+    case = _case(rng, batch=b, depth=k, vocab=v, greedy_share=0.0, draft_logits=True, placeholder_share=0.0,
+                 note=f"empty residual, vocab {v}")
+    inputs = case.inputs
+    target, cached, drafts, slots = (inputs["target_logits"], inputs["draft_logits"], inputs["draft_tokens"],
+                                     inputs["idx_mapping"].long())
+    temps = inputs["temperature"]
+    for slot in range(temps.numel()):
+        temps[slot] = pick(rng, NEAR_ZERO_TEMPERATURES) if rng.integers(2) else rng.uniform(0.25, 2.0)
+    for i in range(b):
+        one_hot = float(temps[slots[i]]) <= max(NEAR_ZERO_TEMPERATURES) and bool(rng.integers(2))
+        rejected_at = int(rng.integers(0, k + 1))
+        for step in range(k):
+            row = target[i, step]
+            y = int(row.argmax())
+            row[y] = row.max() + 1  # the margin that makes the row one-hot near temperature 0
+            outside = torch.from_numpy(rng.random(v) < 0.3)
+            outside[0] = bool(rng.integers(2))
+            outside[pick(rng, [t for t in range(v) if t != y])] = True
+            outside[y] = False
+            row[outside] = float("-inf")
+            if one_hot:
+                q = random_logits(rng, (v,))
+                q[y] = q.max() + 1
+                cached[slots[i], step] = q
+            else:
+                cached[slots[i], step] = row
+            if step < rejected_at:
+                drafts[i, step] = y
+            elif step == rejected_at:
+                zero = outside.nonzero().flatten()
+                drafts[i, step] = pick(rng, (int(zero[int(rng.integers(len(zero)))]),) * 3 + (-1, v, 2**62))
+    return case
+
+
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
             "extremes": extremes, "tiles": tiles, "tiny_vocab": tiny_vocab,
             "shared_drafts": shared_drafts, "rejected_drafts": rejected_drafts, "agreeing_drafter": agreeing_drafter,
             "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder,
+            "empty_residual": empty_residual,
             **one_per_value(big_offsets, "layout", ("steps", "target_logits", "draft_tokens", "out_tokens"))}
 
 
