@@ -169,13 +169,14 @@ def long(rng, device, launch):
 
 def gqa(rng, device, launch):
     """Several KV heads shared by 1 to 8 query heads each: query head h must read KV head h // group. Groups of
-    3, 5 and 6 leave rows of a program past its whole groups (rows // group >= queries per chunk); a group of
-    32 exactly fills the CPU sweep's forced 32-row program (one query per chunk), which the launcher accepts."""
+    3, 5 and 6 leave rows of a program past its whole groups (rows // group >= queries per chunk); a group that
+    exactly fills a forced program (32 rows on the CPU sweep; half the cases that force one) holds one query
+    per chunk, which the launcher accepts."""
     query_lens = [int(rng.integers(1, 8)) for _ in range(_batch(rng, device, 1))]
     kv_heads = int(rng.integers(2, 9 if big(device) else 3))
+    groups = (launch["block_m"],) if "block_m" in launch and rng.random() < 0.5 else (1, 3, 4, 5, 6, 8, 32)
     return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
-                          causal=bool(rng.integers(2)),
-                          **_shape(rng, device, kv_heads=kv_heads, groups=(1, 3, 4, 5, 6, 8, 32)))
+                          causal=bool(rng.integers(2)), **_shape(rng, device, kv_heads=kv_heads, groups=groups))
 
 
 def chunks(rng, device, launch):
