@@ -222,11 +222,15 @@ def float32_wide(rng, device, launch):
 def two_splits(rng, device, launch):
     """Two batch rows or KV heads in all, with block-table rows wide enough for 512 tokens (a table sized for
     the longest sequence, here short ones): on the CPU (one multiprocessor) the default split count is 2, the
-    one count the sweep does not force, so on the CPU it always runs the launcher's own shape."""
+    one count the sweep does not force, so on the CPU it always runs the launcher's own shape. In half the
+    cases the first row is one query over one key: a single split holds it and the combine must still write it."""
     rows, kv_heads = pick(rng, ((1, 2), (2, 1)))
     query_lens = [int(rng.integers(1, 4)) for _ in range(rows)]
     shape = {**_shape(rng, device), "kv_heads": kv_heads}
-    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
+    seq_lens = _requests(rng, device, query_lens, 40)
+    if rng.random() < 0.5:
+        query_lens[0] = seq_lens[0] = 1
+    return attention_case(rng, query_lens=query_lens, seq_lens=seq_lens,
                           causal=bool(rng.integers(2)), min_width=512 // shape["block_size"], **shape)
 
 
