@@ -215,8 +215,9 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
     start = time.perf_counter()
     if timeout:
         signal.signal(signal.SIGALRM, _on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
+        if timeout:  # armed inside the try: a deadline shorter than the next bytecode is still a verdict
+            signal.setitimer(signal.ITIMER_REAL, timeout)
         check = checks.get(task.check)
         mutant = checks.find_mutant(task.mutant, check) if task.mutant else None
         if device not in check.devices:
@@ -242,7 +243,10 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
         result.fatal = _fatal(exc)
     finally:
         if timeout:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            except CaseTimeout:  # the deadline passed just as the case ended: it did end
+                pass
         case = expected = None  # this case's tensors go before its cached device memory does
         _release_device_memory(device)
         result.seconds = round(time.perf_counter() - start, 4)
