@@ -246,7 +246,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                     num_stages: int | None = None) -> None:
     """Attention of every batch row's queries over its paged keys and values, written into ``out``.
 
-    query [T, H_q, D]; k_cache / v_cache [num_blocks, block_size, H_kv, D] (H_q a multiple of H_kv;
+    query [T, H_q, D]; k_cache / v_cache [num_blocks, block_size >= 1, H_kv, D] (H_q a multiple of H_kv;
     query head h reads KV head h // (H_q / H_kv)); block_table int32 [>= B, W] and seq_lens int32
     [>= B] by batch row, ``seq_lens[b]`` 0 or from the row's query count to ``W * block_size`` (the upper
     bound is checked where indices are, see ``_check_indices``; the lower is not); query_start_loc int32
@@ -275,6 +275,8 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     num_kv_heads = k_cache.shape[2]
     if k_cache.shape[3] != head_dim:
         raise ValueError(f"k_cache: head dim {k_cache.shape[3]}, but query has {head_dim}")
+    if k_cache.shape[1] == 0:
+        raise ValueError("k_cache: block size 0; a cache block holds at least one token")
     if num_kv_heads == 0 or num_q_heads % num_kv_heads:
         raise ValueError(f"query: {num_q_heads} heads is not a multiple of the caches' {num_kv_heads} KV heads")
     if out.shape[0] < num_tokens or tuple(out.shape[1:]) != (num_q_heads, head_dim):

@@ -456,6 +456,12 @@ ATTENTION_CHECKS = (
                    oracles={"cpu": "accepted"}, families=("refused",),
                    why_not="a GPU launch reads block ids back only with SPECSAN_CHECK_INDICES=1, so its refused "
                            "cases leave this corruption out"),
+            Mutant("block-size-0-accepted", "a cache of block size 0 is not refused up front (pre-fix): the CPU "
+                   "refuses its sequences through seq_lens, naming the wrong argument; a GPU launch compiles "
+                   "BLOCK_SIZE = 0",
+                   (Patch("kernels.attention:paged_attention", "    if k_cache.shape[1] == 0:\n", "    if False:\n"),),
+                   oracles={"cpu": "refusal"}, families=("refused",),
+                   why_not="pending: the GPU verdict of a BLOCK_SIZE = 0 launch is being measured"),
             Mutant("minus-inf-rows-nan", "a query whose every visible key scores -inf divides 0 by 0 (NaN) instead "
                    "of getting zeros, in one split and in the combine",
                    (Patch(_ATT, "o = acc / tl.where(l_i > 0, l_i, 1.0)", "o = acc / tl.where(l_i >= 0, l_i, 1.0)"),

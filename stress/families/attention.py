@@ -190,6 +190,23 @@ def chunks(rng, device, launch):
                           causal=bool(rng.integers(2)), **_shape(rng, device, groups=(2, 3, 4, 5, 6)))
 
 
+def widest_tiles(rng, device, launch):
+    """The largest default programs: the widest head dim (256 on the GPU) in a 16-bit dtype, with groups of 3,
+    5 or 6 and 33 to 64 queries per row, so the per-chunk cap (128 // group queries) sizes each program to 128
+    rows that leave rows past their last whole group (a cap one query larger doubles them to 256), or decode
+    rows. Such a program fills most of an H200's shared memory at the launcher's stage count."""
+    group = pick(rng, (3, 5, 6))
+    if rng.random() < 0.5:
+        query_lens = [int(rng.integers(33, 65)) for _ in range(_batch(rng, device, 1, 3))]
+    else:
+        query_lens = [1] * _batch(rng, device, 2, 8)
+    shape = {**_shape(rng, device, dtypes=(torch.float16, torch.bfloat16), kv_heads=int(rng.integers(1, 3))),
+             "group": group, "head_dim": 256 if big(device) else 16}
+    return attention_case(rng, query_lens=query_lens,
+                          seq_lens=_requests(rng, device, query_lens, max(query_lens) + (512 if big(device) else 16)),
+                          causal=bool(rng.integers(2)), note="widest tiles", **shape)
+
+
 @own_launch("cpu")
 def wide_groups(rng, device, launch):
     """MQA-like groups of more query heads per KV head than the smallest program's 16 rows, up to past 128 (a
@@ -401,7 +418,8 @@ def empty_inputs(rng, device, launch):
 
 
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
-            "dtypes": dtypes, "chunks": chunks, "wide_groups": wide_groups, "float32": float32,
+            "dtypes": dtypes, "chunks": chunks, "widest_tiles": widest_tiles, "wide_groups": wide_groups,
+            "float32": float32,
             "float32_wide": float32_wide, "two_splits": two_splits, "large_scores": large_scores,
             "empty": empty_inputs, "no_keys": no_keys, "one_element": one_element, "many_queries": many_queries,
             "wide_table": wide_table, "infinite_keys": infinite_keys,

@@ -391,6 +391,7 @@ PAGED_ATTENTION = refusal_family(attention.decode, (
     *resized("v_cache", 0, (-1, 1), "v_cache one block off k_cache"),
     *resized("query", 2, (-1, 1), "query one head dim off the caches", refused="k_cache"),
     emptied({"k_cache": 2, "v_cache": 2}, "caches without KV heads", refused="query"),
+    emptied({"k_cache": 1, "v_cache": 1}, "caches of block size 0", refused="k_cache"),
     # refused through the block ids, checked as indices (on a GPU only with SPECSAN_CHECK_INDICES=1)
     emptied({"k_cache": 0, "v_cache": 0}, "caches of no blocks under sequences that reach one", refused="block_table",
             on_gpu=False),
