@@ -24,6 +24,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from kernels import runtime, validate
 
@@ -239,6 +240,23 @@ def _check_indices(query_start_loc, block_table, seq_lens, num_tokens: int, num_
     validate.indices("block_table", block_table, 0, num_blocks, what="block id", where=reached)
 
 
+def fitting_tiles(shape: dict, group: int, *, rows_forced: bool, keys_forced: bool) -> list[tuple[int, int]]:
+    """(block_m, block_n) to launch in turn until one fits the device: the shape's own, then, for the sizes
+    the caller did not force, key tiles halved down to 16, then programs of half the rows (down to one GQA
+    group's) with each key tile again. The launcher sizes tiles from shapes alone, and at head dim 512, or 256
+    under a group past 128, its own programs overflow an H200's shared memory (Triton raises OutOfResources
+    before anything runs)."""
+    def halvings(first: int, last: int, forced: bool) -> list[int]:
+        sizes = [first]
+        while not forced and sizes[-1] // 2 >= last:
+            sizes.append(sizes[-1] // 2)
+        return sizes
+
+    rows = halvings(shape["block_m"], max(16, triton.next_power_of_2(group)), rows_forced)
+    keys = halvings(shape["block_n"], 16, keys_forced)
+    return [(block_m, block_n) for block_m in rows for block_n in keys]
+
+
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, *, scale: float, causal: bool,
                     out: torch.Tensor, block_m: int | None = None, block_n: int | None = None,
@@ -304,10 +322,36 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                    k_cache.shape[0], block_size)
     if head_dim == 0 or k_cache.numel() == 0:
         return
-    shape = launch_shape(num_tokens, num_batch_rows, num_kv_heads, group, head_dim,
-                         block_table.shape[1] * block_size, query.dtype, device, block_m=block_m, block_n=block_n,
-                         kv_splits=kv_splits, num_warps=num_warps, num_stages=num_stages)
+
+    def shape_of(rows, keys):
+        return launch_shape(num_tokens, num_batch_rows, num_kv_heads, group, head_dim,
+                            block_table.shape[1] * block_size, query.dtype, device, block_m=rows, block_n=keys,
+                            kv_splits=kv_splits, num_warps=num_warps, num_stages=num_stages)
+
+    tiles = fitting_tiles(shape_of(block_m, block_n), group, rows_forced=block_m is not None,
+                          keys_forced=block_n is not None)
+    for attempt, (rows, keys) in enumerate(tiles):
+        try:
+            _launch(shape_of(rows, keys), query, k_cache, v_cache, block_table, seq_lens, query_start_loc, out,
+                    scale=scale, causal=causal, group=group)
+            return
+        except OutOfResources as exc:
+            if attempt < len(tiles) - 1:
+                continue
+            if block_m is not None or block_n is not None:
+                raise  # a forced tile is the caller's to fit
+            raise ValueError(f"query: head dim {head_dim} with {group} query heads per KV head in {query.dtype}: "
+                             f"no program of whole groups fits this device ({exc}); use a smaller head dim or "
+                             "group") from exc
+
+
+def _launch(shape: dict, query, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, *, scale, causal,
+            group: int) -> None:
+    """The attention kernel (and, over several splits, the combine) at ``shape``."""
+    num_tokens, num_q_heads, head_dim = query.shape
+    num_batch_rows, num_kv_heads = query_start_loc.numel() - 1, k_cache.shape[2]
     splits, block_d = shape["kv_splits"], shape["block_d"]
+    device = query.device
     if splits > 1:
         partial_acc = torch.empty((num_tokens, num_q_heads, splits, block_d), dtype=torch.float32, device=device)
         partial_ml = torch.empty((num_tokens, num_q_heads, splits, 2), dtype=torch.float32, device=device)

@@ -457,11 +457,25 @@ ATTENTION_CHECKS = (
                    why_not="a GPU launch reads block ids back only with SPECSAN_CHECK_INDICES=1, so its refused "
                            "cases leave this corruption out"),
             Mutant("block-size-0-accepted", "a cache of block size 0 is not refused up front (pre-fix): the CPU "
-                   "refuses its sequences through seq_lens, naming the wrong argument; a GPU launch compiles "
-                   "BLOCK_SIZE = 0",
+                   "refuses its sequences through seq_lens, naming the wrong argument; a GPU launch (which reads "
+                   "no index back) compiles BLOCK_SIZE = 0 and returns, accepted",
                    (Patch("kernels.attention:paged_attention", "    if k_cache.shape[1] == 0:\n", "    if False:\n"),),
-                   oracles={"cpu": "refusal"}, families=("refused",),
-                   why_not="pending: the GPU verdict of a BLOCK_SIZE = 0 launch is being measured"),
+                   oracles={"cpu": "refusal", "cuda": "accepted"}, families=("refused",)),
+            Mutant("own-tiles-only", "the launcher launches its own tiles only (pre-fix): where they overflow the "
+                   "GPU's shared memory (head dim 512 under 16-query drafts, 256 under a group past 128) Triton "
+                   "raises OutOfResources",
+                   (Patch("kernels.attention:paged_attention", "rows_forced=block_m is not None,\n"
+                          "                          keys_forced=block_n is not None)",
+                          "rows_forced=True, keys_forced=True)"),),
+                   oracles={"cuda": "crash"}, families=("overflowing_tiles",),
+                   why_not="the interpreter has no shared-memory limit: every tile fits"),
+            Mutant("no-tile-fits-unnamed", "a shape no tile fits escapes as Triton's OutOfResources instead of a "
+                   "ValueError naming query",
+                   (Patch("kernels.attention:paged_attention",
+                          "            if block_m is not None or block_n is not None:\n", "            if True:\n"),),
+                   oracles={"cuda": "refusal"}, families=("refused",),
+                   why_not="the interpreter has no shared-memory limit, so the refused family leaves this shape "
+                           "out on the CPU"),
             Mutant("minus-inf-rows-nan", "a query whose every visible key scores -inf divides 0 by 0 (NaN) instead "
                    "of getting zeros, in one split and in the combine",
                    (Patch(_ATT, "o = acc / tl.where(l_i > 0, l_i, 1.0)", "o = acc / tl.where(l_i >= 0, l_i, 1.0)"),

@@ -329,3 +329,46 @@ def test_graph_replay_with_new_lengths_and_tables(causal):
                                         static["seq_lens"].cpu(), static["qsl"].cpu(), scale=d ** -0.5,
                                         causal=causal, out=torch.full_like(replayed.cpu(), SENTINEL))
         assert (replayed.cpu().double() - expected).abs().max() < 0.05
+
+
+def test_fitting_tiles_halve_keys_then_rows_down_to_a_group():
+    """Own tiles first; key tiles down to 16 under each row count; rows down to one GQA group (at least 16)."""
+    own = {"block_m": 128, "block_n": 64}
+    assert katt.fitting_tiles(own, 24, rows_forced=False, keys_forced=False) == [
+        (128, 64), (128, 32), (128, 16), (64, 64), (64, 32), (64, 16), (32, 64), (32, 32), (32, 16)]
+    assert katt.fitting_tiles(own, 3, rows_forced=True, keys_forced=False) == [(128, 64), (128, 32), (128, 16)]
+    assert katt.fitting_tiles(own, 3, rows_forced=False, keys_forced=True) == [(128, 64), (64, 64), (32, 64),
+                                                                               (16, 64)]
+    assert katt.fitting_tiles(own, 3, rows_forced=True, keys_forced=True) == [(128, 64)]
+
+
+def test_tiles_that_overflow_shared_memory_fall_back(monkeypatch):
+    """A device whose shared memory holds no key tile wider than 16 and no program of more than 16 rows (Triton
+    raises OutOfResources at the launch): the launcher walks its tiles down until one fits and returns the
+    reference's attention; a forced key tile that does not fit is the caller's, and its error propagates."""
+    from triton.runtime.errors import OutOfResources
+
+    tried, launch = [], katt._launch
+
+    def small_device(shape, *args, **kwargs):
+        tried.append((shape["block_m"], shape["block_n"]))
+        if shape["block_n"] > 16 or shape["block_m"] > 16:
+            raise OutOfResources(shape["block_n"] * 1024, 16 * 1024, "shared memory")
+        return launch(shape, *args, **kwargs)
+
+    monkeypatch.setattr(katt, "_launch", small_device)
+    gen = torch.Generator().manual_seed(6)
+    inputs = one_request(torch.randn(9, 1, 8, generator=gen), torch.randn(9, 1, 8, generator=gen),
+                         torch.randn(3, 2, 8, generator=gen), causal=True)
+    out = attend_on_device(inputs)  # own tiles: 16 rows (3 queries of 2 heads over 2 batch rows), 32 fp32 keys
+    assert tried == [(16, 32), (16, 16)]
+    torch.testing.assert_close(out[:3].double(), ratt.paged_attention(**inputs)[:3], atol=1e-5, rtol=0)
+    assert (out[3] == SENTINEL).all()
+    tried.clear()
+    with pytest.raises(OutOfResources):
+        attend_on_device(inputs, block_n=32)
+    assert tried == [(16, 32)]
+    tried.clear()
+    with pytest.raises(OutOfResources):
+        attend_on_device(inputs, block_m=32)
+    assert tried == [(32, 32), (32, 16)]

@@ -190,13 +190,15 @@ def chunks(rng, device, launch):
                           causal=bool(rng.integers(2)), **_shape(rng, device, groups=(2, 3, 4, 5, 6)))
 
 
+@own_launch()
 def widest_tiles(rng, device, launch):
     """The largest default programs: the widest head dim (256 on the GPU) in a 16-bit dtype, with groups of 3,
     5 or 6 and 33 to 64 queries per row, so the per-chunk cap (128 // group queries) sizes each program to 128
-    rows that leave rows past their last whole group (a cap one query larger doubles them to 256), or decode
-    rows. Such a program fills most of an H200's shared memory at the launcher's stage count."""
+    rows that leave rows past their last whole group, or decode rows. Such a program fills most of an H200's
+    shared memory (192 KiB of 227); the launcher's own shape only, as the sweep's forced key tiles would change
+    it."""
     group = pick(rng, (3, 5, 6))
-    if rng.random() < 0.5:
+    if rng.random() < 0.75:
         query_lens = [int(rng.integers(33, 65)) for _ in range(_batch(rng, device, 1, 3))]
     else:
         query_lens = [1] * _batch(rng, device, 2, 8)
@@ -205,6 +207,23 @@ def widest_tiles(rng, device, launch):
     return attention_case(rng, query_lens=query_lens,
                           seq_lens=_requests(rng, device, query_lens, max(query_lens) + (512 if big(device) else 16)),
                           causal=bool(rng.integers(2)), note="widest tiles", **shape)
+
+
+@own_launch()
+def overflowing_tiles(rng, device, launch):
+    """Shapes whose own tiles overflow an H200's shared memory, so the launcher must fall back to narrower key
+    tiles or fewer rows per program: head dim 512 under draft rows of 16 queries (128-row programs), or head dim
+    256 in a 16-bit dtype under a group past 128 (256-row programs); decode rows at head dim 512 fit as they
+    are. The launcher's own shape only (a forced tile is the caller's to fit). On the CPU, where nothing
+    overflows, the same kinds at small head dims."""
+    kind = pick(rng, ("draft rows, head dim 512", "group past 128, head dim 256", "decode, head dim 512"))
+    wide = kind.startswith("group")
+    dtypes = (torch.float16, torch.bfloat16) if wide else DTYPES
+    shape = {**_shape(rng, device, dtypes=dtypes, kv_heads=int(rng.integers(1, 3))),
+             "group": 130 if wide else 8, "head_dim": (256 if wide else 512) if big(device) else 16}
+    query_lens = [16 if kind.startswith("draft") else 1] * _batch(rng, device, 2, 4)
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 300),
+                          causal=bool(rng.integers(2)), note=kind, **shape)
 
 
 @own_launch("cpu")
@@ -418,7 +437,8 @@ def empty_inputs(rng, device, launch):
 
 
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
-            "dtypes": dtypes, "chunks": chunks, "widest_tiles": widest_tiles, "wide_groups": wide_groups,
+            "dtypes": dtypes, "chunks": chunks, "widest_tiles": widest_tiles,
+            "overflowing_tiles": overflowing_tiles, "wide_groups": wide_groups,
             "float32": float32,
             "float32_wide": float32_wide, "two_splits": two_splits, "large_scores": large_scores,
             "empty": empty_inputs, "no_keys": no_keys, "one_element": one_element, "many_queries": many_queries,

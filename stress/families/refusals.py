@@ -38,13 +38,20 @@ class Corruption:
     # False: an index value the launcher checks through kernels.validate.indices/offsets, which on a GPU read
     # it back only with SPECSAN_CHECK_INDICES=1; without it a GPU case leaves the corruption out
     on_gpu: bool = True
+    on_cpu: bool = True  # False: a limit of the GPU itself (its shared memory), which the interpreter does not have
+
+
+def applies(corruption: Corruption, device: str) -> bool:
+    """Whether a refusal family holds ``corruption`` on ``device`` (see ``Corruption.on_gpu`` / ``on_cpu``)."""
+    if device == "cuda":
+        return corruption.on_gpu or validate.CHECK_INDICES_ON_GPU
+    return corruption.on_cpu
 
 
 def refusal_family(valid: Callable, corruptions: tuple[Corruption, ...], launcher: str) -> Callable:
     """A family whose every case holds each of ``corruptions``, each applied to its own case of ``valid``."""
     def build(rng, device, launch):
-        checked = device != "cuda" or validate.CHECK_INDICES_ON_GPU
-        first, *more = [corrupted(valid, c, rng, device, launch) for c in corruptions if c.on_gpu or checked]
+        first, *more = [corrupted(valid, c, rng, device, launch) for c in corruptions if applies(c, device)]
         first.more_refusals = more
         return first
 
@@ -385,6 +392,14 @@ def _reached_blocks(inputs: dict) -> torch.Tensor:
     return reached
 
 
+def _unfittable(rng, device, launch):
+    """Decode rows of 130 float32 query heads per KV head at head dim 512: a program holds a whole group (256
+    rows), whose query tile alone (512 KiB) passes a GPU's shared memory (227 KiB on an H200)."""
+    return attention.attention_case(rng, query_lens=[1, 1], seq_lens=[int(rng.integers(1, 40)) for _ in range(2)],
+                                    kv_heads=1, group=130, head_dim=512, block_size=16, dtype=torch.float32,
+                                    causal=bool(rng.integers(2)), note="no tile fits")
+
+
 PAGED_ATTENTION = refusal_family(attention.decode, (
     retyped("out", torch.float16, torch.float32),
     retyped("k_cache", torch.float16, torch.float32),
@@ -404,6 +419,9 @@ PAGED_ATTENTION = refusal_family(attention.decode, (
     past_bound("seq_lens", _row_capacity, "a sequence longer than its block-table row", live=_attended_rows),
     past_bound("block_table", lambda i: i["k_cache"].shape[0], "a block id a sequence reaches, past the cache",
                live=_reached_blocks),
+    # well formed, but more than the GPU holds: no program of whole groups fits its shared memory
+    Corruption("query", "130 float32 query heads per KV head at head dim 512", lambda rng, inputs: None,
+               valid=_unfittable, on_cpu=False),
 ), "paged_attention")
 
 
