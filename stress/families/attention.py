@@ -218,8 +218,8 @@ def overflowing_tiles(rng, device, launch):
     overflows, the same kinds at small head dims."""
     kind = pick(rng, ("draft rows, head dim 512", "group past 128, head dim 256", "decode, head dim 512"))
     wide = kind.startswith("group")
-    dtypes = (torch.float16, torch.bfloat16) if wide else DTYPES
-    shape = {**_shape(rng, device, dtypes=dtypes, kv_heads=int(rng.integers(1, 3))),
+    shape = {**_shape(rng, device, dtypes=(torch.float16, torch.bfloat16) if wide else DTYPES,
+                      kv_heads=int(rng.integers(1, 3))),
              "group": 130 if wide else 8, "head_dim": (256 if wide else 512) if big(device) else 16}
     query_lens = [16 if kind.startswith("draft") else 1] * _batch(rng, device, 2, 4)
     return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 300),
@@ -438,8 +438,7 @@ def empty_inputs(rng, device, launch):
 
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
             "dtypes": dtypes, "chunks": chunks, "widest_tiles": widest_tiles,
-            "overflowing_tiles": overflowing_tiles, "wide_groups": wide_groups,
-            "float32": float32,
+            "overflowing_tiles": overflowing_tiles, "wide_groups": wide_groups, "float32": float32,
             "float32_wide": float32_wide, "two_splits": two_splits, "large_scores": large_scores,
             "empty": empty_inputs, "no_keys": no_keys, "one_element": one_element, "many_queries": many_queries,
             "wide_table": wide_table, "infinite_keys": infinite_keys,
