@@ -181,7 +181,12 @@ class Findings:
     """Divergences of several parts of one returned value, reported as one divergence."""
 
     output: str
-    parts: list
+    parts: list  # compare.Divergence, at least one
+
+    @property
+    def verdict(self) -> str:
+        """The oracle the case fails by (the runner reads it from every comparison that fails)."""
+        return self.parts[0].verdict
 
     def lines(self, source: torch.Tensor | None = None) -> list[str]:
         return [line for part in self.parts for line in part.lines()]

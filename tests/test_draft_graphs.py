@@ -234,8 +234,9 @@ def test_judge_names_a_replay_that_differs_from_eager(eager_run):
     tokens = records[tampered].replay.draft_tokens.clone()
     tokens[0, 0] += 1
     records[tampered] = records[tampered]._replace(replay=records[tampered].replay._replace(draft_tokens=tokens))
-    lines = _lines(graph_replay.judge_replay(RETURN, expected, got._replace(batches=tuple(records))))
-    assert any("draft_tokens (replay vs eager)" in line for line in lines), lines
+    found = graph_replay.judge_replay(RETURN, expected, got._replace(batches=tuple(records)))
+    assert any("draft_tokens (replay vs eager)" in line for line in _lines(found)), _lines(found)
+    assert found.verdict == "divergence"  # the runner fails the case as fail:<verdict>
 
 
 def test_judge_names_eager_logits_off_the_reference(eager_run):
