@@ -27,6 +27,7 @@ class Kill:
     repro: str = ""
     reason: str = ""
     other_failures: list[str] = field(default_factory=list)  # verdicts other than the claimed oracle
+    other_example: str = ""  # the first of those failures: its first detail line and its repro
     verdict: str = ""  # the failing verdict that killed it
     # The whole-path check's hunt of the same bug (the path column): status, verdict, cases, repro or reason
     path: str = "-"
@@ -83,7 +84,11 @@ class _Hunt:
         """The row: killed at the first killing iteration, else survived (or ``status``)."""
         k = self.kill
         done = [self.results[i] for i in range(self.limit()) if i in self.results]
-        k.other_failures = list(dict.fromkeys(r.verdict for r in done if r.failed and not _kills(k.oracle, r.verdict)))
+        others = [r for r in done if r.failed and not _kills(k.oracle, r.verdict)]
+        k.other_failures = list(dict.fromkeys(r.verdict for r in others))
+        if others:  # a survivor that failed otherwise may be a broken oracle, not a weak one: say where to look
+            first = others[0]
+            k.other_example = f"{first.verdict}: {(first.details or [''])[0].strip()[:200]}; {first.repro()}"
         if status:
             k.status, k.iterations = status, len(done)
         elif self.first_kill is not None:
@@ -283,7 +288,7 @@ def table(rows: list[Kill]) -> str:
     for k in rows:
         tail = k.reason or (str(k.launch) if k.launch else "")
         if k.other_failures:
-            tail += f"  (also failed as {', '.join(k.other_failures)})"
+            tail += f"  (also failed as {', '.join(k.other_failures)}; first: {k.other_example})"
         path = f" {k.path:11} {k.path_verdict:16} {k.path_iterations:>5}" if with_path else ""
         if with_path and k.path not in ("killed", "-"):
             tail += f"  [path: {k.path_detail}]"

@@ -175,11 +175,15 @@ def test_a_hunt_is_decided_by_its_first_kill_in_order_whatever_ran_ahead():
     hunt.record(2, _verdict(2, "fail:race"))
     hunt.record(3, _verdict(3, "fail:race"))
     assert hunt.next_task() is None and not hunt.decided()  # iterations 0 and 1 may still kill earlier
-    hunt.record(0, _verdict(0, "fail:crash"))  # its worker died: one more verdict, the hunt goes on
+    crashed = _verdict(0, "fail:crash")
+    crashed.details = ["AttributeError: 'Findings' object has no attribute 'verdict'\n", "Traceback ..."]
+    hunt.record(0, crashed)  # its worker died: one more verdict, the hunt goes on
     hunt.record(1, _verdict(1, "pass"))
     assert hunt.decided()
     kill = hunt.finish()
     assert (kill.status, kill.iterations, kill.other_failures) == ("killed", 3, ["fail:crash"])
+    assert kill.other_example == f"fail:crash: AttributeError: 'Findings' object has no attribute 'verdict'; " \
+                                 f"{crashed.repro()}"
 
 
 def test_the_kill_matrix_does_not_depend_on_the_number_of_workers():
