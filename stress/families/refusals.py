@@ -3,7 +3,9 @@
 Each ``Corruption`` is applied to a fresh valid case, so the rest of the input is valid and the guard under
 test is the one that must fire; ``stress.refusal`` judges each. A case holds one such refusal per corruption
 of its family (``Case.more_refusals``): refusals launch no kernel and cost little, and so every case tries
-every guard (one drawn corruption per case would leave most guards untried in a three-case hunt). Bounds
+every guard (one drawn corruption per case would leave most guards untried in a three-case hunt). The one
+exception is attention's shape that no tile fits: the launcher learns that from Triton's failed compiles
+(one per tile rung), so on a GPU its refusal costs compile time in every worker that has not compiled it. Bounds
 are hit exactly where the guard compares (one past the last slot, one row short), where a flipped ``>=``
 shows.
 """
