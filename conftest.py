@@ -51,13 +51,15 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_report_header(config):
+    mutant = os.environ.get("SPECSAN_MUTANT")
+    lines = [f"specsan: every test runs under mutant {mutant}"] if mutant else []
     count = _gpus_for_tests(config)
-    if not count:
-        return None
-    import torch
+    if count:
+        import torch
 
-    names = ", ".join(f"{i} {torch.cuda.get_device_name(i)}" for i in range(count))
-    return f"GPUs: {count} ({names}); xdist worker gwN takes GPU N mod {count}"
+        names = ", ".join(f"{i} {torch.cuda.get_device_name(i)}" for i in range(count))
+        lines.append(f"GPUs: {count} ({names}); xdist worker gwN takes GPU N mod {count}")
+    return lines or None
 
 
 def pin_worker_gpu() -> int | None:
@@ -94,6 +96,14 @@ def pytest_configure(config):
     from kernels import runtime  # noqa: F401 - decides compiled vs interpreted before any kernel exists
 
     pin_worker_gpu()
+    if os.environ.get("SPECSAN_MUTANT"):  # built now: a mutant that cannot be is a usage error (exit 4), never a
+        from stress import mutants, mutate_ops  # failing test, which would read as a kill
+
+        try:
+            config.specsan_mutant = mutate_ops.resolve(os.environ["SPECSAN_MUTANT"])
+            mutants.validate(config.specsan_mutant)
+        except (ValueError, mutants.StaleMutant) as exc:
+            raise _usage_error("SPECSAN_MUTANT", str(exc), "give an id that `python -m stress mutate` prints") from None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -138,6 +148,16 @@ settings.register_profile("cpu", max_examples=25, deadline=None, suppress_health
 settings.register_profile("gpu", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "cpu"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mutant_under_test(request):
+    """SPECSAN_MUTANT=<generated mutant id>: the whole session runs with that one slip swapped in (``stress
+    mutate`` runs a check's ``unit_tests`` so against a mutant its families did not kill)."""
+    from stress import mutants
+
+    with mutants.applied(getattr(request.config, "specsan_mutant", None)):
+        yield
 
 
 @pytest.fixture(scope="session")

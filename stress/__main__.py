@@ -763,22 +763,31 @@ def cmd_mutate(args) -> int:
     out(mutate.score_table("module", summary["by_module"]))
     for line in mutate.survivor_lines(rows, device, args.iters):
         out(line)
-    for entry in summary["stale_equivalences"]:
-        out(f"STALE equivalence entry (matches no generated mutant): {entry['target']} {entry['operator']}: "
-            f"{entry['old'].strip()!r} -> {entry['new'].strip()!r}")
+    entries = {"STALE equivalence entry (matches no generated mutant)": summary["stale_equivalences"],
+               "STALE survivor explanation (matches no generated mutant)": summary["stale_explanations"],
+               f"REFUTED survivor explanation (killed on {device}: remove it)": summary["refuted_explanations"]}
+    for what, listed in entries.items():
+        for entry in listed:
+            out(f"{what}: {entry['target']} {entry['operator']}: {entry['old'].strip()!r} -> {entry['new'].strip()!r}")
     equivalent = sum(g["equivalent"] + g["reasoned"] for g in summary["by_check"].values())
     killed = sum(g["killed"] + g["hang"] for g in summary["by_check"].values())
     judged = killed + sum(g["survived"] for g in summary["by_check"].values())
+    by_tests = sum(r.verdict == mutate.UNIT_TEST_VERDICT for r in rows)
     out(f"{killed} of {judged} non-equivalent mutants killed on {device} "
-        f"({sum(g['hang'] for g in summary['by_check'].values())} of them as a hang, fail:timeout); "
+        f"({sum(g['hang'] for g in summary['by_check'].values())} of them as a hang, fail:timeout; {by_tests} by a "
+        f"check's unit tests, the rest by its families); "
         f"{equivalent} equivalent (same TTIR/bytecode, or reasoned in stress/equivalent_mutants.toml); "
         f"{summary['wall_s']:.0f} s")
+    if survivors := [r for r in rows if r.status == "survived"]:
+        unexplained = sum(not r.explained for r in survivors)
+        out(f"{len(survivors)} survivor(s): {len(survivors) - unexplained} explained in stress/surviving_mutants.toml "
+            f"(counted all the same), {unexplained} unexplained")
     if pending := sum(g["pending"] for g in summary["by_check"].values()):
         out(f"{pending} mutant(s) undecided: the run stopped before their hunts ended (neither killed nor survived)")
     if args.json:
         print(json.dumps(summary, indent=2))
     low = [name for name, g in summary["by_check"].items() if g["score"] is not None and g["score"] < args.fail_under]
-    return stopped or (1 if low or summary["stale_equivalences"] else 0)
+    return stopped or (1 if low or any(entries.values()) else 0)
 
 
 def cmd_tp(args) -> int:

@@ -7,6 +7,7 @@ import inspect
 import linecache
 import sys
 import textwrap
+import types
 from contextlib import contextmanager
 
 from stress.types import Mutant, Patch
@@ -43,7 +44,13 @@ def _build(mutant_name: str, patch: Patch):
     linecache.cache[filename] = (len(mutated), None, lines, filename)
     namespace = dict(vars(module))
     exec(compile(mutated, filename, "exec"), namespace)
-    _built[key] = namespace[fn.__name__]
+    built = namespace[fn.__name__]
+    if isinstance(built, types.FunctionType):  # host code reads the live module, as the original does, so a
+        # test's monkeypatch of a module global (a simulated device's launch) reaches the mutant too
+        live = types.FunctionType(built.__code__, vars(module), built.__name__, built.__defaults__, built.__closure__)
+        live.__kwdefaults__, live.__dict__ = built.__kwdefaults__, built.__dict__
+        built = live
+    _built[key] = built
     return _built[key]
 
 

@@ -11,6 +11,7 @@ check executes). Survivors proven equivalent by reasoning are listed in ``equiva
 
 import json
 import os
+import subprocess
 import sys
 import time
 import zlib
@@ -22,7 +23,11 @@ from stress import interrupts, matrix, mutate_ops, runner
 from stress.runner import Task, case_seed
 from stress.types import Check
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EQUIVALENT_FILE = os.path.join(os.path.dirname(__file__), "equivalent_mutants.toml")
+# Survivors that are real programs but that no check can observe on a device (a launch setting that changes only
+# speed, a fallback rung no device shape reaches), each with why: still counted as survivors, but explained.
+EXPLAINED_FILE = os.path.join(os.path.dirname(__file__), "surviving_mutants.toml")
 # Modules whose mutants the stress families cannot judge, with the reason
 EXCLUDED = {
     "kernels.runtime": "device choice at import time, before any case runs",
@@ -52,6 +57,7 @@ class Row:
     families: list[str] = field(default_factory=list)  # families its hunts ran
     repro: str = ""
     reason: str = ""
+    explained: str = ""  # why it survives on this device (stress/surviving_mutants.toml), when it is known
 
     def command(self, device: str, iters: int) -> str:
         """The one line that reruns this mutant's hunt."""
@@ -88,7 +94,6 @@ def _traced_case(task: Task, device: str, timeout: float) -> _Traced:
     frame of ``kernels/`` code) and the kernels launched with their signatures; and its failure, if any."""
     from stress import mutate_equiv
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     seen: dict[str, None] = {}
     launches: dict[str, set] = {}
     modules: dict[str, str | None] = {}
@@ -96,7 +101,7 @@ def _traced_case(task: Task, device: str, timeout: float) -> _Traced:
     def trace(frame, event, arg):  # a global trace function: called once per new frame, never per line
         filename = frame.f_code.co_filename
         if filename not in modules:
-            modules[filename] = _module_of(filename, root)
+            modules[filename] = _module_of(filename, ROOT)
         module = modules[filename]
         name = frame.f_code.co_qualname.split(".")[0]
         if module and module not in EXCLUDED and not name.startswith("<"):
@@ -196,6 +201,23 @@ def load_reasoned(path: str = EQUIVALENT_FILE) -> dict[tuple, str]:
     return {_key(e["target"], e["operator"], e["old"], e["new"]): e["reason"] for e in _entries(path)}
 
 
+def explain(rows: list[Row], device: str, entries: list[dict] | None = None) -> list[dict]:
+    """Attach to each survivor the reason it survives on ``device``, where the data file gives one; return the
+    entries whose mutant was killed here (the reason no longer holds: the entry should go)."""
+    entries = _entries(EXPLAINED_FILE) if entries is None else entries
+    by_key = {_key(e["target"], e["operator"], e["old"], e["new"]): e for e in entries if device in e["devices"]}
+    refuted = []
+    for row in rows:
+        entry = by_key.get(_key(row.target, row.operator, row.old, row.new))
+        if entry is None:
+            continue
+        if row.status == "survived":
+            row.explained = entry["why"]
+        elif row.status in ("killed", "hang"):
+            refuted.append(entry)
+    return refuted
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -278,6 +300,7 @@ def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, time
     """Hunt every undecided row through its owners in turn, each with up to ``iters`` cases per family."""
     from stress import checks as registry
 
+    survivors: list[Row] = []
     for round_ in range(max((len(r.owners) for r in rows), default=0)):
         hunts, by_kill = [], {}
         for row in rows:
@@ -303,10 +326,80 @@ def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, time
                 return
             elif round_ == len(row.owners) - 1:  # the last owner could not kill it either
                 row.status = "survived"
+                if _unit_tests_of(row):
+                    survivors.append(row)  # streamed once its checks' unit tests have judged it
+                    return
             if row.status != "pending":
                 on_row(row)
 
-        matrix._run_hunts(hunts, device, jobs, timeout, decided)
+        try:
+            matrix._run_hunts(hunts, device, jobs, timeout, decided)
+        except BaseException:
+            unjudged(survivors, on_row)
+            raise
+    judge_by_unit_tests(survivors, device, timeout, on_row)
+
+
+UNIT_TEST_VERDICT = "fail:unit-test"
+
+
+def _unit_tests_of(row: Row) -> tuple[str, ...]:
+    from stress import checks as registry
+
+    return tuple(dict.fromkeys(node for name in row.owners for node in registry.get(name).unit_tests))
+
+
+def _pytest_line(nodes: tuple[str, ...], device: str, mutant_id: str) -> str:
+    return f"SPECSAN_MUTANT={mutant_id} python -m pytest -q -p no:xdist --device {device} {' '.join(nodes)}"
+
+
+def _pytest(nodes: tuple[str, ...], device: str, timeout: float, mutant_id: str = "") -> tuple[int, str]:
+    """pytest's exit code for ``nodes`` in a fresh process (under ``mutant_id``, none if empty), and its last
+    line; -1 when it ran past ``timeout`` seconds."""
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:xdist", "-p", "no:cacheprovider",
+               "--device", device, *nodes]
+    try:
+        done = subprocess.run(command, cwd=ROOT, env={**os.environ, "SPECSAN_MUTANT": mutant_id},
+                              capture_output=True, text=True, timeout=timeout or None)
+    except subprocess.TimeoutExpired:
+        return -1, f"ran past {timeout:g} s"
+    return done.returncode, ((done.stdout + done.stderr).strip().splitlines() or [""])[-1]
+
+
+def judge_by_unit_tests(rows: list[Row], device: str, timeout: float, on_row) -> None:
+    """Survivors of every family against their checks' ``unit_tests`` (host logic that no device's cases reach):
+    a failing test kills the mutant as fail:unit-test. The tests must pass on the production code first (once
+    per set of tests), else they judge nothing and the mutants stay survivors, with the reason."""
+    production: dict[tuple, tuple[int, str]] = {}
+    streamed = 0
+    try:
+        for row in rows:
+            nodes = _unit_tests_of(row)
+            if nodes not in production:
+                production[nodes] = _pytest(nodes, device, timeout)
+            rc, last = production[nodes]
+            if rc != 0:
+                row.reason = f"unit tests not run: the production code fails them (pytest exit {rc}: {last})"
+            else:
+                rc, last = _pytest(nodes, device, timeout, row.id)
+                row.families.append("unit tests: " + ", ".join(node.split("::")[-1] for node in nodes))
+                if rc == 1:
+                    row.status, row.killed_by, row.verdict = "killed", "unit tests", UNIT_TEST_VERDICT
+                    row.repro = _pytest_line(nodes, device, row.id)
+                elif rc != 0:
+                    row.reason = f"unit tests could not judge it (pytest exit {rc}: {last})"
+            streamed += 1
+            on_row(row)
+    finally:
+        unjudged(rows[streamed:], on_row)
+
+
+def unjudged(rows: list[Row], on_row) -> None:
+    """Survivors of their families that a stopped run leaves without the unit tests' verdict: streamed as
+    survivors, with the reason."""
+    for row in rows:
+        row.reason = row.reason or "unit tests not run: the run was interrupted"
+        on_row(row)
 
 
 # ---------------------------------------------------------------- scores
@@ -343,8 +436,11 @@ def survivor_lines(rows: list[Row], device: str, iters: int) -> list[str]:
         if r.status != "survived":
             continue
         old, new = r.old.strip().replace("\n", " | "), r.new.strip().replace("\n", " | ")
+        why = (f"    why it survives: {' '.join(r.explained.split())}" if r.explained else
+               f"    UNEXPLAINED: a family that kills it, or its reason in {os.path.basename(EXPLAINED_FILE)}")
         out += [f"SURVIVED {r.id}  ({r.file}:{r.line}, {r.operator}, equivalence test: {r.equivalence})",
-                f"    - {old}", f"    + {new}", f"    ran: {', '.join(r.families)} ({r.iterations} cases)",
+                f"    - {old}", f"    + {new}", f"    ran: {', '.join(r.families)} ({r.iterations} cases)", why,
+                *([f"    note: {r.reason}"] if r.reason else []),
                 f"    {r.command(device, iters)}"]
     return out
 
@@ -424,11 +520,16 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
         interrupted = exc
         raise
     finally:
-        stale = stale_entries(rows, {r.target for r in rows}) if not only and not sample else []
+        targets = {r.target for r in rows}
+        whole = not only and not sample  # a partial run cannot tell a stale entry from one it did not generate
+        stale = stale_entries(rows, targets) if whole else []
+        stale_explained = stale_entries(rows, targets, _entries(EXPLAINED_FILE)) if whole else []
+        refuted = explain(rows, device)
         summary = {"run": header, "by_check": scores(rows, lambda r: r.check),
                    "by_module": scores(rows, lambda r: r.target.split(":")[0]),
                    "survivors": [asdict(r) for r in rows if r.status == "survived"],
-                   "stale_equivalences": stale, "wall_s": round(time.perf_counter() - start, 1),
+                   "stale_equivalences": stale, "stale_explanations": stale_explained,
+                   "refuted_explanations": refuted, "wall_s": round(time.perf_counter() - start, 1),
                    "baseline_failures": {k: v for k, v in cov.baseline.items() if v}}
         summary["interrupted"] = getattr(interrupted, "name", None) or (interrupted and type(interrupted).__name__)
         stream.close({"complete": interrupted is None, "interrupted": summary["interrupted"],

@@ -91,6 +91,9 @@ class Check:
     iteration_share: float = 1.0
     hunt_seconds: dict[str, float] = field(default_factory=dict)  # race-prone: `run --hunt` hunts it this long
     not_sanitized: str = ""  # why its cases cannot run under compute-sanitizer ("" = they can)
+    # pytest node ids that pin host logic no device's cases reach (a fallback on a simulated smaller device):
+    # `stress mutate` runs them against each mutant that survives every family (SPECSAN_MUTANT, see conftest.py)
+    unit_tests: tuple[str, ...] = ()
 
     def mutant(self, name: str) -> Mutant:
         for planted in self.mutants:

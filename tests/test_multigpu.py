@@ -60,7 +60,7 @@ def test_xdist_workers_take_one_gpu_each_and_auto_fills_the_cores_evenly(fake_gp
     assert conftest.pytest_xdist_auto_num_workers(config) == 16  # rounded down to 4 per GPU
     monkeypatch.setattr(plugin, "pytest_xdist_auto_num_workers", lambda config: 2)
     assert conftest.pytest_xdist_auto_num_workers(config) == FAKE_GPUS  # never a GPU without a worker
-    assert "GPUs: 4 (0 Fake GPU 0, 1 Fake GPU 1" in conftest.pytest_report_header(config)
+    assert "GPUs: 4 (0 Fake GPU 0, 1 Fake GPU 1" in "\n".join(conftest.pytest_report_header(config))
     options["--device"] = "cpu"
     assert conftest.pytest_xdist_auto_num_workers(config) is None  # xdist's own default: one per core
 

@@ -1,6 +1,8 @@
 """python -m stress mutate: operators, the equivalence filter (positive and negative controls), the data
 file of reasoned equivalences, and one generated mutant hunted end to end."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -107,10 +109,56 @@ def test_an_entry_matching_no_mutant_is_stale():
     assert mutate.stale_entries([row], {HOST}, [other_operator]) == [], "judged by a run of another operator"
 
 
-def test_every_reasoned_equivalence_matches_a_generated_mutant():
-    """Generation is source-only, so the data file cannot rot between full mutate runs."""
+def test_explained_survivors_have_reasons_devices_and_fields():
+    entries = mutate._entries(mutate.EXPLAINED_FILE)
+    assert entries, "the explained survivors file is read"
+    for entry in entries:
+        assert set(entry) == {"target", "operator", "old", "new", "devices", "why"}, entry
+        assert entry["operator"] in mutate_ops.OPERATORS and set(entry["devices"]) <= {"cpu", "cuda"}, entry
+        assert len(entry["why"]) > 40, f"{entry['target']}: a reason must say why, not just that"
+
+
+def _row(target: str, operator: str, old_part: str, new_part: str, status: str) -> mutate.Row:
+    g = _one(target, operator, old_part, new_part)
+    return mutate.Row(g.id, g.target, g.operator, "f.py", g.line, g.patch.old, g.patch.new, "attention.paged",
+                      ["attention.paged"], status=status)
+
+
+def test_a_survivor_is_explained_on_the_devices_its_entry_lists_and_refuted_when_killed():
+    row = _row(HOST, "cmp-flip", "", "", "survived")
+    entry = {"target": HOST, "operator": "cmp-flip", "old": row.old, "new": row.new, "devices": ["cuda"],
+             "why": "a reason"}
+    assert mutate.explain([row], "cpu", [entry]) == [] and row.explained == ""  # not listed for the CPU
+    assert mutate.explain([row], "cuda", [entry]) == [] and row.explained == "a reason"
+    lines = mutate.survivor_lines([row], "cuda", 1)
+    assert "    why it survives: a reason" in lines
+    row.status, row.explained = "killed", ""
+    assert mutate.explain([row], "cuda", [entry]) == [entry], "a killed mutant refutes its explanation"
+    row.status = "survived"
+    assert any(line.startswith("    UNEXPLAINED") for line in mutate.survivor_lines([row], "cpu", 1))
+
+
+def test_unit_tests_kill_a_fallback_slip_and_not_a_speed_setting():
+    """attention.paged's unit tests run the tile fallback on a simulated small device: dropping its last rung
+    (positive control) fails them; a stage count, which only changes speed (negative control), passes."""
+    last_rung = _row("kernels.attention:paged_attention", "const", "len(tiles) - 1", "len(tiles) - 2", "survived")
+    stages = _row("kernels.attention:launch_shape", "const", "num_stages = 3 if", "num_stages = 4 if", "survived")
+    unbuildable = dataclasses.replace(stages, id=stages.id[:-8] + "00000000")  # a session that cannot start
+    streamed = []
+    mutate.judge_by_unit_tests([last_rung, stages, unbuildable], runtime.DEVICE, 300, streamed.append)
+    assert streamed == [last_rung, stages, unbuildable]
+    assert unbuildable.status == "survived" and "pytest exit 4" in unbuildable.reason, "a usage error is no kill"
+    assert (last_rung.status, last_rung.verdict, last_rung.killed_by) == ("killed", "fail:unit-test", "unit tests")
+    assert last_rung.repro.startswith(f"SPECSAN_MUTANT={last_rung.id} python -m pytest")
+    assert (stages.status, stages.reason) == ("survived", "")
+    assert any("test_tiles_that_overflow_shared_memory_fall_back" in f for f in stages.families), stages.families
+
+
+@pytest.mark.parametrize("path", [mutate.EQUIVALENT_FILE, mutate.EXPLAINED_FILE], ids=["equivalent", "explained"])
+def test_every_data_file_entry_matches_a_generated_mutant(path):
+    """Generation is source-only, so the data files cannot rot between full mutate runs."""
     generated = {}
-    for entry in mutate._entries():
+    for entry in mutate._entries(path):
         key = (entry["target"], entry["operator"])
         if key not in generated:
             generated[key] = {(g.patch.old, g.patch.new) for g in mutate_ops.generate(*key[:1], [key[1]])}
