@@ -41,7 +41,7 @@ ANY = "any"  # a path hunt's oracle: any failure but a timeout kills
 
 def _kills(oracle: str, verdict: str) -> bool:
     return verdict in (f"fail:{oracle}", sanitizer.VERDICT.get(oracle)) or (
-        oracle == ANY and verdict.startswith("fail:") and verdict != "fail:timeout")
+        oracle == ANY and verdict.startswith("fail:") and verdict not in ("fail:timeout", runner.SUITE_ERROR))
 
 
 @dataclass

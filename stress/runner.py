@@ -11,6 +11,7 @@ import time
 import traceback
 import zlib
 from collections.abc import Callable
+from contextlib import contextmanager
 from functools import partial
 from typing import NamedTuple
 
@@ -32,6 +33,25 @@ class Task(NamedTuple):
 
 class CaseTimeout(Exception):
     pass
+
+
+SUITE_ERROR = "fail:suite-error"
+
+
+class SuiteError(Exception):
+    """specsan's own code (the reference, a comparator, a metric) raised on a case. The case fails as
+    ``SUITE_ERROR``, which no oracle counts as a kill: a comparator that crashes on every divergence must not
+    read as the kernel crashing, nor hide a planted bug as a survivor with a stray ``fail:crash``."""
+
+
+@contextmanager
+def own_code(what: str):
+    try:
+        yield
+    except CaseTimeout:
+        raise
+    except Exception as exc:
+        raise SuiteError(f"{what} raised {type(exc).__name__}: {exc}") from exc
 
 
 def case_seed(base: int, check: str, family: str, i: int) -> int:
@@ -127,9 +147,11 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
         outputs = {name: returned if name == RETURN else placed[name].view for name in check.outputs
                    if name == RETURN or name in placed}
         if metrics is not None and check.metrics:
-            metrics.update(check.metrics(expected, outputs))
+            with own_code(f"{check.name}'s metrics"):
+                metrics.update(check.metrics(expected, outputs))
         for name, got in outputs.items():
-            found = compare_fn(name, expected[name], got)
+            with own_code(f"the comparison of {name}"):
+                found = compare_fn(name, expected[name], got)
             if isinstance(found, compare.Unjudged):
                 unjudged += [tag + line for line in found.lines()]
             elif isinstance(found, compare.Tolerated):
@@ -229,7 +251,8 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
             with mutants.applied(mutant):
                 result.verdict, result.details = refusal.judge_all(check, case, device, _current(check.kernel))
             return result
-        expected = expected_outputs(check, case)
+        with own_code("the reference"):
+            expected = expected_outputs(check, case)
         with mutants.applied(mutant):
             result.verdict, result.details = differential(check, case, expected, device, _background_load(device),
                                                           result.metrics)
@@ -237,6 +260,10 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
                 result.verdict, result.details = traced(check, case, task.seed)
     except CaseTimeout:
         result.verdict, result.details = "fail:timeout", [f"case ran past {timeout:g} s"]
+    except SuiteError as exc:
+        result.verdict = SUITE_ERROR
+        result.details = [f"specsan's own code failed: {exc}",
+                          *"".join(traceback.format_exception(exc.__cause__)).splitlines()[-12:]]
     except Exception as exc:  # noqa: BLE001 - a crashing case is a verdict, not the end of the run
         result.verdict = "fail:crash"
         result.details = traceback.format_exception_only(exc)[-1:] + traceback.format_exc().splitlines()[-12:]

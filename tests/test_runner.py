@@ -1,5 +1,6 @@
 """The harness itself: seeds, verdicts, guard zones, streaming reports and the CLI."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -138,6 +139,22 @@ def test_scribbling_on_a_read_only_input_is_a_divergence():
     case = runner.build_case(check, "f", 1, "cpu")
     verdict, details = runner.differential(check, case, runner.expected_outputs(check, case), "cpu")
     assert verdict == "fail:divergence" and "x (read-only input)" in details[0]
+
+
+def test_a_crash_in_the_suites_own_comparison_is_a_suite_error_that_kills_nothing(monkeypatch):
+    """A comparator that raises on a divergence (the graph judges' AttributeError on the H200) is specsan's bug:
+    it must not read as the kernel crashing, and no oracle, not even a whole-path hunt's ANY, counts it."""
+    def broken_compare(name, expected, got):
+        raise AttributeError("'Findings' object has no attribute 'verdict'")
+
+    check = dataclasses.replace(checks.get("block_table.gather"), compare=broken_compare)
+    monkeypatch.setitem(checks.BY_NAME, check.name, check)
+    result = runner.run_case(runner.Task(check.name, "basic", 1), runtime.DEVICE)
+    assert result.verdict == runner.SUITE_ERROR and result.failed, result.details
+    assert "the comparison of out raised AttributeError" in result.details[0]
+    assert any("broken_compare" in line for line in result.details), "the traceback says where"
+    assert not matrix._kills(matrix.ANY, result.verdict) and not matrix._kills("crash", result.verdict)
+    assert matrix._kills(matrix.ANY, "fail:crash")
 
 
 def test_crash_and_timeout_are_verdicts_not_exceptions():
