@@ -35,8 +35,13 @@ class Kill:
     path_iterations: int = 0
     path_detail: str = ""
 
+    def also_failed(self) -> str:
+        """Its hunt's failures other than the oracle's, and the first in full: a row that also failed otherwise may
+        have a broken oracle, not a weak one."""
+        return f"(also failed as {', '.join(self.other_failures)}; first: {self.other_example})"
 
-ANY = "any"  # a path hunt's oracle: any failure but a timeout kills
+
+ANY = "any"  # a path hunt's oracle: any failure but a timeout or a suite error kills
 
 
 def _kills(oracle: str, verdict: str) -> bool:
@@ -86,7 +91,7 @@ class _Hunt:
         done = [self.results[i] for i in range(self.limit()) if i in self.results]
         others = [r for r in done if r.failed and not _kills(k.oracle, r.verdict)]
         k.other_failures = list(dict.fromkeys(r.verdict for r in others))
-        if others:  # a survivor that failed otherwise may be a broken oracle, not a weak one: say where to look
+        if others:
             first = others[0]
             k.other_example = f"{first.verdict}: {(first.details or [''])[0].strip()[:200]}; {first.repro()}"
         if status:
@@ -288,7 +293,7 @@ def table(rows: list[Kill]) -> str:
     for k in rows:
         tail = k.reason or (str(k.launch) if k.launch else "")
         if k.other_failures:
-            tail += f"  (also failed as {', '.join(k.other_failures)}; first: {k.other_example})"
+            tail += "  " + k.also_failed()
         path = f" {k.path:11} {k.path_verdict:16} {k.path_iterations:>5}" if with_path else ""
         if with_path and k.path not in ("killed", "-"):
             tail += f"  [path: {k.path_detail}]"

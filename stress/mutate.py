@@ -523,8 +523,9 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
         targets = {r.target for r in rows}
         whole = not only and not sample  # a partial run cannot tell a stale entry from one it did not generate
         stale = stale_entries(rows, targets) if whole else []
-        stale_explained = stale_entries(rows, targets, _entries(EXPLAINED_FILE)) if whole else []
-        refuted = explain(rows, device)
+        explanations = _entries(EXPLAINED_FILE)
+        stale_explained = stale_entries(rows, targets, explanations) if whole else []
+        refuted = explain(rows, device, explanations)
         summary = {"run": header, "by_check": scores(rows, lambda r: r.check),
                    "by_module": scores(rows, lambda r: r.target.split(":")[0]),
                    "survivors": [asdict(r) for r in rows if r.status == "survived"],

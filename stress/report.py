@@ -223,7 +223,7 @@ class Report:
         for k in self.kills:
             tail = k.reason or (f"`{k.repro}`" if k.repro else (str(k.launch) if k.launch else ""))
             if k.other_failures:
-                tail += f" (also failed as {', '.join(k.other_failures)}; first: {k.other_example})"
+                tail += " " + k.also_failed()
             path = {"-": "-", "killed": f"killed ({k.path_verdict}, {k.path_iterations})"}.get(
                 k.path, f"{k.path}: {k.path_detail}")
             out.append(f"| {k.check} | {k.mutant} | {k.oracle} | {k.status} | {k.iterations} | {path} | {tail} |")
