@@ -91,7 +91,8 @@ class Check:
     iteration_share: float = 1.0
     hunt_seconds: dict[str, float] = field(default_factory=dict)  # race-prone: `run --hunt` hunts it this long
     not_sanitized: str = ""  # why its cases cannot run under compute-sanitizer ("" = they can)
-    # pytest node ids that pin host logic no device's cases reach (a fallback on a simulated smaller device):
+    # pytest node ids that pin host logic no device's cases reach (a fallback on a simulated smaller device), or
+    # reach more widely than its families can afford (the engine's scheduler alone, over many workloads):
     # `stress mutate` runs them against each mutant that survives every family (SPECSAN_MUTANT, see conftest.py)
     unit_tests: tuple[str, ...] = ()
 

@@ -150,6 +150,34 @@ WANTED = {"shared_prefix": {"restored prefix", "shifted"}, "unaligned_prefix": {
           "padded_graphs": {"padded graph", "drafting"}}
 
 
+# The scheduler's input classes the newer families exist for, each proven reached by a generated one-line slip
+# that only that class shows (stress/mutate_ops.py; each id names its patch): its family must kill it.
+_SCHED = "gen:kernels.spec.scheduler"
+WITNESSES = [
+    ("prefix_chain", f"{_SCHED}:PrefixCachingPool:const:654d9e32"),  # a key chained to the first block's key
+    ("prefix_chain", f"{_SCHED}:PrefixCachingPool:const:e3683a66"),  # a lookup that covers the last token
+    ("prefix_chain", f"{_SCHED}:PrefixCachingPool:const:7fe0a7f7"),  # a lookup a token short
+    ("mid_prefill_hit", f"{_SCHED}:PrefixCachingPool:cdiv-floor:c67aa547"),  # a half-computed block cached
+    ("tight_pools", f"{_SCHED}:BlockPool:cmp-flip:f2cb3117"),  # a pool of one block refused
+    ("tight_pools", f"{_SCHED}:Scheduler:cmp-flip:ad4e5495"),  # the last free block refused to a chunk
+    ("crowded_preemption", f"{_SCHED}:Scheduler:const:5c752710"),  # a preempted request queued behind another
+]
+
+
+@pytest.mark.parametrize("family,mutant", WITNESSES)
+def test_scheduler_families_kill_the_slip_only_their_class_shows(family, mutant):
+    for i in range(4):
+        case, expected, got = _run(family, runner.case_seed(7, "engine.step", family, i))
+        assert engine_check.compare("engine", expected, got) is None, case.note
+        try:
+            case, expected, got = _run(family, runner.case_seed(7, "engine.step", family, i), mutant)
+        except Exception:  # noqa: BLE001 - a crash kills it as well (fail:crash)
+            return
+        if engine_check.compare("engine", expected, got) is not None:
+            return
+    pytest.fail(f"{family}: 4 cases did not tell {mutant} from the production scheduler")
+
+
 SAMPLED = {"seeded_sampling", "padded_graphs"}  # families with temperatures above 0: acceptance below 100%
 
 

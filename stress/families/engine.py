@@ -109,9 +109,10 @@ def _sized(device: str, cpu, gpu):
 
 def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, block_sizes, block_share=1.0, k=3,
                 anchor_first=False, probabilistic=False, dsd_schedule=None, adaptive_window=2, max_model_len=None,
-                cuda_graphs=False, graph_settings=None, note="") -> Case:
+                cuda_graphs=False, graph_settings=None, num_blocks=None, note="") -> Case:
     """One case: settings, weights and ``requests_fn(rng, vocab)``'s request stream. Each pool holds
-    ``block_share`` of the blocks every request needs at full length at once (1: no preemption)."""
+    ``block_share`` of the blocks every request needs at full length at once (1: no preemption), or
+    ``num_blocks(requests)``'s (target, draft) counts, the null block included."""
     max_model_len = max_model_len or _sized(device, 64, 1024)
     model = model_config(rng, device, max_model_len, k)
     weights = model_weights(rng, model)
@@ -119,7 +120,7 @@ def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, bl
     bs_t, bs_d = block_sizes
     lengths = [min(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2, max_model_len + k + 2) for r in requests]
     need = (sum(-(-n // bs_t) for n in lengths), sum(-(-(n + k + 1) // bs_d) for n in lengths))
-    num_blocks = tuple(int(n * block_share) + 1 for n in need)
+    num_blocks = num_blocks(requests) if num_blocks else tuple(int(n * block_share) + 1 for n in need)
     config = {
         "model": model,
         "scheduler": {"max_num_reqs": max_num_reqs, "max_num_batched_tokens": budget, "target_block_size": bs_t,
@@ -206,6 +207,106 @@ def preempt_resume(rng, device, launch):
 
     return engine_case(rng, device, requests, num_steps=_sized(device, 7, 12), max_num_reqs=n,
                        budget=_sized(device, 40, 2048), block_sizes=(bs, bs), block_share=0.6, note="block pressure")
+
+
+def _flat(blocks: list[list[int]]) -> list[int]:
+    return [token for block in blocks for token in block]
+
+
+def prefix_chain(rng, device, launch):
+    """A chain of full blocks, then the same chain with one inner block changed, then that variant as a prompt
+    of whole blocks and one token longer, arriving a step apart (each after the one before is cached). A block
+    past the change must be found by its whole prefix, never by its own tokens; a prompt of whole blocks
+    restores all but its last block (the last token is recomputed), one token more restores them all."""
+    bs = _sized(device, 4, 16)
+    m = int(rng.integers(3, _sized(device, 6, 10)))  # blocks in the chain
+    changed = int(rng.integers(1, m - 1))  # an inner block: at least one block follows it
+
+    def requests(rng, vocab):
+        cls = int(rng.integers(CLASSES))
+        chain = [prompt(rng, vocab, cls, bs) for _ in range(m)]
+        variant = [list(block) for block in chain]
+        variant[changed][0] = (variant[changed][0] + CLASSES) % vocab  # another token of the same class
+
+        def tail():
+            return prompt(rng, vocab, cls, int(rng.integers(1, bs)))
+
+        prompts = (_flat(chain) + tail(), _flat(variant) + tail(), _flat(variant), _flat(variant) + tail()[:1])
+        return [request(rng, i, arrival=i, prompt_tokens=p, max_new=int(rng.integers(2, 5)))
+                for i, p in enumerate(prompts)]
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 5, 6), max_num_reqs=4,
+                       budget=_sized(device, 48, 2048), block_sizes=(bs, bs),
+                       note=f"{m}-block chain, block {changed} changed")
+
+
+def mid_prefill_hit(rng, device, launch):
+    """A prompt prefilled in two chunks, the first ending inside a block, and a second request over the same
+    prefix admitted beside the second chunk: only the blocks the first chunk filled are cached yet (a block
+    whose tokens are known but not all computed must not be)."""
+    bs = _sized(device, 4, 16)
+    full = int(rng.integers(1, _sized(device, 4, 8)))  # full blocks the first chunk computes
+    partial = int(rng.integers(1, bs))  # and tokens of the next block
+    budget = full * bs + partial
+    rest = int(rng.integers(bs - partial, budget))  # the second chunk: past that block, within the budget
+
+    def requests(rng, vocab):
+        cls = int(rng.integers(CLASSES))
+        first = prompt(rng, vocab, cls, budget + rest)
+        second = first[:(full + 1) * bs] + prompt(rng, vocab, cls, int(rng.integers(1, bs + 1)))
+        return [request(rng, 0, arrival=0, prompt_tokens=first, max_new=3),
+                request(rng, 1, arrival=1, prompt_tokens=second, max_new=3)]
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 4, 5), max_num_reqs=2, budget=budget,
+                       block_sizes=(bs, bs), note=f"first chunk {budget} tokens ({full} blocks + {partial})")
+
+
+def tight_pools(rng, device, launch):
+    """Pools with no block to spare. Either one block besides the null block, which two requests take in turn;
+    or prompts of ``m`` blocks prefilled a block per step into a target pool of exactly ``m`` blocks, so the
+    last chunk's block is the last free one (the second request reuses the first one's freed blocks)."""
+    k = 2
+    if rng.integers(2):
+        bs = 16  # one block holds a whole request: prompt, outputs, drafts and the draft's lookahead
+
+        def requests(rng, vocab):
+            return [request(rng, i, arrival=0, prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)),
+                                                                    int(rng.integers(2, 6))), max_new=3)
+                    for i in range(2)]
+
+        return engine_case(rng, device, requests, num_steps=6, max_num_reqs=2, budget=_sized(device, 16, 64),
+                           block_sizes=(bs, bs), k=k, num_blocks=lambda requests: (2, 2), note="one-block pools")
+    bs = _sized(device, 4, 16)
+    m = int(rng.integers(2, _sized(device, 4, 6)))
+    length = m * bs - int(rng.integers(0, bs))
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=0, prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), length),
+                        max_new=1) for i in range(2)]
+
+    def exact(requests):  # the target pool as full as a prompt makes it; the draft's never short
+        return m + 1, -(-(length + k + 1) // bs) + 1
+
+    return engine_case(rng, device, requests, num_steps=2 * m, max_num_reqs=2, budget=bs, block_sizes=(bs, bs),
+                       k=k, num_blocks=exact, note=f"{m}-block prompts in a {m}-block target pool")
+
+
+def crowded_preemption(rng, device, launch):
+    """More requests than slots and blocks for about 60% of what the running ones need at full length:
+    requests are preempted while others still wait, and each goes back to the front of the queue."""
+    bs = _sized(device, 4, 16)
+    slots = _sized(device, 3, 6)
+    n = 2 * slots + 1
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=0,
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)),
+                                             int(rng.integers(*_sized(device, (6, 14), (60, 200))))),
+                        max_new=int(rng.integers(*_sized(device, (12, 20), (30, 60))))) for i in range(n)]
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 7, 12), max_num_reqs=slots,
+                       budget=_sized(device, 40, 2048), block_sizes=(bs, bs), block_share=0.6 * slots / n,
+                       note="preemption with requests waiting")
 
 
 def mixed_prefill_decode(rng, device, launch):
@@ -325,4 +426,5 @@ def padded_graphs(rng, device, launch):
 
 FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix, "preempt_resume": preempt_resume,
             "mixed_prefill_decode": mixed_prefill_decode, "dsd_bands": dsd_bands, "long_context": long_context,
-            "seeded_sampling": seeded_sampling, "padded_graphs": padded_graphs}
+            "seeded_sampling": seeded_sampling, "padded_graphs": padded_graphs, "prefix_chain": prefix_chain,
+            "mid_prefill_hit": mid_prefill_hit, "tight_pools": tight_pools, "crowded_preemption": crowded_preemption}
