@@ -240,6 +240,10 @@ def _parser() -> argparse.ArgumentParser:
     mt.add_argument("--survivors", metavar="JSONL",
                     help="only the mutants that survived in this earlier run's mutate.jsonl, e.g. to hunt them "
                          "again with more --iters (default: none)")
+    mt.add_argument("--resume", metavar="JSONL",
+                    help="take the mutants that this earlier run's mutate.jsonl decided (same --device, --iters and "
+                         "--seed) as they are and hunt only the rest, e.g. after a time limit stopped it "
+                         "(default: none)")
     mt.add_argument("--iters", type=_count(1), default=3, help="cases per family before a mutant survives (default: 3)")
     mt.add_argument("--sample", type=_count(0), default=0,
                     help="at most this many mutants per check, a deterministic sample by --seed (default: 0 = all)")
@@ -751,9 +755,25 @@ def cmd_mutate(args) -> int:
     if args.mutant:
         for name in args.mutant:
             mutate_ops.resolve(name)  # a stale or malformed id is a usage error before anything runs
+    resumed = None
+    if args.resume:
+        try:
+            earlier, decided = mutate.earlier_run(args.resume)
+        except (OSError, ValueError) as exc:
+            raise UsageError("--resume", f"cannot read {args.resume} ({exc})",
+                             "give the mutate.jsonl of an earlier run") from None
+        ours = {"device": device, "iters": args.iters, "seed": args.seed}
+        if differ := [k for k, v in ours.items() if earlier.get(k) != v]:
+            raise UsageError("--resume", f"{args.resume} ran with {', '.join(f'{k} {earlier.get(k)}' for k in differ)}",
+                             "resume with the same --device, --iters and --seed, or start afresh")
+        if os.path.abspath(args.resume) == os.path.abspath(os.path.join(args.report, mutate.Stream.NAME)):
+            raise UsageError("--resume", f"{args.resume} is this run's own report, which it overwrites",
+                             "copy it elsewhere first, or give another --report")
+        resumed = (args.resume, decided)
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
     summary = mutate.run(selected, device, iters=args.iters, seed=args.seed, jobs=jobs, timeout=args.timeout,
-                         operators=args.operator, only=args.mutant, sample=args.sample, report=args.report, log=_log)
+                         operators=args.operator, only=args.mutant, sample=args.sample, report=args.report, log=_log,
+                         resumed=resumed)
     rows, stopped = summary.pop("rows"), summary.pop("exit_code")
     out = print if not args.json else _log
     if stopped:

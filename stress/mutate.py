@@ -245,19 +245,24 @@ def plan(checks: list[Check], cov: Coverage, operators: list[str] | None, only: 
     return rows
 
 
-def classify(rows: list[Row], cov: Coverage, device: str, on_row) -> None:
-    """Decide equivalence before anything runs: reasoned (the data file) or the same program."""
+def classify(rows: list[Row], cov: Coverage, device: str, jobs: int, on_row) -> None:
+    """Decide equivalence before anything runs: reasoned (the data file) or the same program.
+
+    Compiling to TTIR is CPU work: up to ``jobs`` workers, never more than the CPU cores (the GPU
+    machine's 16 cores turn a pass of ~1,600 compiles from tens of minutes into a few)."""
     from stress import mutate_equiv, pool
 
     reasoned = load_reasoned()
     pending = {}
-    for row in rows:
+    for row in (r for r in rows if r.status == "pending"):
         why = reasoned.get(_key(row.target, row.operator, row.old, row.new))
         if why is not None:
             row.status, row.equivalence, row.reason = "reasoned", "reasoned", why
             on_row(row)
         else:
             pending[row.id] = row
+    if not pending:
+        return
     queue = iter(list(pending))
 
     def decided(outcome) -> None:
@@ -274,7 +279,8 @@ def classify(rows: list[Row], cov: Coverage, device: str, on_row) -> None:
             row.status = "equivalent"
         on_row(row)
 
-    with pool.Pool(mutate_equiv.decide_id, 1, initializer=mutate_equiv.init_worker,
+    count = max(1, min(jobs, os.cpu_count() or 1, len(pending)))
+    with pool.Pool(mutate_equiv.decide_id, count, initializer=mutate_equiv.init_worker,
                    initargs=(device, cov.launches), timeout=EQUIVALENCE_TIMEOUT) as workers:
         workers.run(lambda: next(queue, None), decided)
 
@@ -470,13 +476,44 @@ class Stream:
             self.file.close()
 
 
+RESUMED_FIELDS = ("status", "equivalence", "killed_by", "verdict", "iterations", "families", "repro", "reason")
+
+
+def earlier_run(path: str) -> tuple[dict, dict[str, dict]]:
+    """An earlier run's mutate.jsonl: its header and its decided mutants by id (OSError, ValueError if unreadable)."""
+    header, decided = {}, {}
+    with open(path) as f:
+        for record in map(json.loads, f):
+            header = record.get("run", header)
+            if "mutant" in record:
+                decided[record["mutant"]["id"]] = record["mutant"]
+    return header, decided
+
+
+def resume(rows: list[Row], decided: dict[str, dict], on_row) -> int:
+    """Rows an earlier run of the same settings decided take its outcome (streamed again, so this run's
+    mutate.jsonl is whole); the rest stay pending. Returns how many were taken."""
+    taken = 0
+    for row in rows:
+        earlier = decided.get(row.id)
+        if earlier is None or earlier.get("status", "pending") == "pending":
+            continue
+        for name in RESUMED_FIELDS:
+            setattr(row, name, earlier.get(name, getattr(row, name)))
+        taken += 1
+        on_row(row)
+    return taken
+
+
 def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, timeout: float,
-        operators: list[str] | None, only: list[str] | None, sample: int, report: str | None, log) -> dict:
-    """The whole command; returns the JSON summary."""
+        operators: list[str] | None, only: list[str] | None, sample: int, report: str | None, log,
+        resumed: tuple[str, dict[str, dict]] | None = None) -> dict:
+    """The whole command; returns the JSON summary. ``resumed``: (path, decided rows) of an earlier run of
+    the same device, iters and seed, whose decisions are taken instead of hunting those mutants again."""
     start = time.perf_counter()
     header = {"device": device, "iters": iters, "seed": seed, "jobs": jobs, "timeout": timeout, "sample": sample,
               "operators": operators, "checks": [c.name for c in checks],
-              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), **({"resumed_from": resumed[0]} if resumed else {})}
     stream = Stream(report, header)
     log(f"specsan mutate: finding the production code each check executes on {device} (one case per family)")
     for check in checks:
@@ -510,7 +547,10 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
     log(f"specsan mutate: {len(rows)} mutant(s) of {len(owners(checks, cov))} target(s); deciding equivalence")
     interrupted = None
     try:
-        classify(rows, cov, device, on_row)
+        if resumed:
+            taken = resume(rows, resumed[1], on_row)
+            log(f"specsan mutate: {taken} mutant(s) decided in {resumed[0]}, taken as they are")
+        classify(rows, cov, device, jobs, on_row)
         log(f"specsan mutate: hunting {sum(r.status == 'pending' for r in rows)} mutant(s), up to {iters} case(s) "
             f"per family, {jobs} worker(s)")
         hunt(rows, device, iters=iters, seed=seed, jobs=jobs, timeout=timeout, on_row=on_row)

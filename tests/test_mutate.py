@@ -228,3 +228,66 @@ def test_a_hunt_stopped_by_a_signal_leaves_its_mutants_undecided(monkeypatch, tm
     assert summary["by_check"]["spec.slots"]["pending"] == len(hunted)
     end = [json.loads(line) for line in open(tmp_path / mutate.Stream.NAME)][-1]["end"]
     assert end["complete"] is False and end["interrupted"] == "SIGINT"
+
+
+@pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")
+def test_a_resumed_run_hunts_only_what_the_earlier_run_left_undecided(monkeypatch, tmp_path):
+    """A run stopped by a signal, resumed: its decided mutants are taken as they are (and streamed again, so
+    the new mutate.jsonl is whole), its undecided ones are hunted, nothing else."""
+    import json
+    import shutil
+    import signal
+
+    from stress import interrupts, matrix
+
+    real = matrix._run_hunts
+
+    def stopped(hunts, device, jobs, timeout, on_row, on_case=None):  # decides the first hunt, stops the rest
+        on_row(hunts[0].finish("survived"))
+        for h in hunts[1:]:
+            on_row(h.finish("unfinished"))
+        raise interrupts.Interrupted(signal.SIGINT)
+
+    def run(report, resumed=None):
+        return mutate.run([checks.get("spec.slots")], "cpu", iters=1, seed=0, jobs=1, timeout=60, operators=None,
+                          only=None, sample=4, report=str(report), log=lambda line: None, resumed=resumed)
+
+    monkeypatch.setattr(matrix, "_run_hunts", stopped)
+    first = {r.id: r.status for r in run(tmp_path / "first")["rows"]}
+    undecided = {i for i, status in first.items() if status == "pending"}
+    assert undecided and undecided != set(first), first  # some decided, some stopped
+    earlier = tmp_path / "earlier.jsonl"
+    shutil.copy(tmp_path / "first" / mutate.Stream.NAME, earlier)
+
+    hunted = []
+
+    def recording(hunts, *args, **kwargs):
+        hunted.extend(h.kill.mutant for h in hunts)
+        return real(hunts, *args, **kwargs)
+
+    monkeypatch.setattr(matrix, "_run_hunts", recording)
+    header, decided = mutate.earlier_run(str(earlier))
+    assert header["iters"] == 1 and set(decided) == set(first) - undecided
+    summary = run(tmp_path / "second", (str(earlier), decided))
+    assert set(hunted) == undecided
+    rows = {r.id: r for r in summary["rows"]}
+    assert all(r.status != "pending" for r in rows.values())
+    assert all(rows[i].status == first[i] for i in decided)
+    records = [json.loads(line) for line in open(tmp_path / "second" / mutate.Stream.NAME)]
+    assert records[0]["run"]["resumed_from"] == str(earlier)
+    assert sorted(r["mutant"]["id"] for r in records[1:-1]) == sorted(first)
+
+
+def test_resuming_another_devices_or_iters_run_is_a_usage_error(capsys, tmp_path):
+    from stress.__main__ import main
+
+    earlier = tmp_path / "mutate.jsonl"
+    earlier.write_text('{"run": {"device": "cpu", "iters": 3, "seed": 0}}\n')
+    assert main(["mutate", "--device", "cpu", "--iters", "2", "--resume", str(earlier)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specsan: --resume: ") and "iters 3" in err and "same --device, --iters" in err
+    assert main(["mutate", "--device", "cpu", "--iters", "3", "--resume", str(earlier),
+                 "--report", str(tmp_path)]) == 2
+    assert "this run's own report" in capsys.readouterr().err
+    assert main(["mutate", "--device", "cpu", "--resume", str(tmp_path / "missing.jsonl")]) == 2
+    assert "cannot read" in capsys.readouterr().err
