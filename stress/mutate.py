@@ -332,9 +332,8 @@ def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, time
                 return
             elif round_ == len(row.owners) - 1:  # the last owner could not kill it either
                 row.status = "survived"
-                if _unit_tests_of(row):
-                    survivors.append(row)  # streamed once its checks' unit tests have judged it
-                    return
+                survivors.append(row)  # streamed once the second oracles have judged it
+                return
             if row.status != "pending":
                 on_row(row)
 
@@ -343,7 +342,62 @@ def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, time
         except BaseException:
             unjudged(survivors, on_row)
             raise
-    judge_by_unit_tests(survivors, device, timeout, on_row)
+    second_oracles(survivors, device, seed=seed, timeout=timeout, on_row=on_row)
+
+
+def second_oracles(rows: list[Row], device: str, *, seed: int, timeout: float, on_row) -> None:
+    """What survived every family meets the oracles its families' outputs cannot give: memcheck on a GPU,
+    then its checks' unit tests; each row is streamed once both have judged it."""
+    streamed = 0
+    try:
+        judge_by_memcheck(rows, device, seed=seed, timeout=timeout)
+        judge_by_unit_tests([r for r in rows if r.status == "survived" and _unit_tests_of(r)], device, timeout)
+        for row in rows:
+            on_row(row)
+            streamed += 1
+    finally:
+        unjudged(rows[streamed:], on_row)
+
+
+MEMCHECK = "memcheck"
+
+
+def judge_by_memcheck(rows: list[Row], device: str, *, seed: int, timeout: float) -> None:
+    """On a GPU, survivors replayed under compute-sanitizer memcheck, one case per family of their first owner
+    that can be sanitized (each case its own process), after the tool's positive control in this run. An
+    over-read whose value is never used changes no output on a GPU, and only a memory checker sees it (the
+    CPU's tracer kills it as fail:oob): a finding kills the mutant as fail:memcheck. Without a caught control,
+    or a check that can be sanitized, the survivors stay as they are, with the reason."""
+    from stress import checks as registry
+    from stress import sanitizer
+
+    if device != "cuda" or not rows:
+        return
+    gate = sanitizer.gate(MEMCHECK, device)
+    if gate.state != "caught":
+        for row in rows:
+            row.reason = f"memcheck not run: {gate.text}"
+        return
+    hunts, by_kill = [], {}
+    for row in rows:
+        owners = [registry.get(name) for name in row.owners]
+        check = next((c for c in owners if sanitizer.why_not(c) is None), None)
+        if check is None:
+            row.reason = f"memcheck not run: {sanitizer.why_not(owners[0])}"
+            continue
+        families = tuple(check.families)
+        h = matrix._Hunt(matrix.Kill(check.name, row.id, device, MEMCHECK, "unfinished"), families, None,
+                         len(families), seed)
+        hunts.append(h)
+        by_kill[id(h.kill)] = row
+
+    def decided(kill) -> None:
+        row = by_kill[id(kill)]
+        row.families.append(f"memcheck: {kill.check}, {kill.iterations} case(s)")
+        if kill.status == "killed":
+            row.status, row.killed_by, row.verdict, row.repro = "killed", kill.check, kill.verdict, kill.repro
+
+    matrix._run_hunts(hunts, device, sanitizer.default_jobs(), timeout, decided)
 
 
 UNIT_TEST_VERDICT = "fail:unit-test"
@@ -372,39 +426,34 @@ def _pytest(nodes: tuple[str, ...], device: str, timeout: float, mutant_id: str 
     return done.returncode, ((done.stdout + done.stderr).strip().splitlines() or [""])[-1]
 
 
-def judge_by_unit_tests(rows: list[Row], device: str, timeout: float, on_row) -> None:
+def judge_by_unit_tests(rows: list[Row], device: str, timeout: float) -> None:
     """Survivors of every family against their checks' ``unit_tests`` (host logic that no device's cases reach):
     a failing test kills the mutant as fail:unit-test. The tests must pass on the production code first (once
     per set of tests), else they judge nothing and the mutants stay survivors, with the reason."""
     production: dict[tuple, tuple[int, str]] = {}
-    streamed = 0
-    try:
-        for row in rows:
-            nodes = _unit_tests_of(row)
-            if nodes not in production:
-                production[nodes] = _pytest(nodes, device, timeout)
-            rc, last = production[nodes]
-            if rc != 0:
-                row.reason = f"unit tests not run: the production code fails them (pytest exit {rc}: {last})"
-            else:
-                rc, last = _pytest(nodes, device, timeout, row.id)
-                row.families.append("unit tests: " + ", ".join(node.split("::")[-1] for node in nodes))
-                if rc == 1:
-                    row.status, row.killed_by, row.verdict = "killed", "unit tests", UNIT_TEST_VERDICT
-                    row.repro = _pytest_line(nodes, device, row.id)
-                elif rc != 0:
-                    row.reason = f"unit tests could not judge it (pytest exit {rc}: {last})"
-            streamed += 1
-            on_row(row)
-    finally:
-        unjudged(rows[streamed:], on_row)
+    for row in rows:
+        nodes = _unit_tests_of(row)
+        if nodes not in production:
+            production[nodes] = _pytest(nodes, device, timeout)
+        rc, last = production[nodes]
+        if rc != 0:
+            row.reason = f"unit tests not run: the production code fails them (pytest exit {rc}: {last})"
+            continue
+        rc, last = _pytest(nodes, device, timeout, row.id)
+        row.families.append("unit tests: " + ", ".join(node.split("::")[-1] for node in nodes))
+        if rc == 1:
+            row.status, row.killed_by, row.verdict = "killed", "unit tests", UNIT_TEST_VERDICT
+            row.repro = _pytest_line(nodes, device, row.id)
+        elif rc != 0:
+            row.reason = f"unit tests could not judge it (pytest exit {rc}: {last})"
 
 
 def unjudged(rows: list[Row], on_row) -> None:
-    """Survivors of their families that a stopped run leaves without the unit tests' verdict: streamed as
-    survivors, with the reason."""
+    """Survivors of their families that a stopped run leaves without the second oracles' verdict: streamed as
+    they stand, with the reason."""
     for row in rows:
-        row.reason = row.reason or "unit tests not run: the run was interrupted"
+        if row.status == "survived":
+            row.reason = row.reason or "memcheck and unit tests not run: the run was interrupted"
         on_row(row)
 
 

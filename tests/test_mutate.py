@@ -145,7 +145,8 @@ def test_unit_tests_kill_a_fallback_slip_and_not_a_speed_setting():
     stages = _row("kernels.attention:launch_shape", "const", "num_stages = 3 if", "num_stages = 4 if", "survived")
     unbuildable = dataclasses.replace(stages, id=stages.id[:-8] + "00000000")  # a session that cannot start
     streamed = []
-    mutate.judge_by_unit_tests([last_rung, stages, unbuildable], runtime.DEVICE, 300, streamed.append)
+    mutate.second_oracles([last_rung, stages, unbuildable], runtime.DEVICE, seed=0, timeout=300,
+                          on_row=streamed.append)
     assert streamed == [last_rung, stages, unbuildable]
     assert unbuildable.status == "survived" and "pytest exit 4" in unbuildable.reason, "a usage error is no kill"
     assert (last_rung.status, last_rung.verdict, last_rung.killed_by) == ("killed", "fail:unit-test", "unit tests")
@@ -291,3 +292,51 @@ def test_resuming_another_devices_or_iters_run_is_a_usage_error(capsys, tmp_path
     assert "this run's own report" in capsys.readouterr().err
     assert main(["mutate", "--device", "cpu", "--resume", str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def _memcheck_survivors():
+    over_read = dataclasses.replace(_row("kernels.block_table:_slot_mapping_kernel", "const",
+                                         "hi = lo + num_batch_rows - 1", "hi = lo + num_batch_rows - 0", "survived"),
+                                    check="block_table.slot_mapping", owners=["block_table.slot_mapping"])
+    graph = dataclasses.replace(over_read, id=over_read.id[:-8] + "11111111", check="graphs.replay",
+                                owners=["graphs.replay"])
+    return over_read, graph
+
+
+def test_memcheck_judges_gpu_survivors_after_its_control_and_only_on_a_gpu(monkeypatch):
+    """On a GPU, a survivor meets memcheck in one case per family of its first sanitizable owner; a finding kills
+    it as fail:memcheck. A check that cannot be sanitized, a control not caught, or the CPU leave it as it is."""
+    from stress import matrix, sanitizer
+
+    over_read, graph = _memcheck_survivors()
+    hunted = []
+
+    def fake_hunts(hunts, device, jobs, timeout, on_row, on_case=None):
+        for h in hunts:
+            hunted.append((h.kill.check, h.kill.oracle, h.max_iters, len(h.families)))
+            h.kill.status, h.kill.verdict, h.kill.iterations = "killed", "fail:memcheck", 3
+            h.kill.repro = "./specsan repro ... --tool memcheck"
+            on_row(h.kill)
+
+    monkeypatch.setattr(matrix, "_run_hunts", fake_hunts)
+    monkeypatch.setattr(sanitizer, "gate", lambda tool, device: sanitizer.Gate("caught", "control caught"))
+    streamed = []
+    mutate.second_oracles([over_read, graph], "cpu", seed=0, timeout=60, on_row=streamed.append)
+    assert not hunted and over_read.status == graph.status == "survived"  # the CPU has its tracer instead
+    mutate.second_oracles([over_read, graph], "cuda", seed=0, timeout=60, on_row=streamed.append)
+    families = len(checks.get("block_table.slot_mapping").families)
+    assert hunted == [("block_table.slot_mapping", "memcheck", families, families)]
+    assert (over_read.status, over_read.verdict, over_read.killed_by) == ("killed", "fail:memcheck",
+                                                                          "block_table.slot_mapping")
+    assert graph.status == "survived" and graph.reason.startswith("memcheck not run: ")
+    assert streamed == [over_read, graph] * 2
+
+
+def test_memcheck_without_a_caught_control_judges_nothing(monkeypatch):
+    from stress import matrix, sanitizer
+
+    over_read, _ = _memcheck_survivors()
+    monkeypatch.setattr(matrix, "_run_hunts", lambda *a, **k: pytest.fail("hunted without a caught control"))
+    monkeypatch.setattr(sanitizer, "gate", lambda tool, device: sanitizer.Gate("blind", "the control was missed"))
+    mutate.judge_by_memcheck([over_read], "cuda", seed=0, timeout=60)
+    assert over_read.status == "survived" and over_read.reason == "memcheck not run: the control was missed"
