@@ -241,9 +241,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="only the mutants that survived in this earlier run's mutate.jsonl, e.g. to hunt them "
                          "again with more --iters (default: none)")
     mt.add_argument("--resume", metavar="JSONL",
-                    help="take the mutants that this earlier run's mutate.jsonl decided (same --device, --iters and "
-                         "--seed) as they are and hunt only the rest, e.g. after a time limit stopped it "
-                         "(default: none)")
+                    help="take the mutants that this earlier run's mutate.jsonl (or .jsonl.gz) decided (same "
+                         "--device, --iters and --seed; their module unchanged since) as they are and hunt only the "
+                         "rest, survivors included, e.g. after a time limit stopped it (default: none)")
     mt.add_argument("--iters", type=_count(1), default=3, help="cases per family before a mutant survives (default: 3)")
     mt.add_argument("--sample", type=_count(0), default=0,
                     help="at most this many mutants per check, a deterministic sample by --seed (default: 0 = all)")

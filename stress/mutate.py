@@ -58,6 +58,7 @@ class Row:
     repro: str = ""
     reason: str = ""
     explained: str = ""  # why it survives on this device (stress/surviving_mutants.toml), when it is known
+    fingerprint: str = ""  # of the target module's source: a resumed run takes this row only if it is unchanged
 
     def command(self, device: str, iters: int) -> str:
         """The one line that reruns this mutant's hunt."""
@@ -234,7 +235,7 @@ def plan(checks: list[Check], cov: Coverage, operators: list[str] | None, only: 
                 continue
             module = sys.modules[target.split(":")[0]]
             rows.append(Row(g.id, target, g.operator, os.path.relpath(inspect.getsourcefile(module)), g.line,
-                            g.patch.old, g.patch.new, hunters[0], hunters))
+                            g.patch.old, g.patch.new, hunters[0], hunters, fingerprint=fingerprint(module)))
     if sample:
         by_check: dict[str, list[Row]] = {}
         for row in rows:
@@ -528,10 +529,21 @@ class Stream:
 RESUMED_FIELDS = ("status", "equivalence", "killed_by", "verdict", "iterations", "families", "repro", "reason")
 
 
+def fingerprint(module) -> str:
+    """A hash of the module's source: a mutant's id pins its own line, this the code around it."""
+    import hashlib
+    import inspect
+
+    return hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:16]
+
+
 def earlier_run(path: str) -> tuple[dict, dict[str, dict]]:
-    """An earlier run's mutate.jsonl: its header and its decided mutants by id (OSError, ValueError if unreadable)."""
+    """An earlier run's mutate.jsonl (or .jsonl.gz): its header and its decided mutants by id (OSError,
+    ValueError if unreadable)."""
+    import gzip
+
     header, decided = {}, {}
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for record in map(json.loads, f):
             header = record.get("run", header)
             if "mutant" in record:
@@ -541,11 +553,13 @@ def earlier_run(path: str) -> tuple[dict, dict[str, dict]]:
 
 def resume(rows: list[Row], decided: dict[str, dict], on_row) -> int:
     """Rows an earlier run of the same settings decided take its outcome (streamed again, so this run's
-    mutate.jsonl is whole); the rest stay pending. Returns how many were taken."""
+    mutate.jsonl is whole), if their module's source is unchanged since; the rest stay pending. Survivors
+    are hunted again: families and oracles added since may kill them. Returns how many were taken."""
     taken = 0
     for row in rows:
         earlier = decided.get(row.id)
-        if earlier is None or earlier.get("status", "pending") == "pending":
+        if (earlier is None or earlier.get("status", "pending") in ("pending", "survived")
+                or earlier.get("fingerprint") != row.fingerprint):
             continue
         for name in RESUMED_FIELDS:
             setattr(row, name, earlier.get(name, getattr(row, name)))

@@ -243,9 +243,10 @@ def test_a_resumed_run_hunts_only_what_the_earlier_run_left_undecided(monkeypatc
 
     real = matrix._run_hunts
 
-    def stopped(hunts, device, jobs, timeout, on_row, on_case=None):  # decides the first hunt, stops the rest
-        on_row(hunts[0].finish("survived"))
-        for h in hunts[1:]:
+    def stopped(hunts, device, jobs, timeout, on_row, on_case=None):  # decides two hunts, stops the rest
+        on_row(hunts[0].finish("killed"))
+        on_row(hunts[1].finish("survived"))
+        for h in hunts[2:]:
             on_row(h.finish("unfinished"))
         raise interrupts.Interrupted(signal.SIGINT)
 
@@ -256,7 +257,8 @@ def test_a_resumed_run_hunts_only_what_the_earlier_run_left_undecided(monkeypatc
     monkeypatch.setattr(matrix, "_run_hunts", stopped)
     first = {r.id: r.status for r in run(tmp_path / "first")["rows"]}
     undecided = {i for i, status in first.items() if status == "pending"}
-    assert undecided and undecided != set(first), first  # some decided, some stopped
+    survivor = next(i for i, status in first.items() if status == "survived")
+    assert undecided and "killed" in first.values(), first
     earlier = tmp_path / "earlier.jsonl"
     shutil.copy(tmp_path / "first" / mutate.Stream.NAME, earlier)
 
@@ -270,13 +272,18 @@ def test_a_resumed_run_hunts_only_what_the_earlier_run_left_undecided(monkeypatc
     header, decided = mutate.earlier_run(str(earlier))
     assert header["iters"] == 1 and set(decided) == set(first) - undecided
     summary = run(tmp_path / "second", (str(earlier), decided))
-    assert set(hunted) == undecided
+    assert set(hunted) == undecided | {survivor}, "survivors are hunted again: new families or oracles may kill them"
     rows = {r.id: r for r in summary["rows"]}
     assert all(r.status != "pending" for r in rows.values())
-    assert all(rows[i].status == first[i] for i in decided)
+    assert all(rows[i].status == first[i] for i in decided if i != survivor)
     records = [json.loads(line) for line in open(tmp_path / "second" / mutate.Stream.NAME)]
     assert records[0]["run"]["resumed_from"] == str(earlier)
     assert sorted(r["mutant"]["id"] for r in records[1:-1]) == sorted(first)
+
+    hunted.clear()  # a module whose source changed since: its decided rows are hunted again
+    taken = {i: dict(row, fingerprint="changed") for i, row in decided.items()}
+    run(tmp_path / "third", (str(earlier), taken))
+    assert set(hunted) == set(first)
 
 
 def test_resuming_another_devices_or_iters_run_is_a_usage_error(capsys, tmp_path):
