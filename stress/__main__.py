@@ -793,9 +793,11 @@ def cmd_mutate(args) -> int:
     killed = sum(g["killed"] + g["hang"] for g in summary["by_check"].values())
     judged = killed + sum(g["survived"] for g in summary["by_check"].values())
     by_tests = sum(r.verdict == mutate.UNIT_TEST_VERDICT for r in rows)
+    by_memcheck = sum(r.status == "killed" and any(f.startswith("memcheck:") for f in r.families)
+                      and r.verdict != mutate.UNIT_TEST_VERDICT for r in rows)
     out(f"{killed} of {judged} non-equivalent mutants killed on {device} "
-        f"({sum(g['hang'] for g in summary['by_check'].values())} of them as a hang, fail:timeout; {by_tests} by a "
-        f"check's unit tests, the rest by its families); "
+        f"({sum(g['hang'] for g in summary['by_check'].values())} of them as a hang, fail:timeout; {by_memcheck} by "
+        f"memcheck after every family; {by_tests} by a check's unit tests; the rest by its families); "
         f"{equivalent} equivalent (same TTIR/bytecode, or reasoned in stress/equivalent_mutants.toml); "
         f"{summary['wall_s']:.0f} s")
     if survivors := [r for r in rows if r.status == "survived"]:

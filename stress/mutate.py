@@ -367,7 +367,8 @@ def judge_by_memcheck(rows: list[Row], device: str, *, seed: int, timeout: float
     """On a GPU, survivors replayed under compute-sanitizer memcheck, one case per family of their first owner
     that can be sanitized (each case its own process), after the tool's positive control in this run. An
     over-read whose value is never used changes no output on a GPU, and only a memory checker sees it (the
-    CPU's tracer kills it as fail:oob): a finding kills the mutant as fail:memcheck. Without a caught control,
+    CPU's tracer kills it as fail:oob): a finding kills the mutant with memcheck's verdict (fail:oob, as the
+    tracer's; its row lists the memcheck hunt among its families). Without a caught control,
     or a check that can be sanitized, the survivors stay as they are, with the reason."""
     from stress import checks as registry
     from stress import sanitizer

@@ -312,7 +312,7 @@ def _memcheck_survivors():
 
 def test_memcheck_judges_gpu_survivors_after_its_control_and_only_on_a_gpu(monkeypatch):
     """On a GPU, a survivor meets memcheck in one case per family of its first sanitizable owner; a finding kills
-    it as fail:memcheck. A check that cannot be sanitized, a control not caught, or the CPU leave it as it is."""
+    it with memcheck's verdict. A check that cannot be sanitized, a control not caught, or the CPU leave it as it is."""
     from stress import matrix, sanitizer
 
     over_read, graph = _memcheck_survivors()
@@ -321,7 +321,7 @@ def test_memcheck_judges_gpu_survivors_after_its_control_and_only_on_a_gpu(monke
     def fake_hunts(hunts, device, jobs, timeout, on_row, on_case=None):
         for h in hunts:
             hunted.append((h.kill.check, h.kill.oracle, h.max_iters, len(h.families)))
-            h.kill.status, h.kill.verdict, h.kill.iterations = "killed", "fail:memcheck", 3
+            h.kill.status, h.kill.verdict, h.kill.iterations = "killed", sanitizer.VERDICT["memcheck"], 3
             h.kill.repro = "./specsan repro ... --tool memcheck"
             on_row(h.kill)
 
@@ -333,8 +333,9 @@ def test_memcheck_judges_gpu_survivors_after_its_control_and_only_on_a_gpu(monke
     mutate.second_oracles([over_read, graph], "cuda", seed=0, timeout=60, on_row=streamed.append)
     families = len(checks.get("block_table.slot_mapping").families)
     assert hunted == [("block_table.slot_mapping", "memcheck", families, families)]
-    assert (over_read.status, over_read.verdict, over_read.killed_by) == ("killed", "fail:memcheck",
+    assert (over_read.status, over_read.verdict, over_read.killed_by) == ("killed", "fail:oob",
                                                                           "block_table.slot_mapping")
+    assert over_read.families[-1] == "memcheck: block_table.slot_mapping, 3 case(s)"
     assert graph.status == "survived" and graph.reason.startswith("memcheck not run: ")
     assert streamed == [over_read, graph] * 2
 
