@@ -14,6 +14,7 @@ from stress.families.common import (
     laid_out,
     near_int32_max,
     offset_reach,
+    one_per_value,
     pick,
     slots_for,
     spread,
@@ -282,20 +283,19 @@ def gather_extremes(rng, device, launch):
     return case
 
 
-def gather_big_offsets(rng, device, launch):
-    """On the GPU, slot rows or out rows spread over 2^31 elements, the last slot gathered and the last out
-    row written: their offsets pass 2^31, which int32 offset arithmetic wraps (a view of about 8.6 GB; only its
-    rows are written). Three rows or more, so the row stride fits int32 and only the row times the stride
-    passes it (two rows 2^31 apart have a stride Triton passes as int64). The CPU runs the same layouts a few
-    thousand elements apart."""
+def gather_big_offsets(rng, device, launch, spread_rows):
+    """On the GPU, slot rows (``persistent``) or out rows (``out``), one per family, spread over 2^31 elements,
+    the last slot gathered and the last out row written: their offsets pass 2^31, which int32 offset arithmetic
+    wraps (a view of about 8.6 GB; only its rows are written). Three rows or more, so the row stride fits int32
+    and only the row times the stride passes it (two rows 2^31 apart have a stride Triton passes as int64).
+    The CPU runs the same layouts a few thousand elements apart."""
     reach = offset_reach(rng, device)
     rows = int(rng.integers(3, 6))
     case = _gather_case(rng, batch_rows=rows, pad_rows=0, width=int(rng.integers(1, 64)),
                         extra_slots=int(rng.integers(0, 3)), negative=0.2)
     case.inputs["idx_mapping"][int(rng.integers(rows))] = case.inputs["persistent"].shape[0] - 1
-    name = pick(rng, ("persistent", "out"))
-    case.inputs[name] = spread(case.inputs[name], 0, reach)
-    case.note = f"{name} spread over {reach} elements"
+    case.inputs[spread_rows] = spread(case.inputs[spread_rows], 0, reach)
+    case.note = f"{spread_rows} spread over {reach} elements"
     return case
 
 
@@ -304,7 +304,8 @@ GATHER_FAMILIES = {"basic": gather_basic, "padded": gather_padded, "negative_slo
                    "no_rows_some_slots": gather_no_rows_some_slots, "one_slot": gather_one_slot,
                    "narrow": gather_narrow,
                    "layouts": laid_out(gather_negative_slot, "persistent", "out"), "tiles": gather_tiles,
-                   "extremes": gather_extremes, "big_offsets": gather_big_offsets}
+                   "extremes": gather_extremes,
+                   **one_per_value(gather_big_offsets, "spread_rows", ("persistent", "out"), "big_offsets")}
 
 # ---------------------------------------------------------------- compute_slot_mappings
 

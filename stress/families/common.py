@@ -75,8 +75,9 @@ def laid_out(family, *names: str):
     return build
 
 
-def one_per_value(family, keyword: str, values) -> dict:
-    """``family`` as one family per value of its argument ``keyword``, named ``<family>_<value>``: a hunt of a
+def one_per_value(family, keyword: str, values, name: str = "") -> dict:
+    """``family`` as one family per value of its argument ``keyword``, named ``<name>_<value>`` (``name``: the
+    family's function name unless given): a hunt of a
     few cases per family meets every value, not only those its draws would pick. A run gives each an equal
     share of its iterations (``iteration_share``, read by ``runner.plan``), so together they cost what one
     family drawing the value per case did."""
@@ -86,7 +87,7 @@ def one_per_value(family, keyword: str, values) -> dict:
         build.__doc__ = f"{family.__name__} with {keyword}={value!r}: {family.__doc__}"
         build.iteration_share = 1 / len(values)
         return build
-    return {f"{family.__name__}_{str(value).replace(' ', '_')}": bind(value) for value in values}
+    return {f"{name or family.__name__}_{str(value).replace(' ', '_')}": bind(value) for value in values}
 
 
 def own_launch(*devices: str):
