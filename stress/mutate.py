@@ -246,8 +246,9 @@ def plan(checks: list[Check], cov: Coverage, operators: list[str] | None, only: 
     return rows
 
 
-def classify(rows: list[Row], cov: Coverage, device: str, jobs: int, on_row) -> None:
-    """Decide equivalence before anything runs: reasoned (the data file) or the same program.
+def classify(rows: list[Row], cov: Coverage, device: str, jobs: int, on_row, on_different=None) -> None:
+    """Decide equivalence before anything runs: reasoned (the data file) or the same program; ``on_different``
+    sees each row found a different program (a resumed run need not compile it again).
 
     Compiling to TTIR is CPU work: up to ``jobs`` workers, never more than the CPU cores (the GPU
     machine's 16 cores turn a pass of ~1,600 compiles from tens of minutes into a few)."""
@@ -255,7 +256,7 @@ def classify(rows: list[Row], cov: Coverage, device: str, jobs: int, on_row) -> 
 
     reasoned = load_reasoned()
     pending = {}
-    for row in (r for r in rows if r.status == "pending"):
+    for row in (r for r in rows if r.status == "pending" and not r.equivalence):  # resumed rows carry theirs
         why = reasoned.get(_key(row.target, row.operator, row.old, row.new))
         if why is not None:
             row.status, row.equivalence, row.reason = "reasoned", "reasoned", why
@@ -276,6 +277,8 @@ def classify(rows: list[Row], cov: Coverage, device: str, jobs: int, on_row) -> 
         else:
             same, row.equivalence = outcome.value
             if not same:
+                if on_different:
+                    on_different(row)
                 return
             row.status = "equivalent"
         on_row(row)
@@ -503,7 +506,8 @@ def survivor_lines(rows: list[Row], device: str, iters: int) -> list[str]:
 
 
 class Stream:
-    """mutate.jsonl in the report folder: a run record, one line per decided mutant, an end record."""
+    """mutate.jsonl in the report folder: a run record, one line per decided mutant (and one per mutant found a
+    different program, so a resumed run need not compile it again), an end record."""
 
     NAME = "mutate.jsonl"
 
@@ -520,6 +524,10 @@ class Stream:
 
     def row(self, row: Row) -> None:
         self.write({"mutant": asdict(row)})
+
+    def different(self, row: Row) -> None:
+        """A row the equivalence pass found a different program, before its hunt decides it."""
+        self.write({"different": {"id": row.id, "equivalence": row.equivalence, "fingerprint": row.fingerprint}})
 
     def close(self, end: dict) -> None:
         self.write({"end": end})
@@ -539,28 +547,32 @@ def fingerprint(module) -> str:
 
 
 def earlier_run(path: str) -> tuple[dict, dict[str, dict]]:
-    """An earlier run's mutate.jsonl (or .jsonl.gz): its header and its decided mutants by id (OSError,
-    ValueError if unreadable)."""
+    """An earlier run's mutate.jsonl (or .jsonl.gz): its header and its mutants by id, decided ones and those
+    only found a different program (status pending) (OSError, ValueError if unreadable)."""
     import gzip
 
-    header, decided = {}, {}
+    header, known = {}, {}
     with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for record in map(json.loads, f):
             header = record.get("run", header)
-            if "mutant" in record:
-                decided[record["mutant"]["id"]] = record["mutant"]
-    return header, decided
+            for kind in ("different", "mutant"):  # a decided row replaces its classification
+                if kind in record:
+                    known[record[kind]["id"]] = {"status": "pending", **record[kind]}
+    return header, known
 
 
-def resume(rows: list[Row], decided: dict[str, dict], on_row) -> int:
+def resume(rows: list[Row], known: dict[str, dict], on_row) -> int:
     """Rows an earlier run of the same settings decided take its outcome (streamed again, so this run's
-    mutate.jsonl is whole), if their module's source is unchanged since; the rest stay pending. Survivors
-    are hunted again: families and oracles added since may kill them. Returns how many were taken."""
+    mutate.jsonl is whole), if their module's source is unchanged since; the rest stay pending, those it
+    found a different program without compiling them again. Survivors are hunted again: families and oracles
+    added since may kill them. Returns how many were taken."""
     taken = 0
     for row in rows:
-        earlier = decided.get(row.id)
-        if (earlier is None or earlier.get("status", "pending") in ("pending", "survived")
-                or earlier.get("fingerprint") != row.fingerprint):
+        earlier = known.get(row.id)
+        if earlier is None or earlier.get("fingerprint") != row.fingerprint:
+            continue
+        if earlier.get("status", "pending") in ("pending", "survived"):
+            row.equivalence = earlier.get("equivalence", "")
             continue
         for name in RESUMED_FIELDS:
             setattr(row, name, earlier.get(name, getattr(row, name)))
@@ -614,7 +626,7 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
         if resumed:
             taken = resume(rows, resumed[1], on_row)
             log(f"specsan mutate: {taken} mutant(s) decided in {resumed[0]}, taken as they are")
-        classify(rows, cov, device, jobs, on_row)
+        classify(rows, cov, device, jobs, on_row, stream.different)
         log(f"specsan mutate: hunting {sum(r.status == 'pending' for r in rows)} mutant(s), up to {iters} case(s) "
             f"per family, {jobs} worker(s)")
         hunt(rows, device, iters=iters, seed=seed, jobs=jobs, timeout=timeout, on_row=on_row)

@@ -200,7 +200,9 @@ def test_a_small_sample_of_a_host_check_is_decided_and_streamed(tmp_path):
     assert all(r.equivalence in ("bytecode", "reasoned") for r in rows)  # host code: compared by bytecode
     records = [json.loads(line) for line in open(tmp_path / mutate.Stream.NAME)]
     assert "run" in records[0] and records[-1]["end"]["complete"]
-    assert sorted(r["mutant"]["id"] for r in records[1:-1]) == sorted(r.id for r in rows)
+    assert sorted(r["mutant"]["id"] for r in records if "mutant" in r) == sorted(r.id for r in rows)
+    different = {r["different"]["id"] for r in records if "different" in r}
+    assert different == {r.id for r in rows if r.status not in ("equivalent", "reasoned", "invalid")}
     same = mutate.plan([checks.get("spec.slots")], mutate.Coverage({"spec.slots": [r.target for r in rows]}, {},
                                                                    {"spec.slots": []}), None, None, 3, 0)
     assert [r.id for r in same] == [r.id for r in rows]  # the sample is deterministic
@@ -269,21 +271,25 @@ def test_a_resumed_run_hunts_only_what_the_earlier_run_left_undecided(monkeypatc
         return real(hunts, *args, **kwargs)
 
     monkeypatch.setattr(matrix, "_run_hunts", recording)
-    header, decided = mutate.earlier_run(str(earlier))
-    assert header["iters"] == 1 and set(decided) == set(first) - undecided
-    summary = run(tmp_path / "second", (str(earlier), decided))
+    header, known = mutate.earlier_run(str(earlier))
+    decided = {i for i, row in known.items() if row["status"] != "pending"}
+    assert header["iters"] == 1 and decided == set(first) - undecided and set(known) == set(first)
+    summary = run(tmp_path / "second", (str(earlier), known))
     assert set(hunted) == undecided | {survivor}, "survivors are hunted again: new families or oracles may kill them"
     rows = {r.id: r for r in summary["rows"]}
     assert all(r.status != "pending" for r in rows.values())
     assert all(rows[i].status == first[i] for i in decided if i != survivor)
     records = [json.loads(line) for line in open(tmp_path / "second" / mutate.Stream.NAME)]
     assert records[0]["run"]["resumed_from"] == str(earlier)
-    assert sorted(r["mutant"]["id"] for r in records[1:-1]) == sorted(first)
+    assert sorted(r["mutant"]["id"] for r in records if "mutant" in r) == sorted(first)
+    assert not [r for r in records if "different" in r], "the earlier run's equivalence verdicts are not recompiled"
 
-    hunted.clear()  # a module whose source changed since: its decided rows are hunted again
-    taken = {i: dict(row, fingerprint="changed") for i, row in decided.items()}
-    run(tmp_path / "third", (str(earlier), taken))
+    hunted.clear()  # a module whose source changed since: everything is classified and hunted again
+    changed = {i: dict(row, fingerprint="changed") for i, row in known.items()}
+    run(tmp_path / "third", (str(earlier), changed))
     assert set(hunted) == set(first)
+    records = [json.loads(line) for line in open(tmp_path / "third" / mutate.Stream.NAME)]
+    assert {r["different"]["id"] for r in records if "different" in r} == set(first)
 
 
 def test_resuming_another_devices_or_iters_run_is_a_usage_error(capsys, tmp_path):
