@@ -59,6 +59,7 @@ class Row:
     reason: str = ""
     explained: str = ""  # why it survives on this device (stress/surviving_mutants.toml), when it is known
     fingerprint: str = ""  # of the target module's source: a resumed run takes this row only if it is unchanged
+    unscored: list[str] = field(default_factory=list)  # checks that execute it but failed unmutated: not hunting
 
     def command(self, device: str, iters: int) -> str:
         """The one line that reruns this mutant's hunt."""
@@ -154,9 +155,11 @@ def discover(checks: list[Check], device: str, seed: int, jobs: int, timeout: fl
                 cov.baseline[task.check].append(traced.failure)
         left[task.check] -= 1
         if left[task.check] == 0:
+            failed = cov.baseline[task.check]
             log(f"  {task.check}: {len(cov.targets[task.check])} target(s)"
-                + (f"; the production code FAILS, not scored: {cov.baseline[task.check][0]}"
-                   if cov.baseline[task.check] else ""))
+                + (f"; the production code FAILS, not scored: {failed[0]}" if failed else "")
+                + ("; its mutants are hunted only by other checks that run its targets (raise --timeout if the "
+                   "case was only slow)" if failed and failed[0].startswith("timeout") else ""))
 
     with runner.worker_pool(partial(_traced_case, device=device, timeout=timeout if jobs == 0 else 0), device, jobs,
                             timeout) as workers:
@@ -235,7 +238,8 @@ def plan(checks: list[Check], cov: Coverage, operators: list[str] | None, only: 
                 continue
             module = sys.modules[target.split(":")[0]]
             rows.append(Row(g.id, target, g.operator, os.path.relpath(inspect.getsourcefile(module)), g.line,
-                            g.patch.old, g.patch.new, hunters[0], hunters, fingerprint=fingerprint(module)))
+                            g.patch.old, g.patch.new, hunters[0], hunters, fingerprint=fingerprint(module),
+                            unscored=[c for c, failed in cov.baseline.items() if failed and target in cov.targets[c]]))
     if sample:
         by_check: dict[str, list[Row]] = {}
         for row in rows:
@@ -501,6 +505,8 @@ def survivor_lines(rows: list[Row], device: str, iters: int) -> list[str]:
         out += [f"SURVIVED {r.id}  ({r.file}:{r.line}, {r.operator}, equivalence test: {r.equivalence})",
                 f"    - {old}", f"    + {new}", f"    ran: {', '.join(r.families)} ({r.iterations} cases)", why,
                 *([f"    note: {r.reason}"] if r.reason else []),
+                *([f"    not hunted by {', '.join(r.unscored)}, which failed unmutated here (see discovery)"]
+                  if r.unscored else []),
                 f"    {r.command(device, iters)}"]
     return out
 

@@ -367,3 +367,17 @@ def test_the_kept_h200_record_resumes_with_the_readme_command():
     readme = open(os.path.join(mutate.ROOT, "README.md")).read()
     assert f"make mutate MUTATE_ITERS={header['iters']}\nRESUME={path}" in readme
     assert all(re.fullmatch(r"[0-9a-f]{16}", row["fingerprint"]) for row in decided.values())
+
+
+def test_a_target_of_a_check_that_failed_unmutated_says_which_check_did_not_hunt_it():
+    """A check whose production code fails in discovery is not scored; a target it shares with another check is
+    hunted by that one alone, and its survivors say which check did not hunt them (a weak co-owner's score is
+    otherwise all one sees)."""
+    target = "kernels.spec.slots:RequestSlots"
+    cov = mutate.Coverage({"spec.slots": [target], "spec.graph_candidates": [target]}, {},
+                          {"spec.slots": [], "spec.graph_candidates": ["timeout: ran past its 90 s deadline"]})
+    rows = mutate.plan([checks.get("spec.slots"), checks.get("spec.graph_candidates")], cov, ["cmp-flip"], None, 0, 0)
+    assert rows and all(r.owners == ["spec.slots"] and r.unscored == ["spec.graph_candidates"] for r in rows)
+    rows[0].status = "survived"
+    assert ("    not hunted by spec.graph_candidates, which failed unmutated here (see discovery)"
+            in mutate.survivor_lines(rows[:1], "cuda", 2))
