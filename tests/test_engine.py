@@ -161,6 +161,7 @@ WITNESSES = [
     ("tight_pools", f"{_SCHED}:BlockPool:cmp-flip:f2cb3117"),  # a pool of one block refused
     ("tight_pools", f"{_SCHED}:Scheduler:cmp-flip:ad4e5495"),  # the last free block refused to a chunk
     ("crowded_preemption", f"{_SCHED}:Scheduler:const:5c752710"),  # a preempted request queued behind another
+    ("budget_bound", f"{_SCHED}:Scheduler:cmp-flip:593b6f64"),  # a spent budget still schedules zero tokens
 ]
 
 

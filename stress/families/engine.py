@@ -291,6 +291,25 @@ def tight_pools(rng, device, launch):
                        k=k, num_blocks=exact, note=f"{m}-block prompts in a {m}-block target pool")
 
 
+def budget_bound(rng, device, launch):
+    """A token budget of exactly two decodes (two requests' bonus token and drafts) and more requests running
+    behind them: a step spends the budget to the last token, and the requests after that must get nothing that
+    step, not a batch row of zero tokens. Prompts of a quarter of the budget, so all four are admitted (and
+    running) at step 0."""
+    k = _sized(device, 3, 4)
+    slots = 4
+    budget = 2 * (k + 1)
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=0, prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)),
+                                                                budget // slots),
+                        max_new=int(rng.integers(6, 12))) for i in range(slots)]
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 8), max_num_reqs=slots,
+                       budget=budget, block_sizes=(4, 4) if not big(device) else (16, 16), k=k,
+                       note=f"budget {budget} tokens")
+
+
 def crowded_preemption(rng, device, launch):
     """More requests than slots and blocks for about 60% of what the running ones need at full length:
     requests are preempted while others still wait, and each goes back to the front of the queue."""
@@ -427,4 +446,5 @@ def padded_graphs(rng, device, launch):
 FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix, "preempt_resume": preempt_resume,
             "mixed_prefill_decode": mixed_prefill_decode, "dsd_bands": dsd_bands, "long_context": long_context,
             "seeded_sampling": seeded_sampling, "padded_graphs": padded_graphs, "prefix_chain": prefix_chain,
-            "mid_prefill_hit": mid_prefill_hit, "tight_pools": tight_pools, "crowded_preemption": crowded_preemption}
+            "mid_prefill_hit": mid_prefill_hit, "tight_pools": tight_pools, "crowded_preemption": crowded_preemption,
+            "budget_bound": budget_bound}
