@@ -162,6 +162,7 @@ WITNESSES = [
     ("tight_pools", f"{_SCHED}:Scheduler:cmp-flip:ad4e5495"),  # the last free block refused to a chunk
     ("crowded_preemption", f"{_SCHED}:Scheduler:const:5c752710"),  # a preempted request queued behind another
     ("budget_bound", f"{_SCHED}:Scheduler:cmp-flip:593b6f64"),  # a spent budget still schedules zero tokens
+    ("multi_turn", "gen:kernels.spec.engine:Engine:min-max:be930a9a"),  # a finished turn's last token cached
 ]
 
 

@@ -110,13 +110,15 @@ def _sized(device: str, cpu, gpu):
 def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, block_sizes, block_share=1.0, k=3,
                 anchor_first=False, probabilistic=False, dsd_schedule=None, adaptive_window=2, max_model_len=None,
                 cuda_graphs=False, graph_settings=None, num_blocks=None, note="") -> Case:
-    """One case: settings, weights and ``requests_fn(rng, vocab)``'s request stream. Each pool holds
+    """One case: settings, weights and ``requests_fn(rng, vocab)``'s request stream (``weights=`` too, for a
+    ``requests_fn`` marked ``reads_weights``, which predicts outputs from the planted circuit). Each pool holds
     ``block_share`` of the blocks every request needs at full length at once (1: no preemption), or
     ``num_blocks(requests)``'s (target, draft) counts, the null block included."""
     max_model_len = max_model_len or _sized(device, 64, 1024)
     model = model_config(rng, device, max_model_len, k)
     weights = model_weights(rng, model)
-    requests = requests_fn(rng, model["vocab"])
+    requests = requests_fn(rng, model["vocab"], **({"weights": weights} if getattr(requests_fn, "reads_weights", False)
+                                                   else {}))
     bs_t, bs_d = block_sizes
     lengths = [min(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2, max_model_len + k + 2) for r in requests]
     need = (sum(-(-n // bs_t) for n in lengths), sum(-(-(n + k + 1) // bs_d) for n in lengths))
@@ -310,6 +312,39 @@ def budget_bound(rng, device, launch):
                        note=f"budget {budget} tokens")
 
 
+def greedy_output(weights: dict, prompt_tokens: list[int], count: int) -> list[int]:
+    """The ``count`` tokens the target emits after ``prompt_tokens`` (greedy): the circuit gives position t the
+    token of the prompt's class that ``position_codes[t]`` codes."""
+    codes = weights["position_codes"]
+    of_class = torch.arange(codes.shape[1]) % CLASSES == prompt_tokens[0] % CLASSES
+    start = len(prompt_tokens)
+    return [int(torch.where(of_class, codes[t], -1.0).argmax()) for t in range(start, start + count)]
+
+
+def multi_turn(rng, device, launch):
+    """A conversation's next turn: a request finishes, and a later one's prompt is that request's prompt and
+    answer plus a new message, so the prefix cache restores blocks that hold generated tokens. Each turn ends
+    on a block boundary with its last step's tokens all emitted, so its final token (whose KV was never
+    computed) closes a full block: that block must not be cached."""
+    bs, k = _sized(device, 4, 16), 3
+    steps = int(rng.integers(1, 4))  # decode steps of the first turn, each emitting k + 1 tokens
+    answer = 1 + steps * (k + 1)  # the prefill's token, then whole steps: the last lands exactly on the limit
+    first_len = bs * int(rng.integers(1, _sized(device, 4, 8))) + (-answer) % bs
+
+    def requests(rng, vocab, weights):
+        cls = int(rng.integers(CLASSES))
+        first = prompt(rng, vocab, cls, first_len)
+        history = first + greedy_output(weights, first, answer)
+        return [request(rng, 0, arrival=0, prompt_tokens=first, max_new=answer),
+                request(rng, 1, arrival=steps + 1, prompt_tokens=history + prompt(rng, vocab, cls,
+                                                                                   int(rng.integers(1, bs + 1))),
+                        max_new=int(rng.integers(2, 6)))]
+
+    requests.reads_weights = True
+    return engine_case(rng, device, requests, num_steps=steps + 4, max_num_reqs=2, budget=_sized(device, 64, 2048),
+                       block_sizes=(bs, bs), k=k, note=f"first turn {first_len} + {answer} tokens")
+
+
 def crowded_preemption(rng, device, launch):
     """More requests than slots and blocks for about 60% of what the running ones need at full length:
     requests are preempted while others still wait, and each goes back to the front of the queue."""
@@ -447,4 +482,4 @@ FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix
             "mixed_prefill_decode": mixed_prefill_decode, "dsd_bands": dsd_bands, "long_context": long_context,
             "seeded_sampling": seeded_sampling, "padded_graphs": padded_graphs, "prefix_chain": prefix_chain,
             "mid_prefill_hit": mid_prefill_hit, "tight_pools": tight_pools, "crowded_preemption": crowded_preemption,
-            "budget_bound": budget_bound}
+            "budget_bound": budget_bound, "multi_turn": multi_turn}
