@@ -233,13 +233,14 @@ def plan(checks: list[Check], cov: Coverage, operators: list[str] | None, only: 
 
     rows = []
     for target, hunters in owners(checks, cov).items():
+        module = sys.modules[target.split(":")[0]]
+        file, source_hash = os.path.relpath(inspect.getsourcefile(module)), fingerprint(module)
+        unscored = [c for c, failed in cov.baseline.items() if failed and target in cov.targets[c]]
         for g in mutate_ops.generate(target, operators):
             if only and g.id not in only:
                 continue
-            module = sys.modules[target.split(":")[0]]
-            rows.append(Row(g.id, target, g.operator, os.path.relpath(inspect.getsourcefile(module)), g.line,
-                            g.patch.old, g.patch.new, hunters[0], hunters, fingerprint=fingerprint(module),
-                            unscored=[c for c, failed in cov.baseline.items() if failed and target in cov.targets[c]]))
+            rows.append(Row(g.id, target, g.operator, file, g.line, g.patch.old, g.patch.new, hunters[0], hunters,
+                            fingerprint=source_hash, unscored=list(unscored)))
     if sample:
         by_check: dict[str, list[Row]] = {}
         for row in rows:
@@ -375,8 +376,8 @@ def judge_by_memcheck(rows: list[Row], device: str, *, seed: int, timeout: float
     that can be sanitized (each case its own process), after the tool's positive control in this run. An
     over-read whose value is never used changes no output on a GPU, and only a memory checker sees it (the
     CPU's tracer kills it as fail:oob): a finding kills the mutant with memcheck's verdict (fail:oob, as the
-    tracer's; its row lists the memcheck hunt among its families). Without a caught control,
-    or a check that can be sanitized, the survivors stay as they are, with the reason."""
+    tracer's; its row lists the memcheck hunt among its families). Without a caught control, or without an
+    owner that can be sanitized, the survivors stay as they are, with the reason."""
     from stress import checks as registry
     from stress import sanitizer
 
