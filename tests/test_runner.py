@@ -243,3 +243,23 @@ def test_mutants_command_kills_and_exits_zero():
     assert checkable >= 3  # not_checked on this device must stay the exception
     assert (f"{checkable} of {checkable} checkable mutants killed on {runtime.DEVICE}; "
             f"{len(planted) - checkable} not checked here") in done.stdout
+
+
+def test_the_launchers_own_shape_runs_in_a_third_of_the_cases_of_a_wide_sweep():
+    """Production runs the launcher's own tile choice; over the H200's 13-shape sweeps a uniform draw gave it 1
+    case in 13, so its heuristic's slips survived there. Every forced shape is still drawn, a seed whose uniform
+    draw was the default still draws it (older repro lines without --launch hold), and sweeps of up to 3 shapes
+    draw exactly as a uniform draw does."""
+    import numpy as np
+
+    wide = [{}] + [{"block_t": t} for t in range(12)]
+    drawn = [runner.draw_launch(wide, seed) for seed in range(3000)]
+    assert 0.30 < sum(d == {} for d in drawn) / len(drawn) < 0.37
+    assert all(shape in drawn for shape in wide)
+    for seed in range(300):
+        uniform = int(np.random.default_rng([seed, 7]).integers(len(wide)))
+        assert uniform or runner.draw_launch(wide, seed) == {}
+        narrow = wide[:3]
+        assert runner.draw_launch(narrow, seed) == narrow[int(np.random.default_rng([seed, 7]).integers(3))]
+    forced_first = wide[1:]  # no default in the sweep: nothing to favour
+    assert sum(runner.draw_launch(forced_first, s) == forced_first[0] for s in range(3000)) < 3000 * 0.15
