@@ -176,7 +176,8 @@ def shared_prefix(rng, device, launch):
 
 def unaligned_prefix(rng, device, launch):
     """The draft block is twice the target's: a prefix hit of an odd number of target blocks leaves a
-    partial draft block restored, and every batch holding that request is refused (fail closed)."""
+    partial draft block restored, and every batch holding that request is refused (fail closed). The
+    first request samples: its drafts are verified with rejections in the refused steps too."""
     bs = _sized(device, 4, 16)
     odd = bool(rng.integers(2))
 
@@ -184,7 +185,8 @@ def unaligned_prefix(rng, device, launch):
         a, b = rng.choice(CLASSES, 2, replace=False).tolist()
         blocks = 2 * int(rng.integers(1, _sized(device, 4, 12))) + (1 if odd else 0)
         common = prompt(rng, vocab, b, blocks * bs + int(rng.integers(0, bs)))
-        return [request(rng, 0, arrival=0, prompt_tokens=prompt(rng, vocab, a, int(rng.integers(4, 12))), max_new=12),
+        return [request(rng, 0, arrival=0, prompt_tokens=prompt(rng, vocab, a, int(rng.integers(4, 12))), max_new=12,
+                        temperature=1.0),
                 request(rng, 1, arrival=0, prompt_tokens=common, max_new=2),
                 request(rng, 2, arrival=1, prompt_tokens=common + prompt(rng, vocab, b, int(rng.integers(1, 6))),
                         max_new=int(rng.integers(1, 4))),
@@ -384,7 +386,9 @@ def mixed_prefill_decode(rng, device, launch):
 
 def dsd_bands(rng, device, launch):
     """A DSD schedule whose top band disables drafting (K = 0): the batch grows across its edge and
-    shrinks back; adaptive depth per band. DFlash or DSpark (whose K = 0 graph width is 0, fix 1)."""
+    shrinks back; adaptive depth per band. DFlash or DSpark (whose K = 0 graph width is 0, fix 1). About
+    half the requests sample, so drafts proposed below the edge are verified with rejections in a step
+    at depth 0: the context rows the engine then writes itself must leave the rejected suffix at PAD."""
     bs = _sized(device, 4, 16)
     s = _sized(device, 3, 8)
     edge = int(rng.integers(2, s + 1))
@@ -395,11 +399,13 @@ def dsd_bands(rng, device, launch):
     def requests(rng, vocab):
         return [request(rng, i, arrival=int(rng.integers(0, 3)),
                         prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(4, 12))),
-                        max_new=int(rng.integers(3, 10))) for i in range(s)]
+                        max_new=int(rng.integers(3, 10)), temperature=float(pick(rng, (0.0, 1.0))))
+                for i in range(s)]
 
     return engine_case(rng, device, requests, num_steps=_sized(device, 6, 10), max_num_reqs=s,
                        budget=_sized(device, 48, 2048), block_sizes=(bs, bs), k=_sized(device, 2, 4),
-                       anchor_first=bool(rng.integers(2)), dsd_schedule=schedule, note=f"DSD {schedule}")
+                       anchor_first=bool(rng.integers(2)), probabilistic=bool(rng.integers(2)), dsd_schedule=schedule,
+                       note=f"DSD {schedule}")
 
 
 def long_context(rng, device, launch):
