@@ -128,6 +128,8 @@ def _features(case, records) -> set[str]:
             found.add("restored prefix")
         if not bool(r["draft.prepared"]):
             found.add("refused")
+            if (r["verify.num_rejected"] > 0).any():
+                found.add("rejections undrafted")  # context rows the engine writes itself, a rejected suffix in them
         elif bool((r["draft.shifted_block_table"] != r["draft.block_table"]).any()):
             found.add("shifted")
         found.add(f"depth {int(r['depth'])}" if int(r["depth"]) == 0 else "drafting")
@@ -144,9 +146,10 @@ def _features(case, records) -> set[str]:
     return found
 
 
-WANTED = {"shared_prefix": {"restored prefix", "shifted"}, "unaligned_prefix": {"refused", "shifted"},
+WANTED = {"shared_prefix": {"restored prefix", "shifted"},
+          "unaligned_prefix": {"refused", "shifted", "rejections undrafted"},
           "preempt_resume": {"restored prefix", "shifted"}, "mixed_prefill_decode": {"prefill beside decode"},
-          "dsd_bands": {"depth 0", "drafting"}, "long_context": {"clamped"}, "seeded_sampling": {"drafting"},
+          "dsd_bands": {"depth 0", "drafting", "rejections undrafted"}, "long_context": {"clamped"}, "seeded_sampling": {"drafting"},
           "padded_graphs": {"padded graph", "drafting"}}
 
 
@@ -163,6 +166,8 @@ WITNESSES = [
     ("crowded_preemption", f"{_SCHED}:Scheduler:const:5c752710"),  # a preempted request queued behind another
     ("budget_bound", f"{_SCHED}:Scheduler:cmp-flip:593b6f64"),  # a spent budget still schedules zero tokens
     ("multi_turn", "gen:kernels.spec.engine:Engine:min-max:be930a9a"),  # a finished turn's last token cached
+    ("dsd_bands", "gen:kernels.spec.engine:Engine:cmp-flip:592ac3a7"),  # a depth-0 step's first rejected row kept
+    ("unaligned_prefix", "gen:kernels.spec.engine:Engine:const:8e3c6028"),  # a refused step's rejected rows at 1
 ]
 
 
@@ -180,7 +185,8 @@ def test_scheduler_families_kill_the_slip_only_their_class_shows(family, mutant)
     pytest.fail(f"{family}: 4 cases did not tell {mutant} from the production scheduler")
 
 
-SAMPLED = {"seeded_sampling", "padded_graphs"}  # families with temperatures above 0: acceptance below 100%
+# Families with temperatures above 0: acceptance below 100%
+SAMPLED = {"seeded_sampling", "padded_graphs", "dsd_bands", "unaligned_prefix"}
 
 
 @pytest.mark.parametrize("family", sorted(WANTED))
@@ -275,3 +281,19 @@ def test_path_column_is_opt_in_and_kills_through_the_whole_step():
     assert {k.mutant: k.path for k in with_path} == {"set-order-recycling": "killed", "global-rng-seeds": "killed"}
     line, ok = matrix.verdict(with_path, "cpu")
     assert ok and "path column: 2 killed by the whole step" in line
+
+
+@pytest.mark.parametrize("where", ["front guard", "null block", "back guard", "nowhere"])
+def test_guards_intact_sees_a_write_to_a_guard_or_the_null_block(where):
+    from kernels.spec import models
+    config = models.ModelConfig(vocab=8, hidden=4, layers=1, heads=1, kv_heads=1, head_dim=4, ffn=4,
+                                rope_theta=1e4, max_position=8)
+    head = dict.fromkeys(("head_raw", "head_norm", "position_codes"), torch.zeros(1))
+    model = models.Model(config, head, torch.device("cpu"), torch.float32)
+    (k_cache, _), = model.new_kv_caches(num_blocks=3, block_size=2)
+    k_cache[1:].zero_()  # blocks handed out to requests: any value is theirs
+    whole = model._guarded[0]
+    row = {"front guard": 0, "null block": models.GUARD_BLOCKS, "back guard": -1}.get(where)
+    if row is not None:
+        whole[row, 0] = 0.0
+    assert model.guards_intact() is (where == "nowhere")

@@ -49,7 +49,7 @@ RECORD_FIELDS = (
     "draft.block_table", "draft.graph", "draft.prepared", *(f"draft.{name}" for name in PREP_OUTPUTS),
     "draft.shifted_block_table", "draft.logits", "draft.sampled", "draft.logits_cache",
     "depth", "draft.tokens",  # the depth the drafts were proposed at, and those drafts
-    "kv.guards_intact",  # no write landed in the guard blocks around a KV cache
+    "kv.guards_intact",  # no write landed in the guard blocks around a KV cache, nor in its null block
 )
 
 

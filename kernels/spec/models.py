@@ -89,7 +89,9 @@ class Model:
         """One (k, v) cache per layer, ``[num_blocks, block_size, Hkv, D]``, NaN: never-written KV is poison.
 
         Each lies between guard blocks holding ``GUARD`` (``guards_intact`` checks them), so a write
-        past either end of a cache (a PAD slot stored as -1, say) shows instead of landing elsewhere."""
+        past either end of a cache (a PAD slot stored as -1, say) shows instead of landing elsewhere. Its
+        block 0 is the null block, never handed out: ``guards_intact`` checks that it stays NaN too, so a
+        write to slot 0 (a PAD row, a capture's warm-up) shows although no request reads it."""
         c, g = self.config, GUARD_BLOCKS
         shape = (num_blocks + 2 * g, block_size, c.kv_heads, c.head_dim)
         caches = []
@@ -105,7 +107,8 @@ class Model:
 
     def guards_intact(self) -> bool:
         g = GUARD_BLOCKS
-        return all(bool((whole[:g] == GUARD).all() and (whole[-g:] == GUARD).all()) for whole in self._guarded)
+        return all(bool((whole[:g] == GUARD).all() and (whole[-g:] == GUARD).all() and whole[g].isnan().all())
+                   for whole in self._guarded)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.w["embed"][token_ids.long()]

@@ -386,9 +386,10 @@ def mixed_prefill_decode(rng, device, launch):
 
 def dsd_bands(rng, device, launch):
     """A DSD schedule whose top band disables drafting (K = 0): the batch grows across its edge and
-    shrinks back; adaptive depth per band. DFlash or DSpark (whose K = 0 graph width is 0, fix 1). About
-    half the requests sample, so drafts proposed below the edge are verified with rejections in a step
-    at depth 0: the context rows the engine then writes itself must leave the rejected suffix at PAD."""
+    shrinks back; adaptive depth per band. DFlash or DSpark (whose K = 0 graph width is 0, fix 1). The
+    first request arrives alone and samples, as about half the others do, so drafts proposed below the
+    edge are verified with rejections in a step at depth 0: the context rows the engine then writes
+    itself must leave the rejected suffix at PAD."""
     bs = _sized(device, 4, 16)
     s = _sized(device, 3, 8)
     edge = int(rng.integers(2, s + 1))
@@ -397,10 +398,10 @@ def dsd_bands(rng, device, launch):
     schedule = [band for band in schedule if band[0] <= band[1]]
 
     def requests(rng, vocab):
-        return [request(rng, i, arrival=int(rng.integers(0, 3)),
+        return [request(rng, i, arrival=int(rng.integers(1, 4)) if i else 0,
                         prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(4, 12))),
-                        max_new=int(rng.integers(3, 10)), temperature=float(pick(rng, (0.0, 1.0))))
-                for i in range(s)]
+                        max_new=int(rng.integers(3, 10)) + (0 if i else 4),
+                        temperature=float(pick(rng, (0.0, 1.0, 2.0) if i else (1.0, 2.0)))) for i in range(s)]
 
     return engine_case(rng, device, requests, num_steps=_sized(device, 6, 10), max_num_reqs=s,
                        budget=_sized(device, 48, 2048), block_sizes=(bs, bs), k=_sized(device, 2, 4),
