@@ -296,13 +296,14 @@ def tight_pools(rng, device, launch):
 
 
 def budget_bound(rng, device, launch):
-    """A token budget of exactly two decodes (two requests' bonus token and drafts) and more requests running
-    behind them: a step spends the budget to the last token, and the requests after that must get nothing that
-    step, not a batch row of zero tokens. Prompts of a quarter of the budget, so all four are admitted (and
-    running) at step 0."""
+    """A token budget of two decodes (two requests' bonus token and drafts), often exactly, and more requests
+    running behind them: a step spends the budget to the last token, and the requests after that must get
+    nothing that step, not a batch row of zero tokens. Otherwise one or k tokens more: the third request's
+    decode is cut to its bonus token alone or to part of its drafts (the rest dropped). Prompts of a quarter
+    of the budget, so all four are admitted (and running) at step 0."""
     k = _sized(device, 3, 4)
     slots = 4
-    budget = 2 * (k + 1)
+    budget = 2 * (k + 1) + int(pick(rng, (0, 0, 1, k)))
 
     def requests(rng, vocab):
         return [request(rng, i, arrival=0, prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)),

@@ -144,7 +144,8 @@ def padded_graph(rng, device, launch):
 
 def zero_width_band(rng, device, launch):
     """A DSD schedule with a depth-0 band: batches of every size cross the band edges; the 0 band drafts
-    nothing (no graph: DSpark's width 0 is dropped, DFlash's bonus-only width 1 is not captured)."""
+    nothing (no graph: DSpark's width 0 is dropped, DFlash's bonus-only width 1 is not captured), nor does
+    an empty batch asked for K drafts, somewhere among them."""
     config, width = _config(rng)
     num_reqs = int(rng.integers(4, 8))
     edges = sorted(int(e) for e in rng.choice(np.arange(1, num_reqs), size=int(rng.integers(1, 3)), replace=False))
@@ -156,6 +157,7 @@ def zero_width_band(rng, device, launch):
     schedule = tuple((lo, hi, k) for (lo, hi), k in zip(bounds, depths, strict=True))
     depth_of = {b: k for lo, hi, k in schedule for b in range(lo, hi + 1)}
     sizes = [(b, depth_of[b]) for b, _ in _every_size(rng, num_reqs, 0)]
+    sizes.insert(int(rng.integers(len(sizes) + 1)), (0, config.max_draft_tokens))
     return _case(rng, config, width, sizes_and_depths=sizes, schedule=schedule, note=f"schedule={list(schedule)}")
 
 
