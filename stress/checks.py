@@ -603,6 +603,11 @@ ENGINE_CHECKS = (
                    (Patch(_DRAFT_GRAPHS, "if num_draft_tokens == 0 or num_reqs == 0:",
                           "if num_draft_tokens == 0 or num_reqs == 1:"),),
                    oracles={"cpu": "drafts", "cuda": "drafts"}, families=("padded_graphs",)),
+            Mutant("draft-graphs-never-captured", "the engine builds its draft graphs but never captures them: "
+                   "every step dispatched to a FULL graph drafts the same tokens eagerly, without the replay",
+                   (Patch(_ENGINE, "self.graphs.capture()", "self.graphs.clear()"),),
+                   oracles={"cuda": "graphs"}, families=("padded_graphs",),
+                   why_not="CUDA graphs exist only on a GPU: the CPU drafts eagerly, nothing is captured"),
         ),
     ),
 )

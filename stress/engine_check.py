@@ -11,7 +11,7 @@ decisions at those points, so one undecidable token does not end the comparison.
 
 Before that comparison, the step's own invariants (``stress.engine_invariants``: the block pools'
 accounting, the drafts every live request gets) are judged apart from the reference; a broken one
-fails the case as ``fail:accounting`` or ``fail:drafts`` with a one-line reason.
+fails the case as ``fail:accounting``, ``fail:drafts`` or ``fail:graphs`` with a one-line reason.
 
 Each case also yields its acceptance (accepted drafts / verified drafts) for the engine and the
 reference, which the run summary aggregates per family.
@@ -103,6 +103,8 @@ def run_engine(config, weights, requests, num_steps, global_seed) -> engine_inva
         replay = engine.Engine(config, weights, requests)
         records = engine_invariants.Records()
         records.findings = engine_invariants.PoolAudit(replay.scheduler).findings
+        if replay.graphs is not None and replay.device.type == "cuda":  # elsewhere nothing is captured
+            engine_invariants.ReplayAudit(replay, records.findings)
         for _ in range(num_steps):
             np.random.random(int(np.random.randint(1, 8)))
             records.append(replay.step())

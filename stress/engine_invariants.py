@@ -11,14 +11,20 @@ and the reference engine disagree in a recorded field. Two kinds escape it:
   exactly d sampling rows of its slot and d drafted tokens, of which the request later verifies a
   prefix, as drafted; at depth 0, or in a refused batch, none. The depth itself must lie in the DSD
   band of the batch size.
+* ``graphs``: on a GPU, where the engine captures its draft graphs, every drafted step dispatched to a
+  FULL descriptor replays the captured graph. An engine that never captures, or captures the wrong
+  shapes, drafts the same tokens eagerly: no recorded field shows it, only the lost replay.
 
-Each is its own oracle (``fail:accounting``, ``fail:drafts``), with a planted bug in ``stress.checks``.
+Each is its own oracle (``fail:accounting``, ``fail:drafts``, ``fail:graphs``), with a planted bug in
+``stress.checks``.
 """
 
 from collections import Counter
 from typing import NamedTuple
 
-ORACLES = ("accounting", "drafts")
+from stress.graph_replay import silent_fallback
+
+ORACLES = ("accounting", "drafts", "graphs")
 
 
 class Finding(NamedTuple):
@@ -96,6 +102,26 @@ class PoolAudit:
             b = wrong[0]
             self._report(f"target pool {when}: block {b} has {int(refs[b])} reference(s), but {counts[b]} running "
                          f"request(s) hold it ({len(wrong)} block(s) so)")
+
+
+class ReplayAudit:
+    """Wraps one engine's ``DraftGraphs.run`` (on the instance): a drafted step dispatched to a FULL
+    descriptor must have replayed its captured graph. Only where the engine captures (a CUDA device);
+    findings go to ``findings``, the engine's behaviour is unchanged."""
+
+    def __init__(self, engine, findings: list[Finding]):
+        run = engine.graphs.run
+
+        def audited_run(**step):
+            out = run(**step)
+            if silent_fallback(out):
+                d = out.descriptor
+                findings.append(Finding("graphs", engine.step_index, f"the draft was dispatched to FULL(num_reqs="
+                                        f"{d.num_reqs}, num_tokens={d.num_tokens}) but ran eagerly: no captured "
+                                        "graph was replayed"))
+            return out
+
+        engine.graphs.run = audited_run
 
 
 def band_cap(config: dict, batch_size: int) -> int:

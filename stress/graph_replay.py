@@ -146,6 +146,11 @@ def _record(graphs, out) -> StepRecord:
     return StepRecord(_copy(out.draft_tokens), _copy(out.hidden), _copy(graphs.step.logits_cache))
 
 
+def silent_fallback(out) -> bool:
+    """Whether a ``DraftGraphs.run`` was dispatched to a FULL descriptor and drafted, yet replayed no graph."""
+    return out.descriptor.mode is Mode.FULL and out.hidden is not None and not out.replayed
+
+
 def _label(index: int, batch: Batch, out) -> str:
     d = out.descriptor
     how = (f"replay of FULL(num_reqs={d.num_reqs}, num_tokens={d.num_tokens})" if out.replayed
@@ -170,8 +175,7 @@ def replay_draft_graphs(*, config, setup: GraphSetup, embed, wq, wk, wv, w_out, 
             outs.append((out, _record(owner, out)))
         (out, replayed), (_, eager) = outs
         replays += out.replayed
-        silent = out.descriptor.mode is Mode.FULL and out.hidden is not None and not out.replayed
-        records.append(BatchRecord(_label(index, batch, out), replayed, eager, silent))
+        records.append(BatchRecord(_label(index, batch, out), replayed, eager, silent_fallback(out)))
     return ReplayRun(tuple(records), (_copy(graphs.step.k_cache), _copy(graphs.step.v_cache)),
                      (_copy(twin.step.k_cache), _copy(twin.step.v_cache)), replays)
 

@@ -139,3 +139,49 @@ def test_the_accounting_oracle_alone_kills_the_miscount_at_the_first_iteration()
     found = engine_check.compare("engine", expected, got)
     assert found.verdict == "accounting" and len(found.lines()) == 1, found.lines()
     assert "unreferenced hit(s)" in found.lines()[0], found.lines()
+
+
+# ---------------------------------------------------------------- the replay audit
+
+
+class _Graphs:
+    """A DraftGraphs stand-in whose run returns what it is told."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def run(self, **step):
+        return self.out
+
+
+@pytest.mark.parametrize("mode,hidden,replayed,found", [
+    ("FULL", True, False, True),  # dispatched to a graph, drafted eagerly: the lost replay
+    ("FULL", True, True, False), ("FULL", False, False, False),  # replayed; refused (nothing drafted)
+    ("NONE", True, False, False),  # no graph fits: eager by design
+])
+def test_the_replay_audit_names_a_full_dispatch_that_ran_eagerly(mode, hidden, replayed, found):
+    import torch
+
+    from kernels.spec.draft_graphs import DraftOutputs
+    from kernels.spec.graphs import BatchDescriptor, Mode
+
+    desc = BatchDescriptor(Mode[mode], 8, num_reqs=2) if mode == "FULL" else BatchDescriptor(Mode.NONE, 6)
+    engine = type("Engine", (), {})()
+    engine.step_index, engine.graphs = 3, _Graphs(DraftOutputs(torch.zeros(2, 3), torch.zeros(6, 4) if hidden
+                                                               else None, desc, replayed))
+    findings = []
+    engine_invariants.ReplayAudit(engine, findings)
+    assert engine.graphs.run(num_draft_tokens=3) is engine.graphs.out  # what the engine gets is unchanged
+    assert [f.oracle for f in findings] == (["graphs"] if found else [])
+    if found:
+        assert findings[0].step == 3 and "FULL(num_reqs=2, num_tokens=8) but ran eagerly" in findings[0].reason
+
+
+@pytest.mark.gpu
+def test_the_graphs_oracle_kills_an_engine_that_never_captures():
+    assert ENGINE.mutant("draft-graphs-never-captured").oracles == {"cuda": "graphs"}
+    task = runner.Task("engine.step", "padded_graphs", runner.case_seed(0, "engine.step", "padded_graphs", 0),
+                       mutant="draft-graphs-never-captured")
+    result = runner.run_case(task, "cuda", trace=False)
+    assert result.verdict == "fail:graphs", result.details
+    assert "but ran eagerly" in result.details[0], result.details
