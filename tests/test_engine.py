@@ -297,3 +297,11 @@ def test_guards_intact_sees_a_write_to_a_guard_or_the_null_block(where):
     if row is not None:
         whole[row, 0] = 0.0
     assert model.guards_intact() is (where == "nowhere")
+
+
+@pytest.mark.parametrize("head_dim", [0, 1, 3, 33])
+def test_a_model_config_with_an_odd_head_dim_is_refused_naming_it(head_dim):
+    from kernels.spec import models
+    with pytest.raises(ValueError, match=r"^head_dim: .* must be even"):
+        models.ModelConfig(vocab=8, hidden=4, layers=1, heads=1, kv_heads=1, head_dim=head_dim, ffn=4,
+                           rope_theta=1e4, max_position=8)

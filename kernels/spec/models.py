@@ -47,6 +47,11 @@ class ModelConfig:
     rope_theta: float
     max_position: int  # rows of position_codes: the largest predicted position + 1
 
+    def __post_init__(self):
+        if self.head_dim < 2 or self.head_dim % 2:
+            raise ValueError(f"head_dim: {self.head_dim}; the rotary embedding rotates pairs of dimensions, so it "
+                             "must be even and at least 2")
+
     @property
     def mask_token_id(self) -> int:
         return self.vocab
