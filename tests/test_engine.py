@@ -149,7 +149,8 @@ def _features(case, records) -> set[str]:
 WANTED = {"shared_prefix": {"restored prefix", "shifted"},
           "unaligned_prefix": {"refused", "shifted", "rejections undrafted"},
           "preempt_resume": {"restored prefix", "shifted"}, "mixed_prefill_decode": {"prefill beside decode"},
-          "dsd_bands": {"depth 0", "drafting", "rejections undrafted"}, "long_context": {"clamped"}, "seeded_sampling": {"drafting"},
+          "dsd_bands": {"depth 0", "drafting", "rejections undrafted"}, "long_context": {"clamped"},
+          "seeded_sampling": {"drafting"},
           "padded_graphs": {"padded graph", "drafting"}}
 
 
