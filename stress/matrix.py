@@ -29,6 +29,7 @@ class Kill:
     other_failures: list[str] = field(default_factory=list)  # verdicts other than the claimed oracle
     other_example: str = ""  # the first of those failures: its first detail line and its repro
     verdict: str = ""  # the failing verdict that killed it
+    detail: str = ""  # the killing case's first detail line (a crash's exception, say)
     # The whole-path check's hunt of the same bug (the path column): status, verdict, cases, repro or reason
     path: str = "-"
     path_verdict: str = ""
@@ -99,7 +100,7 @@ class _Hunt:
         elif self.first_kill is not None:
             r = self.results[self.first_kill]
             k.status, k.iterations, k.repro, k.launch = "killed", self.first_kill + 1, r.repro(), r.launch
-            k.verdict = r.verdict
+            k.verdict, k.detail = r.verdict, (r.details or [""])[0].strip()[:300]
         else:
             k.status, k.iterations = "survived", self.max_iters
         return k

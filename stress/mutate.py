@@ -56,6 +56,7 @@ class Row:
     iterations: int = 0
     families: list[str] = field(default_factory=list)  # families its hunts ran
     repro: str = ""
+    detail: str = ""  # the killing case's first detail line: a crash's exception, a divergence's first difference
     reason: str = ""
     explained: str = ""  # why it survives on this device (stress/surviving_mutants.toml), when it is known
     fingerprint: str = ""  # of the target module's source: a resumed run takes this row only if it is unchanged
@@ -261,12 +262,12 @@ def classify(rows: list[Row], cov: Coverage, device: str, jobs: int, on_row, on_
 
     reasoned = load_reasoned()
     pending = {}
-    for row in (r for r in rows if r.status == "pending" and not r.equivalence):  # resumed rows carry theirs
+    for row in (r for r in rows if r.status == "pending"):
         why = reasoned.get(_key(row.target, row.operator, row.old, row.new))
-        if why is not None:
+        if why is not None:  # a resumed survivor too: the reason may have been written since
             row.status, row.equivalence, row.reason = "reasoned", "reasoned", why
             on_row(row)
-        else:
+        elif not row.equivalence:  # resumed rows carry their compiled verdict
             pending[row.id] = row
     if not pending:
         return
@@ -334,6 +335,7 @@ def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, time
             row.iterations += kill.iterations
             if kill.status == "killed":
                 row.status, row.killed_by, row.verdict, row.repro = "killed", kill.check, kill.verdict, kill.repro
+                row.detail = kill.detail
             elif "fail:timeout" in kill.other_failures:
                 timed = next(r for r in h.results.values() if r.verdict == "fail:timeout")
                 row.status, row.killed_by, row.verdict, row.repro = "hang", kill.check, "fail:timeout", timed.repro()
@@ -406,6 +408,7 @@ def judge_by_memcheck(rows: list[Row], device: str, *, seed: int, timeout: float
         row.families.append(f"memcheck: {kill.check}, {kill.iterations} case(s)")
         if kill.status == "killed":
             row.status, row.killed_by, row.verdict, row.repro = "killed", kill.check, kill.verdict, kill.repro
+            row.detail = kill.detail
 
     matrix._run_hunts(hunts, device, sanitizer.default_jobs(), timeout, decided)
 
@@ -542,7 +545,8 @@ class Stream:
             self.file.close()
 
 
-RESUMED_FIELDS = ("status", "equivalence", "killed_by", "verdict", "iterations", "families", "repro", "reason")
+RESUMED_FIELDS = ("status", "equivalence", "killed_by", "verdict", "iterations", "families", "repro", "detail",
+                  "reason")
 
 
 def fingerprint(module) -> str:

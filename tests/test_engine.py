@@ -300,9 +300,16 @@ def test_guards_intact_sees_a_write_to_a_guard_or_the_null_block(where):
     assert model.guards_intact() is (where == "nowhere")
 
 
-@pytest.mark.parametrize("head_dim", [0, 1, 3, 33])
-def test_a_model_config_with_an_odd_head_dim_is_refused_naming_it(head_dim):
+@pytest.mark.parametrize("head_dim", [-2, 0, 1, 2, 3, 4, 33])
+def test_a_model_config_refuses_an_odd_head_dim_naming_it(head_dim):
     from kernels.spec import models
-    with pytest.raises(ValueError, match=r"^head_dim: .* must be even"):
-        models.ModelConfig(vocab=8, hidden=4, layers=1, heads=1, kv_heads=1, head_dim=head_dim, ffn=4,
-                           rope_theta=1e4, max_position=8)
+
+    def config():
+        return models.ModelConfig(vocab=8, hidden=4, layers=1, heads=1, kv_heads=1, head_dim=head_dim, ffn=4,
+                                  rope_theta=1e4, max_position=8)
+
+    if head_dim >= 2 and head_dim % 2 == 0:
+        assert config().head_dim == head_dim
+    else:
+        with pytest.raises(ValueError, match=r"^head_dim: .* must be even and at least 2"):
+            config()

@@ -291,6 +291,13 @@ def test_a_resumed_run_hunts_only_what_the_earlier_run_left_undecided(monkeypatc
     records = [json.loads(line) for line in open(tmp_path / "third" / mutate.Stream.NAME)]
     assert {r["different"]["id"] for r in records if "different" in r} == set(first)
 
+    hunted.clear()  # a survivor whose equivalence was reasoned since: taken as reasoned, not hunted again
+    row = known[survivor]
+    monkeypatch.setattr(mutate, "load_reasoned",
+                        lambda: {mutate._key(row["target"], row["operator"], row["old"], row["new"]): "same program"})
+    rows = {r.id: r for r in run(tmp_path / "fourth", (str(earlier), known))["rows"]}
+    assert rows[survivor].status == "reasoned" and survivor not in hunted and set(hunted) == undecided
+
 
 def test_resuming_another_devices_or_iters_run_is_a_usage_error(capsys, tmp_path):
     from stress.__main__ import main
