@@ -100,10 +100,17 @@ class _Hunt:
         elif self.first_kill is not None:
             r = self.results[self.first_kill]
             k.status, k.iterations, k.repro, k.launch = "killed", self.first_kill + 1, r.repro(), r.launch
-            k.verdict, k.detail = r.verdict, (r.details or [""])[0].strip()[:300]
+            k.verdict, k.detail = r.verdict, _first_detail(r.details)
         else:
             k.status, k.iterations = "survived", self.max_iters
         return k
+
+
+def _first_detail(details: list[str]) -> str:
+    """A result's first detail line; for a crash, with where it was raised (the innermost frame)."""
+    first = (details or [""])[0].strip()
+    frames = [line.strip() for line in details[1:] if line.strip().startswith("File ")]
+    return (f"{first} ({frames[-1]})" if frames else first)[:400]
 
 
 def _new_hunt(check: Check, mutant_name: str, device: str, oracle: str, max_iters: int, seed: int,

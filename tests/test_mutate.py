@@ -388,3 +388,15 @@ def test_a_target_of_a_check_that_failed_unmutated_says_which_check_did_not_hunt
     rows[0].status = "survived"
     assert ("    not hunted by spec.graph_candidates, which failed unmutated here (see discovery)"
             in mutate.survivor_lines(rows[:1], "cuda", 2))
+
+
+def test_a_kill_keeps_its_first_detail_and_where_a_crash_was_raised():
+    from stress import matrix
+
+    crash = ["ValueError: not enough values to unpack\n", "Traceback (most recent call last):",
+             '  File "/x/engine.py", line 10, in step', "    a, b = f()", '  File "/x/models.py", line 3, in f',
+             "    return (1,)"]
+    assert matrix._first_detail(crash) == 'ValueError: not enough values to unpack (File "/x/models.py", line 3, in f)'
+    assert matrix._first_detail(["step 2 draft.tokens: 1 element(s) differ", "  at (0, 1): expected 3, got 4"]) == \
+        "step 2 draft.tokens: 1 element(s) differ"
+    assert matrix._first_detail([]) == ""
