@@ -63,14 +63,17 @@ def _aliases(original) -> list[tuple[object, str]]:
 @contextmanager
 def applied(mutant: Mutant | None):
     """Swap in the mutated objects for the duration, under every name the project imported them by;
-    always restore, also on error."""
-    saved = []
+    always restore, also on error. A module first imported meanwhile (the engine, imported lazily by its
+    check) copied a replacement with its ``from ... import``: it gets the original back too, or every later
+    case in this process would run the mutant."""
+    saved, swapped = [], []
     try:
         for patch in mutant.patches if mutant else ():
             module_name, attr = patch.target.split(":")
             module = importlib.import_module(module_name)
             replacement = _build(mutant.name, patch)
             original = getattr(module, attr)
+            swapped.append((replacement, original))
             for holder, name in _aliases(original) or [(module, attr)]:
                 saved.append((holder, name, original))
                 setattr(holder, name, replacement)
@@ -78,6 +81,9 @@ def applied(mutant: Mutant | None):
     finally:
         for module, attr, original in reversed(saved):
             setattr(module, attr, original)
+        for replacement, original in reversed(swapped):
+            for holder, name in _aliases(replacement):
+                setattr(holder, name, original)
 
 
 def validate(mutant: Mutant) -> None:

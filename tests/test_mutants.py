@@ -31,3 +31,21 @@ def test_mutant_patches_restore_the_production_code():
     with mutants.applied(shift.mutants[0]):
         assert kbt._shift_rows_kernel is not original
     assert kbt._shift_rows_kernel is original
+
+
+def test_a_module_first_imported_under_a_mutant_gets_the_production_object_back(monkeypatch):
+    """A check imports its production module lazily (the engine's), so its first import may happen while
+    another module's mutant is applied, copying the mutant with ``from ... import``: every later case in that
+    process ran the mutant (the H200 mutate run's false kills of engine mutants by a models mutant's crash)."""
+    import sys
+    import types
+
+    from kernels.spec import scheduler
+
+    original = scheduler.PrefixCachingPool
+    late = types.ModuleType("stress._imported_under_a_mutant")
+    with mutants.applied(checks.get("engine.step").mutant("free-count-per-hit-twice")):
+        monkeypatch.setitem(sys.modules, late.__name__, late)
+        late.PrefixCachingPool = scheduler.PrefixCachingPool  # what its `from ... import` binds now
+        assert late.PrefixCachingPool is not original
+    assert late.PrefixCachingPool is original and scheduler.PrefixCachingPool is original
