@@ -574,10 +574,12 @@ ENGINE_CHECKS = (
         path_families=engine_check.PATH_FAMILIES,
         iteration_share=engine_check.ITERATION_SHARE,
         # the scheduler alone against the reference's, over 40 workloads of random outcomes: far more shapes of
-        # admission, eviction and preemption than engine cases can afford; the model config's refusals
+        # admission, eviction and preemption than engine cases can afford; the model config's refusals; the
+        # KV guards' own check, which no production run trips
         unit_tests=("tests/test_engine.py::test_engine_and_reference_schedulers_agree",
                     "tests/test_engine.py::test_prefix_cache_hits_full_blocks_and_evicts_in_free_order",
-                    "tests/test_engine.py::test_a_model_config_refuses_an_odd_head_dim_naming_it"),
+                    "tests/test_engine.py::test_a_model_config_refuses_an_odd_head_dim_naming_it",
+                    "tests/test_engine.py::test_guards_intact_sees_a_write_to_a_guard_or_the_null_block"),
         not_sanitized="a whole-path check: its kernels are sanitized through their own checks, and its graph "
                       "families need the caching allocator (" + _GRAPHS_UNCACHED + ")",
         mutants=(

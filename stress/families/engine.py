@@ -142,8 +142,10 @@ def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, bl
 
 # The attention backends a case's engine offers its draft (the engine picks by capability and causality,
 # spec fix 6): ours may always be captured, FlashAttention on SM90 too and on SM100 for uniform batches,
-# FlashInfer and the host-planned backend only for single-token decode when non-causal (eager drafts).
-BACKEND_OFFERS = (("specsan_paged",), ("flash_attn", "flashinfer"), ("host_planned",), ("flashinfer",))
+# FlashInfer and the host-planned backend only for single-token decode when non-causal (eager drafts). The
+# last offer holds none of the auto-selected backends: the engine falls back to the first offered.
+BACKEND_OFFERS = (("specsan_paged",), ("flash_attn", "flashinfer"), ("host_planned",), ("flashinfer",),
+                  ("host_planned", "specsan_paged"))
 
 
 def _graph_settings(rng, max_num_reqs: int, k: int, anchor_first: bool) -> dict:
