@@ -182,6 +182,28 @@ def many_heads(rng, device, launch):
 
 
 @own_launch()
+def capped_heads(rng, device, launch):
+    """More heads than the default head tile's cap of 2048 // block_d, always at the default launch: head dim 1
+    (2048 heads a tile) or a wider head (up to 512). A slip in the cap's constant gives a head tile that is no
+    power of two and does not compile, or one that the sweep never forces."""
+    head_dim = 1 if rng.random() < 0.5 else int(pick(rng, (3, 16, 100, 512)))
+    cap = 2048 // (1 << (head_dim - 1).bit_length())
+    tokens = int(rng.integers(1, 3))
+    return kv_case(rng, slots=_distinct_slots(rng, tokens, 3, 1), num_blocks=3, block_size=1,
+                   heads=cap + 1 + int(rng.integers(0, cap)), head_dim=head_dim, dtype=pick(rng, DTYPES),
+                   note="heads past the default tile's cap")
+
+
+@own_launch()
+def one_lane(rng, device, launch):
+    """One head of one lane at the default launch: the token tile is the whole 4096 // (block_h * block_d)
+    budget, 4096 tokens a program (a slip in that constant gives a tile that is no power of two)."""
+    tokens = int(rng.integers(1, 9))
+    return kv_case(rng, slots=_distinct_slots(rng, tokens, 9, 1), num_blocks=9, block_size=1, heads=1, head_dim=1,
+                   dtype=pick(rng, DTYPES), note="one lane, the default token tile")
+
+
+@own_launch()
 def wide_heads(rng, device, launch):
     """A head dim past 4096: the default tiles hold one head of one token (2048 // block_d is 0). Its point
     is that default, so it runs no forced tile: on the H200 a forced 16 x 8 x 8192 tile at one warp kept
@@ -247,7 +269,7 @@ def big_cache(rng, device, launch):
 
 FAMILIES = {"pad": pad, "partial_block": partial_block, "null_block": null_block, "ragged": ragged,
             "dtypes": dtypes, "big_cache": big_cache, "bit_patterns": bit_patterns, "empty": empty,
-            "smallest": smallest, "many_heads": many_heads, "wide_heads": wide_heads, "tile_limit": tile_limit,
-            "spread_tokens": spread_tokens,
+            "smallest": smallest, "many_heads": many_heads, "capped_heads": capped_heads, "one_lane": one_lane,
+            "wide_heads": wide_heads, "tile_limit": tile_limit, "spread_tokens": spread_tokens,
             # key and value as slices of a fused projection, and a padded combined cache
             "layouts": laid_out(partial_block, "key", "value", "kv_cache")}
