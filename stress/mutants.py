@@ -55,9 +55,28 @@ def _build(mutant_name: str, patch: Patch):
 
 
 def _aliases(original) -> list[tuple[object, str]]:
-    """Every (module, name) of the project that holds ``original`` (``from kernels.x import f`` copies)."""
-    return [(m, name) for mod_name, m in list(sys.modules.items()) if mod_name.split(".")[0] in ("kernels", "stress")
-            for name, value in list(vars(m).items()) if value is original]
+    """Every (module, name) of the project that holds ``original`` (``from kernels.x import f`` copies), and
+    every (dict, key) of a production module's module-level dict that does (a registry of classes by name: a
+    mutant left out of it would never run). Dicts of the suite itself (this module's build cache) are not
+    production's: they are left alone."""
+    found = []
+    for mod_name, m in list(sys.modules.items()):
+        package = mod_name.split(".")[0]
+        if package not in ("kernels", "stress"):
+            continue
+        for name, value in list(vars(m).items()):
+            if value is original:
+                found.append((m, name))
+            elif package == "kernels" and type(value) is dict and not name.startswith("__"):
+                found += [(value, key) for key, item in list(value.items()) if item is original]
+    return found
+
+
+def _set(holder, name, value) -> None:
+    if type(holder) is dict:
+        holder[name] = value
+    else:
+        setattr(holder, name, value)
 
 
 @contextmanager
@@ -76,14 +95,14 @@ def applied(mutant: Mutant | None):
             swapped.append((replacement, original))
             for holder, name in _aliases(original) or [(module, attr)]:
                 saved.append((holder, name, original))
-                setattr(holder, name, replacement)
+                _set(holder, name, replacement)
         yield
     finally:
-        for module, attr, original in reversed(saved):
-            setattr(module, attr, original)
+        for holder, name, original in reversed(saved):
+            _set(holder, name, original)
         for replacement, original in reversed(swapped):
             for holder, name in _aliases(replacement):
-                setattr(holder, name, original)
+                _set(holder, name, original)
 
 
 def validate(mutant: Mutant) -> None:

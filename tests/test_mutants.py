@@ -49,3 +49,18 @@ def test_a_module_first_imported_under_a_mutant_gets_the_production_object_back(
         late.PrefixCachingPool = scheduler.PrefixCachingPool  # what its `from ... import` binds now
         assert late.PrefixCachingPool is not original
     assert late.PrefixCachingPool is original and scheduler.PrefixCachingPool is original
+
+
+def test_a_class_held_by_a_module_level_registry_is_swapped_there_too():
+    """``attention_backends.make`` finds a backend class by name in a module-level dict: a mutant of the class
+    that only replaced module attributes never ran (a slip in the host-planned backend survived every check)."""
+    from kernels.spec import attention_backends
+    from stress import mutate_ops
+
+    original = attention_backends.HostPlannedBackend
+    mutant = mutate_ops.resolve("gen:kernels.spec.attention_backends:HostPlannedBackend:const:b5c65493")
+    with mutants.applied(mutant):
+        made = attention_backends.make("host_planned", causal=False)
+        assert type(made) is not original and type(made).__name__ == original.__name__
+    assert attention_backends.BACKENDS["host_planned"] is original
+    assert type(attention_backends.make("host_planned", causal=False)) is original
