@@ -389,14 +389,15 @@ def mixed_prefill_decode(rng, device, launch):
 
 def dsd_bands(rng, device, launch):
     """A DSD schedule whose top band disables drafting (K = 0): the batch grows across its edge and
-    shrinks back; adaptive depth per band. DFlash or DSpark (whose K = 0 graph width is 0, fix 1). The
-    first request arrives alone and samples, as about half the others do, so drafts proposed below the
-    edge are verified with rejections in a step at depth 0: the context rows the engine then writes
-    itself must leave the rejected suffix at PAD."""
+    shrinks back; adaptive depth per band, the drafting band at times of depth 1 (the narrowest logits-cache
+    column table). DFlash or DSpark (whose K = 0 graph width is 0, fix 1). The first request arrives alone
+    and samples, as about half the others do, so drafts proposed below the edge are verified with
+    rejections in a step at depth 0: the context rows the engine then writes itself must leave the
+    rejected suffix at PAD."""
     bs = _sized(device, 4, 16)
     s = _sized(device, 3, 8)
     edge = int(rng.integers(2, s + 1))
-    top = _sized(device, 2, 4)
+    top = int(pick(rng, (1, _sized(device, 2, 4))))
     schedule = [(1, edge - 1, top), (edge, s, 0)] if rng.integers(2) else [(1, 1, top), (2, edge - 1, 1), (edge, s, 0)]
     schedule = [band for band in schedule if band[0] <= band[1]]
 
