@@ -37,12 +37,14 @@ mutants:
 # mutation score per check and module, every survivor with its rerun line. MUTATE_ITERS cases per
 # family per mutant; SAMPLE=N takes N mutants per check.
 # RESUME=old/mutate.jsonl takes what an earlier run of the same device, iters and seed decided and
-# hunts only the rest (a run split over several sessions of device time).
+# hunts only the rest (a run split over several sessions of device time). HUNT_SECONDS=N stops starting
+# cases after N seconds of hunting and leaves the time after it to memcheck and the unit tests.
 MUTATE_ITERS ?= 3
 MUTATE_REPORT ?= reports/mutate
 mutate:
 	$(PY) -m stress mutate $(SELECT) --iters $(MUTATE_ITERS) $(if $(SAMPLE),--sample $(SAMPLE)) \
-		$(if $(JOBS),--jobs $(JOBS)) $(if $(RESUME),--resume $(RESUME)) --report $(MUTATE_REPORT)
+		$(if $(JOBS),--jobs $(JOBS)) $(if $(RESUME),--resume $(RESUME)) \
+		$(if $(HUNT_SECONDS),--hunt-seconds $(HUNT_SECONDS)) --report $(MUTATE_REPORT)
 
 bench:
 	$(if $(DEVICE),SPECSAN_DEVICE=$(DEVICE)) $(PY) -m stress.bench

@@ -251,6 +251,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="exit 1 when a check's score is below this percentage (default: 0, no gate)")
     mt.add_argument("--report", default="reports/mutate",
                     help="directory for mutate.jsonl, one line per decided mutant (default: reports/mutate)")
+    mt.add_argument("--hunt-seconds", type=_seconds, default=0.0,
+                    help="stop starting cases after this long hunting: what is undecided stays pending for a later "
+                         "--resume, and the survivors found so far still meet memcheck and their unit tests, "
+                         "which a run stopped by a time limit never reaches (default: 0, no bound)")
     pool(mt, "hunted")
     mt.add_argument("--json", action="store_true", help="print the summary as JSON on stdout and nothing else")
 
@@ -773,7 +777,7 @@ def cmd_mutate(args) -> int:
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
     summary = mutate.run(selected, device, iters=args.iters, seed=args.seed, jobs=jobs, timeout=args.timeout,
                          operators=args.operator, only=args.mutant, sample=args.sample, report=args.report, log=_log,
-                         resumed=resumed)
+                         resumed=resumed, hunt_seconds=args.hunt_seconds)
     rows, stopped = summary.pop("rows"), summary.pop("exit_code")
     out = print if not args.json else _log
     if stopped:

@@ -7,6 +7,7 @@ the hunt goes on. Idle workers run later iterations of unfinished hunts ahead of
 result is still its first killing iteration in order, whatever ran in parallel.
 """
 
+import time
 from dataclasses import dataclass, field
 
 from stress import interrupts, runner, sanitizer
@@ -129,13 +130,17 @@ def _new_hunt(check: Check, mutant_name: str, device: str, oracle: str, max_iter
     return _Hunt(kill, families, forced, max_iters, seed)
 
 
-def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_row, on_case=None) -> None:
+def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_row, on_case=None,
+               deadline: float | None = None) -> None:
     """Run the hunts' cases on one pool; ``on_row`` gets each hunt's row as it is decided, ``on_case``
-    every case's Result."""
+    every case's Result. Past ``deadline`` (``time.monotonic()``) no case starts; the running ones finish,
+    and every hunt left undecided gets its row as ``unfinished``."""
     running: dict[int, tuple[_Hunt, int, Task]] = {}  # id(task) -> its hunt and iteration
     open_hunts = list(hunts)
 
     def source():
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
         for h in sorted(open_hunts, key=lambda h: h.running()):  # stable: earlier hunts first among equals
             if (step := h.next_task()) is not None:
                 i, task = step
@@ -162,6 +167,8 @@ def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_ro
             for h in open_hunts:
                 on_row(h.finish("unfinished"))
             raise
+    for h in open_hunts:  # only past the deadline
+        on_row(h.finish("unfinished"))
 
 
 def hunt(check_name: str, mutant_name: str, device: str, oracle: str, max_iters: int, seed: int,

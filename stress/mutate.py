@@ -312,10 +312,15 @@ def stale_entries(rows: list[Row], targets: set[str], entries: list[dict] | None
             and _key(e["target"], e["operator"], e["old"], e["new"]) not in generated]
 
 
-def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, timeout: float, on_row) -> None:
-    """Hunt every undecided row through its owners in turn, each with up to ``iters`` cases per family."""
+def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, timeout: float, on_row,
+         hunt_seconds: float = 0.0, log=None) -> None:
+    """Hunt every undecided row through its owners in turn, each with up to ``iters`` cases per family.
+    ``hunt_seconds`` (0: none) bounds the hunting: past it no case starts, the rows not yet decided stay
+    pending (a later ``--resume`` hunts them), and the survivors found so far still meet the second oracles,
+    which a run stopped by a signal or a time limit never reaches."""
     from stress import checks as registry
 
+    deadline = time.monotonic() + hunt_seconds if hunt_seconds else None
     survivors: list[Row] = []
     for round_ in range(max((len(r.owners) for r in rows), default=0)):
         hunts, by_kill = [], {}
@@ -349,10 +354,14 @@ def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, time
                 on_row(row)
 
         try:
-            matrix._run_hunts(hunts, device, jobs, timeout, decided)
+            matrix._run_hunts(hunts, device, jobs, timeout, decided, deadline=deadline)
         except BaseException:
             unjudged(survivors, on_row)
             raise
+    left = sum(r.status == "pending" for r in rows)
+    if deadline is not None and left and log:
+        log(f"specsan mutate: --hunt-seconds {hunt_seconds:g} spent; {left} mutant(s) left pending for a later "
+            f"--resume; the second oracles judge the {len(survivors)} survivor(s) found")
     second_oracles(survivors, device, seed=seed, timeout=timeout, on_row=on_row)
 
 
@@ -594,12 +603,13 @@ def resume(rows: list[Row], known: dict[str, dict], on_row) -> int:
 
 def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, timeout: float,
         operators: list[str] | None, only: list[str] | None, sample: int, report: str | None, log,
-        resumed: tuple[str, dict[str, dict]] | None = None) -> dict:
+        resumed: tuple[str, dict[str, dict]] | None = None, hunt_seconds: float = 0.0) -> dict:
     """The whole command; returns the JSON summary. ``resumed``: (path, decided rows) of an earlier run of
-    the same device, iters and seed, whose decisions are taken instead of hunting those mutants again."""
+    the same device, iters and seed, whose decisions are taken instead of hunting those mutants again;
+    ``hunt_seconds``: see ``hunt``."""
     start = time.perf_counter()
     header = {"device": device, "iters": iters, "seed": seed, "jobs": jobs, "timeout": timeout, "sample": sample,
-              "operators": operators, "checks": [c.name for c in checks],
+              "hunt_seconds": hunt_seconds, "operators": operators, "checks": [c.name for c in checks],
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), **({"resumed_from": resumed[0]} if resumed else {})}
     stream = Stream(report, header)
     log(f"specsan mutate: finding the production code each check executes on {device} (one case per family)")
@@ -640,7 +650,8 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
         classify(rows, cov, device, jobs, on_row, stream.different)
         log(f"specsan mutate: hunting {sum(r.status == 'pending' for r in rows)} mutant(s), up to {iters} case(s) "
             f"per family, {jobs} worker(s)")
-        hunt(rows, device, iters=iters, seed=seed, jobs=jobs, timeout=timeout, on_row=on_row)
+        hunt(rows, device, iters=iters, seed=seed, jobs=jobs, timeout=timeout, on_row=on_row,
+             hunt_seconds=hunt_seconds, log=log)
     except interrupts.Interrupted as exc:  # what was decided is scored; the rest stays pending
         interrupted = exc
     except BaseException as exc:
@@ -660,7 +671,8 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
                    "refuted_explanations": refuted, "wall_s": round(time.perf_counter() - start, 1),
                    "baseline_failures": {k: v for k, v in cov.baseline.items() if v}}
         summary["interrupted"] = getattr(interrupted, "name", None) or (interrupted and type(interrupted).__name__)
-        stream.close({"complete": interrupted is None, "interrupted": summary["interrupted"],
+        complete = interrupted is None and all(r.status != "pending" for r in rows)
+        stream.close({"complete": complete, "interrupted": summary["interrupted"],
                       "wall_s": summary["wall_s"], "by_check": summary["by_check"]})
     summary["rows"] = rows
     summary["exit_code"] = getattr(interrupted, "exit_code", None)

@@ -217,7 +217,7 @@ def test_a_hunt_stopped_by_a_signal_leaves_its_mutants_undecided(monkeypatch, tm
 
     from stress import interrupts, matrix
 
-    def stopped(hunts, device, jobs, timeout, on_row, on_case=None):
+    def stopped(hunts, device, jobs, timeout, on_row, on_case=None, deadline=None):
         for h in hunts:
             on_row(h.finish("unfinished"))
         raise interrupts.Interrupted(signal.SIGINT)
@@ -245,7 +245,7 @@ def test_a_resumed_run_hunts_only_what_the_earlier_run_left_undecided(monkeypatc
 
     real = matrix._run_hunts
 
-    def stopped(hunts, device, jobs, timeout, on_row, on_case=None):  # decides two hunts, stops the rest
+    def stopped(hunts, device, jobs, timeout, on_row, on_case=None, deadline=None):  # decides two hunts, stops the rest
         on_row(hunts[0].finish("killed"))
         on_row(hunts[1].finish("survived"))
         for h in hunts[2:]:
@@ -400,3 +400,34 @@ def test_a_kill_keeps_its_first_detail_and_where_a_crash_was_raised():
     assert matrix._first_detail(["step 2 draft.tokens: 1 element(s) differ", "  at (0, 1): expected 3, got 4"]) == \
         "step 2 draft.tokens: 1 element(s) differ"
     assert matrix._first_detail([]) == ""
+
+
+@pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")
+def test_hunt_seconds_leaves_the_rest_pending_and_still_judges_the_survivors_found(monkeypatch, tmp_path):
+    """Past --hunt-seconds no case starts: the mutants not decided stay pending, the run says it is not complete,
+    and the survivors decided before the deadline still meet the second oracles (a time limit never lets them)."""
+    import json
+
+    from stress import matrix
+
+    real, judged = matrix._run_hunts, []
+
+    def one_survivor_then_the_deadline(hunts, device, jobs, timeout, on_row, on_case=None, deadline=None):
+        assert deadline is not None
+        on_row(hunts[0].finish("survived"))  # decided before the deadline
+        real(hunts[1:], device, jobs, timeout, on_row, on_case, deadline=0.0)  # the deadline has passed
+
+    monkeypatch.setattr(matrix, "_run_hunts", one_survivor_then_the_deadline)
+    monkeypatch.setattr(mutate, "second_oracles", lambda rows, device, **kw: judged.extend(rows) or
+                        [kw["on_row"](r) for r in rows])
+    lines = []
+    summary = mutate.run([checks.get("spec.slots")], "cpu", iters=1, seed=0, jobs=1, timeout=60, operators=None,
+                         only=None, sample=4, report=str(tmp_path), log=lines.append, hunt_seconds=30)
+    rows = summary["rows"]
+    hunted = [r for r in rows if r.equivalence == "bytecode" and r.status not in ("equivalent", "invalid")]
+    assert len(hunted) >= 2 and [r.status for r in judged] == ["survived"] and judged[0] is hunted[0]
+    assert all(r.status == "pending" for r in hunted[1:]) and summary["exit_code"] is None
+    assert any("--hunt-seconds 30 spent" in line and f"{len(hunted) - 1} mutant(s) left pending" in line
+               for line in lines)
+    end = [json.loads(line) for line in open(tmp_path / mutate.Stream.NAME)][-1]["end"]
+    assert end["complete"] is False and end["interrupted"] is None
