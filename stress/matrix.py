@@ -160,13 +160,14 @@ def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_ro
             open_hunts.remove(h)
             on_row(h.finish())
 
-    with runner.worker_pool(runner.case_runner(device, jobs, timeout, True), device, jobs, timeout) as workers:
-        try:
-            workers.run(source, on_outcome)
-        except interrupts.Interrupted:
-            for h in open_hunts:
-                on_row(h.finish("unfinished"))
-            raise
+    if deadline is None or time.monotonic() < deadline:  # past it, no pool of workers starts for nothing
+        with runner.worker_pool(runner.case_runner(device, jobs, timeout, True), device, jobs, timeout) as workers:
+            try:
+                workers.run(source, on_outcome)
+            except interrupts.Interrupted:
+                for h in open_hunts:
+                    on_row(h.finish("unfinished"))
+                raise
     for h in open_hunts:  # only past the deadline
         on_row(h.finish("unfinished"))
 

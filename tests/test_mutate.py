@@ -408,13 +408,14 @@ def test_hunt_seconds_leaves_the_rest_pending_and_still_judges_the_survivors_fou
     and the survivors decided before the deadline still meet the second oracles (a time limit never lets them)."""
     import json
 
-    from stress import matrix
+    from stress import matrix, runner
 
     real, judged = matrix._run_hunts, []
 
     def one_survivor_then_the_deadline(hunts, device, jobs, timeout, on_row, on_case=None, deadline=None):
         assert deadline is not None
         on_row(hunts[0].finish("survived"))  # decided before the deadline
+        monkeypatch.setattr(runner, "worker_pool", lambda *a, **k: pytest.fail("a pool started past the deadline"))
         real(hunts[1:], device, jobs, timeout, on_row, on_case, deadline=0.0)  # the deadline has passed
 
     monkeypatch.setattr(matrix, "_run_hunts", one_survivor_then_the_deadline)
