@@ -516,12 +516,13 @@ _GRAPHS_UNCACHED = ("CUDA graph capture needs the caching allocator's private po
                     "PYTORCH_NO_CUDA_MEMORY_CACHING=1 (what makes an out-of-bounds access visible) turns off")
 
 
-def _graph_check(name: str, driver, reference_driver, families: dict, judge, mutants: tuple[Mutant, ...]) -> Check:
+def _graph_check(name: str, driver, reference_driver, families: dict, judge, mutants: tuple[Mutant, ...],
+                 unit_tests: tuple[str, ...] = ()) -> Check:
     """A GPU-only check whose ``driver`` (stress.graph_replay) captures and replays kernels.spec.draft_graphs;
     each case replays its graphs many times already, so it runs once."""
     return Check(name=name, kernel=driver, reference=reference_driver, families=families, outputs=(RETURN,),
                  compare=judge, devices=("cuda",), why_not=_NO_GRAPHS, repeats={"cuda": 1}, mutants=mutants,
-                 not_sanitized=_GRAPHS_UNCACHED)
+                 not_sanitized=_GRAPHS_UNCACHED, unit_tests=unit_tests)
 
 
 GRAPH_CHECKS = (
@@ -545,6 +546,10 @@ GRAPH_CHECKS = (
             dataclasses.replace(NON_CAUSAL_CLAIMS_FULL, oracles=_ON_GPU, families=("non_causal_draft",),
                                 why_not=_NO_GRAPHS),
         ),
+        # the backends on rows no draft step builds for the host-planned loop: queries without keys, keys
+        # without queries, a single key
+        unit_tests=("tests/test_draft_graphs.py::"
+                    "test_each_backend_attends_like_the_reference_on_rows_without_keys_or_queries",),
     ),
     _graph_check(
         "graphs.lifetime", stress.graph_replay.lifetime_experiment, reference.spec.draft_step.expected_lifetime,

@@ -12,6 +12,7 @@ from kernels.spec import attention_backends, draft_graphs, draft_step
 from kernels.spec.draft_graphs import DraftGraphs
 from kernels.spec.draft_step import DraftConfig, random_weights
 from kernels.spec.graphs import Mode
+from reference import attention as reference_attention
 from stress import checks, compare, graph_replay, mutants, runner
 from stress.graph_replay import POISON, Batch
 from stress.types import RETURN
@@ -123,6 +124,34 @@ def test_backbone_outputs_are_retained_only_while_capturing(monkeypatch):
     assert len(owner.retained) == 1 and owner.retained[0] is outputs.hidden
     owner.clear()
     assert owner.retained == () and owner.captured == {}
+
+
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("backend", attention_backends.BACKENDS)
+def test_each_backend_attends_like_the_reference_on_rows_without_keys_or_queries(backend, causal):
+    """The metadata a draft step hands its backend may hold padded rows (queries, no keys), rows with keys and
+    no queries, and a one-key row. Both backends must give the reference's out: skipped rows and the padding
+    past the batch untouched (NaN here), every other row its attention. Graph families never build such rows
+    for the host-planned backend's own non-causal loop."""
+    dev = runtime.device()
+    gen = torch.Generator().manual_seed(2)
+    rows = ((2, 0), (0, 5), (1, 1), (3, 7), (2, 8))  # (query rows, seq_len) per batch row
+    starts = [0]
+    for queries, _ in rows:
+        starts.append(starts[-1] + queries)
+    k_cache, v_cache = (torch.randn(12, 4, 2, 8, generator=gen) for _ in range(2))
+    query = torch.randn(starts[-1] + 2, 4, 8, generator=gen)  # two padding rows past the batch
+    block_table = torch.randperm(12, generator=gen)[:10].view(5, 2).to(torch.int32)
+    seq_lens = torch.tensor([s for _, s in rows], dtype=torch.int32)
+    query_start_loc = torch.tensor(starts, dtype=torch.int32)
+    expected = reference_attention.paged_attention(query, k_cache, v_cache, block_table, seq_lens, query_start_loc,
+                                                   scale=0.3, causal=causal, out=torch.full_like(query, math.nan))
+    meta = attention_backends.AttentionMetadata(query_start_loc.to(dev), seq_lens.to(dev), block_table.to(dev), 4)
+    attend = attention_backends.make(backend, causal=causal)
+    out = torch.full_like(query, math.nan).to(dev)
+    attend.plan(meta)
+    attend.forward(query.to(dev), k_cache.to(dev), v_cache.to(dev), meta, scale=0.3, out=out)
+    torch.testing.assert_close(out.cpu(), expected.float(), rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 def test_host_planned_attention_uses_the_lengths_of_its_last_plan():
