@@ -366,17 +366,22 @@ def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, time
 
 
 def second_oracles(rows: list[Row], device: str, *, seed: int, timeout: float, on_row) -> None:
-    """What survived every family meets the oracles its families' outputs cannot give: memcheck on a GPU,
-    then its checks' unit tests; each row is streamed once both have judged it."""
-    streamed = 0
+    """What survived every family meets the oracles its families' outputs cannot give: first its checks' unit
+    tests (seconds a mutant), then, for what they leave, memcheck on a GPU (a sanitized process per case, the
+    long part). A row is streamed once it is decided, so a run stopped during memcheck keeps the unit tests'
+    kills."""
+    left, missing = list(rows), "memcheck and unit tests"
     try:
-        judge_by_memcheck(rows, device, seed=seed, timeout=timeout)
-        judge_by_unit_tests([r for r in rows if r.status == "survived" and _unit_tests_of(r)], device, timeout)
-        for row in rows:
+        judge_by_unit_tests([r for r in rows if _unit_tests_of(r)], device, timeout)
+        missing = "memcheck"
+        for row in [r for r in left if r.status != "survived"]:
             on_row(row)
-            streamed += 1
+            left.remove(row)
+        judge_by_memcheck(left, device, seed=seed, timeout=timeout)
+        while left:
+            on_row(left.pop(0))
     finally:
-        unjudged(rows[streamed:], on_row)
+        unjudged(left, on_row, missing)
 
 
 MEMCHECK = "memcheck"
@@ -470,12 +475,12 @@ def judge_by_unit_tests(rows: list[Row], device: str, timeout: float) -> None:
             row.reason = f"unit tests could not judge it (pytest exit {rc}: {last})"
 
 
-def unjudged(rows: list[Row], on_row) -> None:
-    """Survivors of their families that a stopped run leaves without the second oracles' verdict: streamed as
-    they stand, with the reason."""
+def unjudged(rows: list[Row], on_row, missing: str = "memcheck and unit tests") -> None:
+    """Survivors of their families that a stopped run leaves without (some of) the second oracles' verdicts,
+    ``missing``: streamed as they stand, with the reason."""
     for row in rows:
         if row.status == "survived":
-            row.reason = row.reason or "memcheck and unit tests not run: the run was interrupted"
+            row.reason = row.reason or f"{missing} not run: the run was interrupted"
         on_row(row)
 
 

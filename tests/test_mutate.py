@@ -318,9 +318,34 @@ def _memcheck_survivors():
     over_read = dataclasses.replace(_row("kernels.block_table:_slot_mapping_kernel", "const",
                                          "hi = lo + num_batch_rows - 1", "hi = lo + num_batch_rows - 0", "survived"),
                                     check="block_table.slot_mapping", owners=["block_table.slot_mapping"])
-    graph = dataclasses.replace(over_read, id=over_read.id[:-8] + "11111111", check="graphs.replay",
-                                owners=["graphs.replay"])
+    graph = dataclasses.replace(over_read, id=over_read.id[:-8] + "11111111", check="graphs.lifetime",
+                                owners=["graphs.lifetime"])
     return over_read, graph
+
+
+def test_a_run_stopped_during_memcheck_keeps_the_unit_tests_kills(monkeypatch):
+    """The unit tests (seconds a mutant) judge before memcheck (a sanitized process per case): a signal during
+    memcheck leaves their kills written, and the rows still surviving say that memcheck alone did not run."""
+    killed, left = _memcheck_survivors()
+    order = []
+
+    def unit_tests(rows, device, timeout):
+        order.append(("unit tests", rows))
+        killed.status, killed.verdict, killed.killed_by = "killed", mutate.UNIT_TEST_VERDICT, "unit tests"
+
+    def memcheck(rows, device, **kw):
+        order.append(("memcheck", list(rows)))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mutate, "_unit_tests_of", lambda row: ("tests/test_any.py::test_any",))
+    monkeypatch.setattr(mutate, "judge_by_unit_tests", unit_tests)
+    monkeypatch.setattr(mutate, "judge_by_memcheck", memcheck)
+    streamed = []
+    with pytest.raises(KeyboardInterrupt):
+        mutate.second_oracles([killed, left], "cuda", seed=0, timeout=60, on_row=streamed.append)
+    assert order == [("unit tests", [killed, left]), ("memcheck", [left])]
+    assert streamed == [killed, left] and (killed.status, left.status) == ("killed", "survived")
+    assert left.reason == "memcheck not run: the run was interrupted"
 
 
 def test_memcheck_judges_gpu_survivors_after_its_control_and_only_on_a_gpu(monkeypatch):
