@@ -312,8 +312,22 @@ def stale_entries(rows: list[Row], targets: set[str], entries: list[dict] | None
             and _key(e["target"], e["operator"], e["old"], e["new"]) not in generated]
 
 
+class Phases:
+    """Seconds each part of a run took, logged as it ends: what a run split over limited device time sizes
+    ``--hunt-seconds`` by (discovery and the second oracles are not bounded by it)."""
+
+    def __init__(self, log):
+        self.log, self.seconds, self._mark = log, {}, time.perf_counter()
+
+    def end(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(now - self._mark, 1)
+        self._mark = now
+        self.log(f"specsan mutate: {name} took {self.seconds[name]:g} s")
+
+
 def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, timeout: float, on_row,
-         hunt_seconds: float = 0.0, log=None) -> None:
+         hunt_seconds: float = 0.0, log=None, phases: Phases | None = None) -> None:
     """Hunt every undecided row through its owners in turn, each with up to ``iters`` cases per family.
     ``hunt_seconds`` (0: none) bounds the hunting: past it no case starts, the rows not yet decided stay
     pending (a later ``--resume`` hunts them), and the survivors found so far still meet the second oracles,
@@ -362,7 +376,11 @@ def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, time
     if deadline is not None and left and log:
         log(f"specsan mutate: --hunt-seconds {hunt_seconds:g} spent; {left} mutant(s) left pending for a later "
             f"--resume; the second oracles judge the {len(survivors)} survivor(s) found")
+    if phases:
+        phases.end("hunting")
     second_oracles(survivors, device, seed=seed, timeout=timeout, on_row=on_row)
+    if phases:
+        phases.end("unit tests and memcheck")
 
 
 def second_oracles(rows: list[Row], device: str, *, seed: int, timeout: float, on_row) -> None:
@@ -617,6 +635,7 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
               "hunt_seconds": hunt_seconds, "operators": operators, "checks": [c.name for c in checks],
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), **({"resumed_from": resumed[0]} if resumed else {})}
     stream = Stream(report, header)
+    phases = Phases(log)
     log(f"specsan mutate: finding the production code each check executes on {device} (one case per family)")
     for check in checks:
         if device not in check.devices:
@@ -626,6 +645,7 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
     except interrupts.Interrupted:
         stream.close({"complete": False, "interrupted": "during discovery"})
         raise
+    phases.end("discovery")
     rows = plan(checks, cov, operators, only, sample, seed)
     done, reported = [0], set()
     by_check: dict[str, list[Row]] = {}
@@ -653,10 +673,11 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
             taken = resume(rows, resumed[1], on_row)
             log(f"specsan mutate: {taken} mutant(s) decided in {resumed[0]}, taken as they are")
         classify(rows, cov, device, jobs, on_row, stream.different)
+        phases.end("equivalence")
         log(f"specsan mutate: hunting {sum(r.status == 'pending' for r in rows)} mutant(s), up to {iters} case(s) "
             f"per family, {jobs} worker(s)")
         hunt(rows, device, iters=iters, seed=seed, jobs=jobs, timeout=timeout, on_row=on_row,
-             hunt_seconds=hunt_seconds, log=log)
+             hunt_seconds=hunt_seconds, log=log, phases=phases)
     except interrupts.Interrupted as exc:  # what was decided is scored; the rest stays pending
         interrupted = exc
     except BaseException as exc:
@@ -678,7 +699,7 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
         summary["interrupted"] = getattr(interrupted, "name", None) or (interrupted and type(interrupted).__name__)
         complete = interrupted is None and all(r.status != "pending" for r in rows)
         stream.close({"complete": complete, "interrupted": summary["interrupted"],
-                      "wall_s": summary["wall_s"], "by_check": summary["by_check"]})
+                      "wall_s": summary["wall_s"], "phases": phases.seconds, "by_check": summary["by_check"]})
     summary["rows"] = rows
     summary["exit_code"] = getattr(interrupted, "exit_code", None)
     return summary

@@ -457,3 +457,6 @@ def test_hunt_seconds_leaves_the_rest_pending_and_still_judges_the_survivors_fou
                for line in lines)
     end = [json.loads(line) for line in open(tmp_path / mutate.Stream.NAME)][-1]["end"]
     assert end["complete"] is False and end["interrupted"] is None
+    # what the next run's --hunt-seconds is sized by: every phase's seconds, in the log and in the report
+    assert list(end["phases"]) == ["discovery", "equivalence", "hunting", "unit tests and memcheck"]
+    assert any(line.startswith("specsan mutate: hunting took ") for line in lines)
