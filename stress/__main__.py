@@ -805,8 +805,10 @@ def cmd_mutate(args) -> int:
         f"{equivalent} equivalent (same TTIR/bytecode, or reasoned in stress/equivalent_mutants.toml); "
         f"{summary['wall_s']:.0f} s")
     if survivors := [r for r in rows if r.status == "survived"]:
-        unexplained = sum(not r.explained for r in survivors)
-        out(f"{len(survivors)} survivor(s): {len(survivors) - unexplained} explained in stress/surviving_mutants.toml "
+        elsewhere = sum(not r.explained and bool(r.killed_elsewhere) for r in survivors)
+        unexplained = sum(not r.explained and not r.killed_elsewhere for r in survivors)
+        out(f"{len(survivors)} survivor(s): {len(survivors) - unexplained - elsewhere} explained in "
+            f"stress/surviving_mutants.toml, {elsewhere} killed on another device by a kept record in records/ "
             f"(counted all the same), {unexplained} unexplained")
     if pending := sum(g["pending"] for g in summary["by_check"].values()):
         out(f"{pending} mutant(s) undecided: the run stopped before their hunts ended (neither killed nor survived)")

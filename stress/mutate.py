@@ -28,6 +28,7 @@ EQUIVALENT_FILE = os.path.join(os.path.dirname(__file__), "equivalent_mutants.to
 # Survivors that are real programs but that no check can observe on a device (a launch setting that changes only
 # speed, a fallback rung no device shape reaches), each with why: still counted as survivors, but explained.
 EXPLAINED_FILE = os.path.join(os.path.dirname(__file__), "surviving_mutants.toml")
+RECORDS = os.path.join(ROOT, "records")  # kept mutate.jsonl.gz of whole runs, one device each
 # Modules whose mutants the stress families cannot judge, with the reason
 EXCLUDED = {
     "kernels.runtime": "device choice at import time, before any case runs",
@@ -59,6 +60,7 @@ class Row:
     detail: str = ""  # the killing case's first detail line: a crash's exception, a divergence's first difference
     reason: str = ""
     explained: str = ""  # why it survives on this device (stress/surviving_mutants.toml), when it is known
+    killed_elsewhere: str = ""  # where and how a kept record of another device killed it (same module source)
     fingerprint: str = ""  # of the target module's source: a resumed run takes this row only if it is unchanged
     unscored: list[str] = field(default_factory=list)  # checks that execute it but failed unmutated: not hunting
 
@@ -221,6 +223,25 @@ def explain(rows: list[Row], device: str, entries: list[dict] | None = None) -> 
         elif row.status in ("killed", "hang"):
             refuted.append(entry)
     return refuted
+
+
+def killed_elsewhere(rows: list[Row], device: str, directory: str = RECORDS) -> None:
+    """A survivor here that a kept record of another device killed, on the same module source (its fingerprint),
+    is a slip that device shows and this one cannot: the row says where and how. That is evidence, not a reason:
+    the row still counts as a survivor here."""
+    import glob
+
+    for path in sorted(glob.glob(os.path.join(directory, "mutate-*.jsonl.gz"))):
+        header, known = earlier_run(path)
+        other = header.get("device")
+        if other == device:
+            continue
+        for row in rows:
+            earlier = known.get(row.id)
+            if (row.status == "survived" and not row.killed_elsewhere and earlier
+                    and earlier.get("fingerprint") == row.fingerprint and earlier.get("status") in ("killed", "hang")):
+                row.killed_elsewhere = (f"killed on {other} ({os.path.relpath(path, ROOT)}): {earlier.get('verdict')} "
+                                        f"by {earlier.get('killed_by')} after {earlier.get('iterations')} case(s)")
 
 
 # ---------------------------------------------------------------- the run
@@ -537,6 +558,8 @@ def survivor_lines(rows: list[Row], device: str, iters: int) -> list[str]:
             continue
         old, new = r.old.strip().replace("\n", " | "), r.new.strip().replace("\n", " | ")
         why = (f"    why it survives: {' '.join(r.explained.split())}" if r.explained else
+               f"    {r.killed_elsewhere}; on {device}: no reason in {os.path.basename(EXPLAINED_FILE)} yet"
+               if r.killed_elsewhere else
                f"    UNEXPLAINED: a family that kills it, or its reason in {os.path.basename(EXPLAINED_FILE)}")
         out += [f"SURVIVED {r.id}  ({r.file}:{r.line}, {r.operator}, equivalence test: {r.equivalence})",
                 f"    - {old}", f"    + {new}", f"    ran: {', '.join(r.families)} ({r.iterations} cases)", why,
@@ -690,6 +713,7 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
         explanations = _entries(EXPLAINED_FILE)
         stale_explained = stale_entries(rows, targets, explanations) if whole else []
         refuted = explain(rows, device, explanations)
+        killed_elsewhere(rows, device)
         summary = {"run": header, "by_check": scores(rows, lambda r: r.check),
                    "by_module": scores(rows, lambda r: r.target.split(":")[0]),
                    "survivors": [asdict(r) for r in rows if r.status == "survived"],

@@ -138,6 +138,33 @@ def test_a_survivor_is_explained_on_the_devices_its_entry_lists_and_refuted_when
     assert any(line.startswith("    UNEXPLAINED") for line in mutate.survivor_lines([row], "cpu", 1))
 
 
+def test_a_survivor_killed_by_another_devices_kept_record_says_where_and_still_counts(tmp_path):
+    """A CPU survivor that the kept GPU record killed on the same module source names that kill instead of being
+    UNEXPLAINED; a record of this device, or one made on other source, says nothing. It stays a survivor."""
+    import gzip
+    import json
+
+    same, moved, alone = (dataclasses.replace(_row(HOST, "cmp-flip", "", "", "survived"), id=f"gen:x:{i}",
+                                              fingerprint="f" * 16) for i in range(3))
+    killed = {"status": "killed", "verdict": "fail:crash", "killed_by": "kv_cache.write", "iterations": 13}
+
+    def record(name, device, mutants):
+        with gzip.open(tmp_path / name, "wt") as f:
+            f.write(json.dumps({"run": {"device": device, "iters": 2, "seed": 0}}) + "\n")
+            for m in mutants:
+                f.write(json.dumps({"mutant": m}) + "\n")
+
+    record("mutate-h200-iters2.jsonl.gz", "cuda", [{"id": same.id, "fingerprint": "f" * 16, **killed},
+                                                   {"id": moved.id, "fingerprint": "0" * 16, **killed}])
+    record("mutate-cpu-iters2.jsonl.gz", "cpu", [{"id": alone.id, "fingerprint": "f" * 16, **killed}])
+    mutate.killed_elsewhere([same, moved, alone], "cpu", str(tmp_path))
+    assert same.killed_elsewhere.startswith("killed on cuda (") and "fail:crash by kv_cache.write after 13" in \
+        same.killed_elsewhere
+    assert moved.killed_elsewhere == alone.killed_elsewhere == ""
+    lines = mutate.survivor_lines([same, moved], "cpu", 2)
+    assert sum(line.startswith("    UNEXPLAINED") for line in lines) == 1 and same.status == "survived"
+
+
 def test_unit_tests_kill_a_fallback_slip_and_not_a_speed_setting():
     """attention.paged's unit tests run the tile fallback on a simulated small device: dropping its last rung
     (positive control) fails them; a stage count, which only changes speed (negative control), passes."""
