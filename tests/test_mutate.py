@@ -487,3 +487,26 @@ def test_hunt_seconds_leaves_the_rest_pending_and_still_judges_the_survivors_fou
     # what the next run's --hunt-seconds is sized by: every phase's seconds, in the log and in the report
     assert list(end["phases"]) == ["discovery", "equivalence", "hunting", "unit tests and memcheck"]
     assert any(line.startswith("specsan mutate: hunting took ") for line in lines)
+
+
+@pytest.mark.parametrize("check", ["rejection.verify", "draft_inputs.prepare", "sampling.gumbel"])
+def test_the_launched_kernels_name_every_jit_helper_the_interpreter_runs(monkeypatch, check):
+    """On a GPU a kernel's jit helpers are compiled into it and no frame of theirs runs, so discovery takes them
+    from the launched kernels' source. Every helper the CPU's trace sees running must be found that way, or the
+    GPU generates no mutant of it (rejection's _argmax among them)."""
+    from stress.runner import Task, case_seed
+
+    monkeypatch.setattr(mutate, "jit_helpers", lambda kernel: [])  # the trace alone, as on a GPU
+    family = next(iter(checks.get(check).families))
+    traced = mutate._traced_case(Task(check, family, case_seed(0, check, family, 0)), "cpu", 0)
+    monkeypatch.undo()
+    import importlib
+
+    def jit(target):
+        module, name = target.split(":")
+        return getattr(importlib.import_module(module), name, None)
+
+    kernel_type = type(jit(next(iter(traced.launches))))
+    ran = {t for t in traced.seen if isinstance(jit(t), kernel_type)} - set(traced.launches)
+    found = {h for k in traced.launches for h in mutate.jit_helpers(jit(k))}
+    assert ran and ran <= found, ran - found
