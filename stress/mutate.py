@@ -670,6 +670,8 @@ def resume(rows: list[Row], known: dict[str, dict], on_row) -> int:
         earlier = known.get(row.id)
         if earlier is None or earlier.get("fingerprint") != row.fingerprint:
             continue
+        if earlier.get("status") == "equivalent" and earlier.get("equivalence", "").startswith("ttir"):
+            continue  # decided again: compile work, and the launches it is compared in may cover more now
         if earlier.get("status", "pending") in ("pending", "survived"):
             row.equivalence = earlier.get("equivalence", "")
             continue

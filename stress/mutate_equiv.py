@@ -215,7 +215,22 @@ class Equivalence:
 # equivalence is decided in a process that never runs a kernel.
 
 _JUDGE: Equivalence | None = None
-MAX_SIGNATURES = 4  # launch signatures compared per kernel (the first ones the cases launched)
+MAX_SIGNATURES = 4  # launch signatures compared per kernel, unless more are needed to cover every variant
+
+
+def covering(signatures) -> list[tuple]:
+    """The signatures a mutant is compared in: every argument type and constexpr value the cases launched with
+    appears in at least one (a mutant of code that only ``HAS_DRAFT_LOGITS=True`` or an int64 stride compiles
+    must meet such a launch, or it reads as the same program), then the first by repr up to MAX_SIGNATURES."""
+    ordered = sorted(signatures, key=repr)
+    uncovered = {entry for sig in ordered for entry in sig}
+    chosen = []
+    while uncovered:
+        best = max(ordered, key=lambda sig: len(uncovered.intersection(sig)))
+        chosen.append(best)
+        uncovered.difference_update(best)
+    chosen += [sig for sig in ordered if sig not in chosen][:max(0, MAX_SIGNATURES - len(chosen))]
+    return chosen
 
 
 def init_worker(slot: int, device: str, launches: dict) -> None:
@@ -224,7 +239,7 @@ def init_worker(slot: int, device: str, launches: dict) -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated (it warns otherwise)
     import kernels.runtime  # noqa: F401 - the device decides interpreter or compiler before any kernel exists
 
-    _JUDGE = Equivalence({name: sorted(sigs, key=repr)[:MAX_SIGNATURES] for name, sigs in launches.items()})
+    _JUDGE = Equivalence({name: covering(sigs) for name, sigs in launches.items()})
 
 
 def decide_id(mutant_id: str) -> tuple[bool, str]:

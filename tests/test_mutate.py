@@ -510,3 +510,32 @@ def test_the_launched_kernels_name_every_jit_helper_the_interpreter_runs(monkeyp
     ran = {t for t in traced.seen if isinstance(jit(t), kernel_type)} - set(traced.launches)
     found = {h for k in traced.launches for h in mutate.jit_helpers(jit(k))}
     assert ran and ran <= found, ran - found
+
+
+def test_equivalence_compares_every_launch_variant_the_cases_used():
+    """Launches compared per kernel cover every argument type and constexpr value seen: four signatures without
+    draft logits sort before the one with them, and a mutant of code only that one compiles (an int32 slot offset
+    into the draft logits) must meet it, or its TTIR reads as the same program."""
+    def sig(has_draft_logits, stride="i32", block=16):
+        return (("draft_logits_slot_stride", stride, None), ("BLOCK_V", "constexpr", block),
+                ("HAS_DRAFT_LOGITS", "constexpr", has_draft_logits))
+
+    plain = [sig(False, block=b) for b in (16, 32, 64, 128)]
+    rare = [sig(True, block=64), sig(False, stride="i64", block=64)]
+    chosen = mutate_equiv.covering(plain + rare)
+    assert sorted(plain + rare, key=repr)[:mutate_equiv.MAX_SIGNATURES] == sorted(plain, key=repr)  # the old pick
+    assert set(rare) <= set(chosen) and {s[1][2] for s in chosen} == {16, 32, 64, 128}
+    assert len(mutate_equiv.covering(plain)) == mutate_equiv.MAX_SIGNATURES
+
+
+def test_a_resumed_run_decides_ttir_equivalence_again():
+    """Equivalence by TTIR depends on the launches compared, so a resumed run decides it again (compile work);
+    a kill, or a bytecode equivalence, is taken as it is."""
+    rows = [dataclasses.replace(_row(HOST, "cmp-flip", "", "", "pending"), id=f"gen:x:{i}", fingerprint="f" * 16)
+            for i in range(3)]
+    known = {"gen:x:0": {"status": "equivalent", "equivalence": "ttir", "fingerprint": "f" * 16},
+             "gen:x:1": {"status": "equivalent", "equivalence": "bytecode", "fingerprint": "f" * 16},
+             "gen:x:2": {"status": "killed", "equivalence": "ttir", "fingerprint": "f" * 16}}
+    taken = []
+    assert mutate.resume(rows, known, taken.append) == 2
+    assert [r.id for r in taken] == ["gen:x:1", "gen:x:2"] and (rows[0].status, rows[0].equivalence) == ("pending", "")
