@@ -9,12 +9,10 @@ hunted by them in registry order until one kills it (a whole-path check owns onl
 check executes). Survivors proven equivalent by reasoning are listed in ``equivalent_mutants.toml``.
 """
 
-import inspect
 import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -96,33 +94,6 @@ class _Traced:
     fatal: bool  # its CUDA context is unusable: the pool replaces the worker
 
 
-def jit_helpers(kernel) -> list[str]:
-    """The project's ``@triton.jit`` functions a kernel calls, transitively, as targets ("module:name"). A
-    compiled kernel inlines them, so on a GPU no frame of theirs ever runs for the trace function to see (the
-    interpreter runs them as Python)."""
-    import ast
-
-    found: dict[str, None] = {}
-    package = kernel.fn.__module__.split(".")[0]
-    stack = [kernel]
-    while stack:
-        fn = stack.pop().fn
-        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(fn)))):
-            if isinstance(node, ast.Name):
-                value = fn.__globals__.get(node.id)
-            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-                value = getattr(fn.__globals__.get(node.value.id), node.attr, None)
-            else:
-                continue
-            if (isinstance(value, type(kernel)) and value is not kernel
-                    and value.fn.__module__.split(".")[0] == package):  # not Triton's own library
-                name = f"{value.fn.__module__}:{value.fn.__name__}"
-                if name not in found:
-                    found[name] = None
-                    stack.append(value)
-    return list(found)
-
-
 def _traced_case(task: Task, device: str, timeout: float) -> _Traced:
     """Run one case recording the production functions executed (a trace function sees every new
     frame of ``kernels/`` code) and the kernels launched with their signatures; and its failure, if any."""
@@ -153,7 +124,7 @@ def _traced_case(task: Task, device: str, timeout: float) -> _Traced:
             launches.setdefault(name, set()).add(sig)
         seen[name] = None
         if self.fn not in helpers:
-            helpers[self.fn] = [t for t in jit_helpers(self) if t.split(":")[0] not in EXCLUDED]
+            helpers[self.fn] = [t for t in mutate_ops.jit_helpers(self) if t.split(":")[0] not in EXCLUDED]
         seen.update(dict.fromkeys(helpers[self.fn]))
         return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
 

@@ -46,27 +46,43 @@ class Generated:
                       oracles={"cpu": "any", "cuda": "any"})
 
 
+def jit_helpers(kernel) -> list[str]:
+    """The project's ``@triton.jit`` functions a kernel calls, transitively, as targets ("module:name"), read
+    from its source and resolved in its globals. A compiled kernel inlines them, so on a GPU no frame of theirs
+    ever runs for a trace function to see (the interpreter runs them as Python)."""
+    found: dict[str, None] = {}
+    package = kernel.fn.__module__.split(".")[0]
+    stack = [kernel]
+    while stack:
+        fn, text = source_of(stack.pop())
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Name):
+                value = fn.__globals__.get(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                value = getattr(fn.__globals__.get(node.value.id), node.attr, None)
+            else:
+                continue
+            if (isinstance(value, type(kernel)) and value is not kernel
+                    and value.fn.__module__.split(".")[0] == package):  # not Triton's own library
+                name = f"{value.fn.__module__}:{value.fn.__name__}"
+                if name not in found:
+                    found[name] = None
+                    stack.append(value)
+    return list(found)
+
+
 def callers(target: str) -> list[str]:
-    """The Triton functions of ``target``'s module that call it, directly or through others, callees first."""
+    """The Triton functions of ``target``'s module that call it, directly or through others, callees first (a
+    callee reaches strictly fewer helpers than its caller)."""
     module_name, attr = target.split(":")
     module = importlib.import_module(module_name)
-    kernels = {name: source_of(obj)[1] for name, obj in vars(module).items()
+    kernels = {name: obj for name, obj in vars(module).items()
                if hasattr(obj, "fn") and getattr(obj.fn, "__module__", None) == module_name}
     if attr not in kernels:
         return []
-    reached, grew = {attr}, True
-    while grew:  # every kernel that mentions a reached function, transitively
-        grown = {n for n, text in kernels.items() if any(re.search(rf"\b{r}\(", text) for r in reached)}
-        grew = not grown <= reached
-        reached |= grown
-    order: list[str] = []
-    pending = sorted(reached - {attr})
-    while pending:  # callees first: a kernel is rebuilt after every reached function it mentions
-        ready = [n for n in pending if all(r in order or r == attr or r == n or not re.search(rf"\b{r}\(", kernels[n])
-                                           for r in reached)]
-        order += ready or pending[:1]  # (mutual recursion cannot happen in Triton; never loop forever)
-        pending = [n for n in pending if n not in order]
-    return [f"{module_name}:{n}" for n in order]
+    reached = {name: jit_helpers(obj) for name, obj in kernels.items()}
+    calling = sorted((name for name in kernels if target in reached[name]), key=lambda n: (len(reached[n]), n))
+    return [f"{module_name}:{name}" for name in calling]
 
 
 class _Source:

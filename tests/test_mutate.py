@@ -496,7 +496,7 @@ def test_the_launched_kernels_name_every_jit_helper_the_interpreter_runs(monkeyp
     GPU generates no mutant of it (rejection's _argmax among them)."""
     from stress.runner import Task, case_seed
 
-    monkeypatch.setattr(mutate, "jit_helpers", lambda kernel: [])  # the trace alone, as on a GPU
+    monkeypatch.setattr(mutate_ops, "jit_helpers", lambda kernel: [])  # the trace alone, as on a GPU
     family = next(iter(checks.get(check).families))
     traced = mutate._traced_case(Task(check, family, case_seed(0, check, family, 0)), "cpu", 0)
     monkeypatch.undo()
@@ -508,7 +508,7 @@ def test_the_launched_kernels_name_every_jit_helper_the_interpreter_runs(monkeyp
 
     kernel_type = type(jit(next(iter(traced.launches))))
     ran = {t for t in traced.seen if isinstance(jit(t), kernel_type)} - set(traced.launches)
-    found = {h for k in traced.launches for h in mutate.jit_helpers(jit(k))}
+    found = {h for k in traced.launches for h in mutate_ops.jit_helpers(jit(k))}
     assert ran and ran <= found, ran - found
 
 
