@@ -10,6 +10,9 @@ worker process (or ``repro --mutant``) rebuilds it from the name alone.
 import ast
 import hashlib
 import importlib
+import importlib.util
+import pathlib
+import pkgutil
 import re
 import textwrap
 from collections.abc import Callable, Iterator
@@ -72,17 +75,26 @@ def jit_helpers(kernel) -> list[str]:
 
 
 def callers(target: str) -> list[str]:
-    """The Triton functions of ``target``'s module that call it, directly or through others, callees first (a
-    callee reaches strictly fewer helpers than its caller)."""
-    module_name, attr = target.split(":")
-    module = importlib.import_module(module_name)
-    kernels = {name: obj for name, obj in vars(module).items()
-               if hasattr(obj, "fn") and getattr(obj.fn, "__module__", None) == module_name}
-    if attr not in kernels:
-        return []
-    reached = {name: jit_helpers(obj) for name, obj in kernels.items()}
-    calling = sorted((name for name in kernels if target in reached[name]), key=lambda n: (len(reached[n]), n))
-    return [f"{module_name}:{name}" for name in calling]
+    """The Triton functions of the target's package that call it, directly or through others, callees first (a
+    callee reaches strictly fewer helpers than its caller). Other modules count: rejection's kernel inlines
+    sampling's helpers, and a compiled kernel keeps the helpers it was first built with."""
+    module_name = target.split(":")[0]
+    package = importlib.import_module(module_name.split(".")[0])
+    names = [module_name, *(f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(package.__path__)
+                            if _has_kernels(f"{package.__name__}.{m.name}"))]
+    reached = {}
+    for name in dict.fromkeys(names):
+        for obj in vars(importlib.import_module(name)).values():
+            if hasattr(obj, "fn") and getattr(obj.fn, "__module__", None) == name:
+                reached[f"{name}:{obj.fn.__name__}"] = jit_helpers(obj)
+    return sorted((name for name, helpers in reached.items() if target in helpers),
+                  key=lambda n: (len(reached[n]), n))
+
+
+def _has_kernels(module_name: str) -> bool:
+    """The module's file defines a Triton function (read, not imported: a package may hold scripts)."""
+    origin = importlib.util.find_spec(module_name).origin or ""
+    return origin.endswith(".py") and "@triton.jit" in pathlib.Path(origin).read_text()
 
 
 class _Source:

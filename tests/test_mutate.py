@@ -50,8 +50,24 @@ def test_a_helper_mutant_rebuilds_the_kernels_that_call_it():
     clamped = mutate_ops.generate("kernels.rejection:_clamped")[0].mutant()
     rebuilt = [p.target for p in clamped.patches[1:]]
     assert rebuilt.index("kernels.rejection:_gumbel_argmax") < rebuilt.index("kernels.rejection:_verify_kernel")
-    assert mutate_ops.callers("kernels.sampling:gumbel_noise") == ["kernels.sampling:gumbel_scores",
-                                                                  "kernels.sampling:_gumbel_sample_kernel"]
+    assert mutate_ops.callers("kernels.sampling:gumbel_noise") == [
+        "kernels.sampling:gumbel_scores", "kernels.rejection:_gumbel_argmax", "kernels.sampling:_gumbel_sample_kernel",
+        "kernels.rejection:_verify_kernel"]
+
+
+def test_a_helper_mutant_reaches_a_kernel_of_another_module_compiled_before_it():
+    """Rejection's kernel inlines sampling's running best. Compiled once in this process from the production
+    helper (on a GPU it keeps that binary), it must still run the mutant's: tokens kept where a better score
+    wins."""
+    from kernels import runtime
+    from stress import matrix
+    from stress.runner import PASS, Task, run_case
+
+    device = runtime.DEVICE
+    assert run_case(Task("rejection.verify", "mixed", 0), device, trace=False).verdict == PASS  # compiled
+    slip = "gen:kernels.sampling:running_best:where-swap:2a5536c0"
+    kill = matrix.hunt("rejection.verify", slip, device, matrix.ANY, max_iters=6, seed=0, launch=None)
+    assert kill.status == "killed", kill
 
 
 def test_applied_swaps_every_imported_name():
