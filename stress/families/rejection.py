@@ -247,19 +247,36 @@ def huge_vocab(rng, device, launch):
 def big_offsets(rng, device, launch, layout):
     """On the GPU, one view per family whose last row lies 2^31 elements past its first, which int32 offset
     arithmetic wraps; only its rows are written (an 8.6 GB view). ``steps``: one request's three target rows
-    (two drafts, the bonus) 2^30 elements apart, so the bonus row's step offset passes 2^31. Else three
-    requests whose ``target_logits``, ``draft_tokens`` or ``out_tokens`` rows lie 2^30 elements apart: the
-    last request's row offset passes 2^31. The CPU runs the same layouts with rows a few thousand elements
-    apart (the guard fill of 8 GB is too slow there)."""
+    (two drafts, the bonus) 2^30 elements apart, so the bonus row's step offset passes 2^31. ``draft_logits``:
+    the drafter's logits of 4-6 request slots spread over 2^31 elements, the last slot's held by a request.
+    Else three requests whose ``target_logits``, ``draft_tokens`` or ``out_tokens`` rows lie 2^30 elements
+    apart: the last request's row offset passes 2^31. The CPU runs the same layouts with rows a few thousand
+    elements apart (the guard fill of 8 GB is too slow there)."""
     reach = offset_reach(rng, device)
     vocab = int(rng.integers(2, 4096 if big(device) else 48))
     by_step = layout == "steps"
-    case = _case(rng, batch=1 if by_step else 3, depth=2, vocab=vocab, greedy_share=0.5,
-                 draft_logits=bool(rng.integers(2)), placeholder_share=0.0)
+    by_slot = layout == "draft_logits"
+    case = _case(rng, batch=1 if by_step else 3, depth=2, vocab=vocab, greedy_share=0.0 if by_slot else 0.5,
+                 draft_logits=by_slot or bool(rng.integers(2)), placeholder_share=0.0)
+    if by_slot:
+        _last_slot_used(rng, case.inputs)
     name = "target_logits" if by_step else layout
     case.inputs[name] = spread(case.inputs[name], 1 if by_step else 0, reach)
-    case.note = f"{name} {'steps' if by_step else 'request rows'} {reach // 2} elements apart"
+    rows = case.inputs[name].shape[1 if by_step else 0]
+    where = "steps" if by_step else "slot rows" if by_slot else "request rows"
+    case.note = f"{name} {where} {reach // (rows - 1)} elements apart"
     return case
+
+
+def _last_slot_used(rng, inputs) -> None:
+    """Relabel request slots so a request holds the highest one (the row a slot offset reaches farthest): its
+    slot and the highest swap places in the mapping and in every input indexed by slot."""
+    mapping, last = inputs["idx_mapping"], len(inputs["temperature"]) - 1
+    held = int(mapping[int(rng.integers(len(mapping)))])
+    was_last, was_held = mapping == last, mapping == held
+    mapping[was_last], mapping[was_held] = held, last
+    for name in ("temperature", "seeds", "draft_logits"):
+        inputs[name][[held, last]] = inputs[name][[last, held]]
 
 
 def _sampled_temperatures(rng, num_slots: int) -> torch.Tensor:
@@ -379,7 +396,8 @@ FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zer
             "shared_drafts": shared_drafts, "rejected_drafts": rejected_drafts, "agreeing_drafter": agreeing_drafter,
             "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder,
             "empty_residual": empty_residual,
-            **one_per_value(big_offsets, "layout", ("steps", "target_logits", "draft_tokens", "out_tokens"))}
+            **one_per_value(big_offsets, "layout", ("steps", "target_logits", "draft_tokens", "out_tokens",
+                                                           "draft_logits"))}
 
 
 def target_distribution(rng, device, launch):
