@@ -463,6 +463,9 @@ def judge_by_memcheck(rows: list[Row], device: str, *, seed: int, timeout: float
     def decided(kill) -> None:
         row = by_kill[id(kill)]
         row.families.append(f"memcheck: {kill.check}, {kill.iterations} case(s)")
+        if kill.status == "unfinished":  # a signal: the clean cases so far are no verdict
+            row.reason = (f"memcheck unfinished: the run was interrupted after {kill.iterations} of its "
+                          f"{kill.check} case(s) ran clean")
         if kill.status == "killed":
             row.status, row.killed_by, row.verdict, row.repro = "killed", kill.check, kill.verdict, kill.repro
             row.detail = kill.detail

@@ -421,6 +421,28 @@ def test_memcheck_judges_gpu_survivors_after_its_control_and_only_on_a_gpu(monke
     assert streamed == [over_read, graph] * 2
 
 
+def test_a_survivor_whose_memcheck_hunt_a_signal_stopped_says_how_far_it_got(monkeypatch):
+    """Its clean cases so far are no verdict: the row must not read as judged, nor as never sanitized."""
+    from stress import matrix, sanitizer
+
+    over_read, _ = _memcheck_survivors()
+
+    def stopped_hunts(hunts, device, jobs, timeout, on_row, on_case=None):
+        hunts[0].kill.iterations = 3
+        on_row(hunts[0].kill)  # "unfinished", as _run_hunts leaves every open hunt at a signal
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(matrix, "_run_hunts", stopped_hunts)
+    monkeypatch.setattr(sanitizer, "gate", lambda tool, device: sanitizer.Gate("caught", "control caught"))
+    monkeypatch.setattr(mutate, "_unit_tests_of", lambda row: ())
+    streamed = []
+    with pytest.raises(KeyboardInterrupt):
+        mutate.second_oracles([over_read], "cuda", seed=0, timeout=60, on_row=streamed.append)
+    assert streamed == [over_read] and over_read.status == "survived"
+    assert over_read.reason == ("memcheck unfinished: the run was interrupted after 3 of its "
+                                "block_table.slot_mapping case(s) ran clean")
+
+
 def test_memcheck_without_a_caught_control_judges_nothing(monkeypatch):
     from stress import matrix, sanitizer
 
