@@ -63,6 +63,8 @@ class Row:
     killed_elsewhere: str = ""  # where and how a kept record of another device killed it (same module source)
     fingerprint: str = ""  # of the target module's source: a resumed run takes this row only if it is unchanged
     unscored: list[str] = field(default_factory=list)  # checks that execute it but failed unmutated: not hunting
+    tree: str = ""  # of every kernel and suite source: a resumed survivor is taken as it is only if unchanged
+    unjudged_by: str = ""  # the second oracles a stopped run left a survivor without
 
     def command(self, device: str, iters: int) -> str:
         """The one line that reruns this mutant's hunt."""
@@ -257,7 +259,7 @@ def plan(checks: list[Check], cov: Coverage, operators: list[str] | None, only: 
     chosen by a hash of (seed, id) so the sample is deterministic and spread over the targets."""
     import inspect
 
-    rows = []
+    rows, tree = [], tree_fingerprint()
     for target, hunters in owners(checks, cov).items():
         module = sys.modules[target.split(":")[0]]
         file, source_hash = os.path.relpath(inspect.getsourcefile(module)), fingerprint(module)
@@ -266,7 +268,7 @@ def plan(checks: list[Check], cov: Coverage, operators: list[str] | None, only: 
             if only and g.id not in only:
                 continue
             rows.append(Row(g.id, target, g.operator, file, g.line, g.patch.old, g.patch.new, hunters[0], hunters,
-                            fingerprint=source_hash, unscored=list(unscored)))
+                            fingerprint=source_hash, unscored=list(unscored), tree=tree))
     if sample:
         by_check: dict[str, list[Row]] = {}
         for row in rows:
@@ -360,7 +362,9 @@ def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, time
     from stress import checks as registry
 
     deadline = time.monotonic() + hunt_seconds if hunt_seconds else None
-    survivors: list[Row] = []
+    survivors = [r for r in rows if r.status == "survived" and r.unjudged_by]  # resumed: their families are done
+    for row in survivors:
+        row.unjudged_by = row.reason = ""
     for round_ in range(max((len(r.owners) for r in rows), default=0)):
         hunts, by_kill = [], {}
         for row in rows:
@@ -466,6 +470,7 @@ def judge_by_memcheck(rows: list[Row], device: str, *, seed: int, timeout: float
         if kill.status == "unfinished":  # a signal: the clean cases so far are no verdict
             row.reason = (f"memcheck unfinished: the run was interrupted after {kill.iterations} of its "
                           f"{kill.check} case(s) ran clean")
+            row.unjudged_by = MEMCHECK
         if kill.status == "killed":
             row.status, row.killed_by, row.verdict, row.repro = "killed", kill.check, kill.verdict, kill.repro
             row.detail = kill.detail
@@ -525,8 +530,8 @@ def unjudged(rows: list[Row], on_row, missing: str = "memcheck and unit tests") 
     """Survivors of their families that a stopped run leaves without (some of) the second oracles' verdicts,
     ``missing``: streamed as they stand, with the reason."""
     for row in rows:
-        if row.status == "survived":
-            row.reason = row.reason or f"{missing} not run: the run was interrupted"
+        if row.status == "survived" and not row.reason:  # else a reason of its own (memcheck cannot sanitize it)
+            row.reason, row.unjudged_by = f"{missing} not run: the run was interrupted", missing
         on_row(row)
 
 
@@ -608,7 +613,23 @@ class Stream:
 
 
 RESUMED_FIELDS = ("status", "equivalence", "killed_by", "verdict", "iterations", "families", "repro", "detail",
-                  "reason")
+                  "reason", "unjudged_by")
+TREE = ("kernels", "reference", "stress", "tests")  # what a survivor's hunt ran: a change may kill it
+
+
+def tree_fingerprint() -> str:
+    """A hash of every kernel and suite source (families, runner, oracles, references, unit tests): a survivor
+    resumed under the same tree would meet the same cases and oracles again."""
+    import glob
+    import hashlib
+
+    digest = hashlib.sha256()
+    paths = [os.path.join(ROOT, "conftest.py")] + [p for d in TREE for p in glob.glob(
+        os.path.join(ROOT, d, "**", "*.py"), recursive=True)]
+    for path in sorted(p for p in paths if os.path.exists(p)):
+        with open(path, "rb") as f:
+            digest.update(os.path.relpath(path, ROOT).encode() + b"\0" + f.read() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def fingerprint(module) -> str:
@@ -637,22 +658,27 @@ def earlier_run(path: str) -> tuple[dict, dict[str, dict]]:
 def resume(rows: list[Row], known: dict[str, dict], on_row) -> int:
     """Rows an earlier run of the same settings decided take its outcome (streamed again, so this run's
     mutate.jsonl is whole), if their module's source is unchanged since; the rest stay pending, those it
-    found a different program without compiling them again. Survivors are hunted again: families and oracles
-    added since may kill them. Returns how many were taken."""
-    taken = 0
+    found a different program without compiling them again. A survivor is hunted again (families and oracles
+    added since may kill it) unless every kernel and suite source is unchanged (a run split over several
+    device slots); then it is taken as it is, and one whose unit tests or memcheck a signal cut off meets them
+    without its families (``hunt``). Returns how many were taken."""
+    taken, reasoned = 0, load_reasoned()
     for row in rows:
         earlier = known.get(row.id)
         if earlier is None or earlier.get("fingerprint") != row.fingerprint:
             continue
         if earlier.get("status") == "equivalent" and earlier.get("equivalence", "").startswith("ttir"):
             continue  # decided again: compile work, and the launches it is compared in may cover more now
-        if earlier.get("status", "pending") in ("pending", "survived"):
+        status = earlier.get("status", "pending")
+        if status == "pending" or status == "survived" and (
+                earlier.get("tree") != row.tree or _key(row.target, row.operator, row.old, row.new) in reasoned):
             row.equivalence = earlier.get("equivalence", "")
             continue
         for name in RESUMED_FIELDS:
             setattr(row, name, earlier.get(name, getattr(row, name)))
         taken += 1
-        on_row(row)
+        if not row.unjudged_by:  # else streamed once its second oracles have judged it
+            on_row(row)
     return taken
 
 

@@ -318,14 +318,18 @@ def test_a_resumed_run_hunts_only_what_the_earlier_run_left_undecided(monkeypatc
     decided = {i for i, row in known.items() if row["status"] != "pending"}
     assert header["iters"] == 1 and decided == set(first) - undecided and set(known) == set(first)
     summary = run(tmp_path / "second", (str(earlier), known))
-    assert set(hunted) == undecided | {survivor}, "survivors are hunted again: new families or oracles may kill them"
+    assert set(hunted) == undecided, "a survivor of the same kernels and suite would meet the same cases again"
     rows = {r.id: r for r in summary["rows"]}
     assert all(r.status != "pending" for r in rows.values())
-    assert all(rows[i].status == first[i] for i in decided if i != survivor)
+    assert all(rows[i].status == first[i] for i in decided)
     records = [json.loads(line) for line in open(tmp_path / "second" / mutate.Stream.NAME)]
     assert records[0]["run"]["resumed_from"] == str(earlier)
     assert sorted(r["mutant"]["id"] for r in records if "mutant" in r) == sorted(first)
     assert not [r for r in records if "different" in r], "the earlier run's equivalence verdicts are not recompiled"
+
+    hunted.clear()  # another kernel or suite source: new families or oracles may kill the survivor
+    run(tmp_path / "other-tree", (str(earlier), {i: dict(row, tree="other") for i, row in known.items()}))
+    assert set(hunted) == undecided | {survivor}
 
     hunted.clear()  # a module whose source changed since: everything is classified and hunted again
     changed = {i: dict(row, fingerprint="changed") for i, row in known.items()}
@@ -441,6 +445,7 @@ def test_a_survivor_whose_memcheck_hunt_a_signal_stopped_says_how_far_it_got(mon
     assert streamed == [over_read] and over_read.status == "survived"
     assert over_read.reason == ("memcheck unfinished: the run was interrupted after 3 of its "
                                 "block_table.slot_mapping case(s) ran clean")
+    assert over_read.unjudged_by == "memcheck"  # a resumed run owes it memcheck, not its families
 
 
 def test_memcheck_without_a_caught_control_judges_nothing(monkeypatch):
@@ -564,6 +569,30 @@ def test_equivalence_compares_every_launch_variant_the_cases_used():
     assert sorted(plain + rare, key=repr)[:mutate_equiv.MAX_SIGNATURES] == sorted(plain, key=repr)  # the old pick
     assert set(rare) <= set(chosen) and {s[1][2] for s in chosen} == {16, 32, 64, 128}
     assert len(mutate_equiv.covering(plain)) == mutate_equiv.MAX_SIGNATURES
+
+
+def test_a_resumed_survivor_that_a_signal_left_without_memcheck_meets_it_without_its_families(monkeypatch):
+    """Same kernels and suite: its families would run the same cases again, only the cut oracle is owed."""
+    from stress import matrix
+
+    left = dataclasses.replace(_memcheck_survivors()[0], status="pending", fingerprint="f" * 16, tree="t" * 16)
+    earlier = {left.id: {**dataclasses.asdict(left), "status": "survived", "unjudged_by": "memcheck",
+                         "reason": "memcheck unfinished: the run was interrupted after 2 of its cases ran clean"}}
+    streamed, judged = [], []
+    assert mutate.resume([left], earlier, streamed.append) == 1
+    assert left.status == "survived" and not streamed, "streamed once its second oracles have judged it"
+    monkeypatch.setattr(matrix, "_run_hunts", lambda hunts, *a, **k: hunts and pytest.fail(f"hunted {hunts}"))
+    monkeypatch.setattr(mutate, "second_oracles", lambda rows, *a, **k: judged.extend(rows))
+    mutate.hunt([left], "cuda", iters=1, seed=0, jobs=1, timeout=60, on_row=streamed.append)
+    assert judged == [left] and (left.unjudged_by, left.reason) == ("", "")
+
+
+def test_a_stopped_run_marks_only_survivors_without_a_reason_of_their_own_as_unjudged():
+    cut, whole_path = _memcheck_survivors()
+    whole_path.reason = "memcheck not run: a whole-path check"
+    mutate.unjudged([cut, whole_path], lambda row: None, "memcheck")
+    assert (cut.unjudged_by, whole_path.unjudged_by) == ("memcheck", "")
+    assert cut.reason == "memcheck not run: the run was interrupted"
 
 
 def test_a_resumed_run_decides_ttir_equivalence_again():
