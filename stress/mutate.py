@@ -104,7 +104,6 @@ def _traced_case(task: Task, device: str, timeout: float) -> _Traced:
     seen: dict[str, None] = {}
     launches: dict[str, set] = {}
     modules: dict[str, str | None] = {}
-    helpers: dict = {}  # kernel function -> its jit helpers' targets
 
     def trace(frame, event, arg):  # a global trace function: called once per new frame, never per line
         filename = frame.f_code.co_filename
@@ -125,9 +124,7 @@ def _traced_case(task: Task, device: str, timeout: float) -> _Traced:
         if (sig := mutate_equiv.signature(self, args, kwargs)) is not None:
             launches.setdefault(name, set()).add(sig)
         seen[name] = None
-        if self.fn not in helpers:
-            helpers[self.fn] = [t for t in mutate_ops.jit_helpers(self) if t.split(":")[0] not in EXCLUDED]
-        seen.update(dict.fromkeys(helpers[self.fn]))
+        seen.update(dict.fromkeys(t for t in mutate_ops.jit_helpers(self) if t.split(":")[0] not in EXCLUDED))
         return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     kernel_class.run = recording_run

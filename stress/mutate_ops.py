@@ -8,6 +8,7 @@ worker process (or ``repro --mutant``) rebuilds it from the name alone.
 """
 
 import ast
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -15,6 +16,7 @@ import pathlib
 import pkgutil
 import re
 import textwrap
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -49,10 +51,20 @@ class Generated:
                       oracles={"cpu": "any", "cuda": "any"})
 
 
+_HELPERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # kernel -> jit_helpers(kernel)
+
+
 def jit_helpers(kernel) -> list[str]:
     """The project's ``@triton.jit`` functions a kernel calls, transitively, as targets ("module:name"), read
     from its source and resolved in its globals. A compiled kernel inlines them, so on a GPU no frame of theirs
-    ever runs for a trace function to see (the interpreter runs them as Python)."""
+    ever runs for a trace function to see (the interpreter runs them as Python). Read once per kernel object
+    (a mutant's rebuild is a new one): every case under a mutant asks for its rebuild, through ``callers``."""
+    if kernel not in _HELPERS:
+        _HELPERS[kernel] = _read_helpers(kernel)
+    return list(_HELPERS[kernel])
+
+
+def _read_helpers(kernel) -> list[str]:
     found: dict[str, None] = {}
     package = kernel.fn.__module__.split(".")[0]
     stack = [kernel]
@@ -91,6 +103,7 @@ def callers(target: str) -> list[str]:
                   key=lambda n: (len(reached[n]), n))
 
 
+@functools.cache
 def _has_kernels(module_name: str) -> bool:
     """The module's file defines a Triton function (read, not imported: a package may hold scripts)."""
     origin = importlib.util.find_spec(module_name).origin or ""
