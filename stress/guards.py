@@ -1,6 +1,13 @@
 """Guard zones: every tensor a kernel sees sits inside a larger buffer with canary bytes before
-and after it, so a write past either end is caught even where no sanitizer runs."""
+and after it, so a write past either end is caught even where no sanitizer runs.
 
+On a GPU the whole round trip of a case costs one host synchronization: inputs go up from pinned
+staging copies without waiting, and ``settle`` queues every canary count and every copy back to the
+host before it waits once. A GPU shared by several worker processes serves each context in turn, so
+every wait is a wait for the others' time slices too.
+"""
+
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -8,6 +15,8 @@ import torch
 CANARY = 0xA5
 GUARD_BYTES = 512
 CHUNK = 1 << 28  # bytes compared at a time: a view spread past 2^31 elements leaves gigabytes of gaps
+STAGED_BYTES = 64 << 20  # larger host tensors are copied to the GPU directly (no pinned twin of GBs per worker)
+HOST_COPY_BYTES = 256 << 20  # larger device tensors stay on the device for comparison (compare.exact_chunked)
 
 
 @dataclass
@@ -17,9 +26,10 @@ class Guarded:
     view: torch.Tensor  # what the kernel gets
     pad: int  # elements of canary on each side
 
-    def damage(self) -> str | None:
-        """Canary bytes overwritten outside the view: before it, after it, or in the gaps a strided
-        view leaves between its rows (the row padding a kernel must not touch)."""
+    def damage_counts(self) -> torch.Tensor:
+        """Canary bytes overwritten outside the view, as a tensor ``[before, after, in the gaps]`` on the
+        buffer's device (no host synchronization). The gaps are those a strided view leaves between its
+        rows (the row padding a kernel must not touch)."""
         dense = self.view.is_contiguous()
         if not dense:  # the view's own bytes read as canary while the buffer is checked, then come back
             values = self.view.clone()
@@ -27,16 +37,24 @@ class Guarded:
         raw = self.buffer.view(torch.uint8)
         step = self.buffer.element_size()
         first, end = self.pad * step, raw.numel() - self.pad * step
-        bad_before = int((raw[:first] != CANARY).sum())
-        bad_after = int((raw[end:] != CANARY).sum())
-        bad_gaps = 0 if dense else sum(int((raw[i:min(i + CHUNK, end)] != CANARY).sum())
-                                       for i in range(first, end, CHUNK))
+        counts = [(raw[:first] != CANARY).sum(), (raw[end:] != CANARY).sum()]
+        gaps = [(raw[i:min(i + CHUNK, end)] != CANARY).sum() for i in range(first, end, CHUNK)] if not dense else []
+        counts.append(torch.stack(gaps).sum() if gaps else torch.zeros((), dtype=torch.int64, device=raw.device))
         if not dense:
             fill(self.view, values)
-        if not (bad_before or bad_after or bad_gaps):
-            return None
-        gaps = f", {bad_gaps} in the gaps between its rows" if bad_gaps else ""
-        return f"{self.name}: guard zone overwritten ({bad_before} byte(s) before, {bad_after} after the tensor{gaps})"
+        return torch.stack(counts)
+
+    def damage(self) -> str | None:
+        return damage_text(self.name, self.damage_counts().tolist())
+
+
+def damage_text(name: str, counts: list[int]) -> str | None:
+    """What ``Guarded.damage_counts`` found, in words; None when every canary byte is intact."""
+    bad_before, bad_after, bad_gaps = counts
+    if not (bad_before or bad_after or bad_gaps):
+        return None
+    gaps = f", {bad_gaps} in the gaps between its rows" if bad_gaps else ""
+    return f"{name}: guard zone overwritten ({bad_before} byte(s) before, {bad_after} after the tensor{gaps})"
 
 
 def canary_like(t: torch.Tensor) -> torch.Tensor:
@@ -54,12 +72,17 @@ def span(t: torch.Tensor) -> int:
 
 def fill(view: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """``view.copy_(t)``, also where ``view`` broadcasts (a stride-0 dimension: rows sharing memory, which
-    copy_ refuses): such a dimension's one row is written once, from ``t``'s first (they are all equal)."""
+    copy_ refuses): such a dimension's one row is written once, from ``t``'s first (they are all equal).
+    A host tensor bound for a GPU goes through a pinned copy, so the upload does not wait for the GPU."""
     target, source = view, t
     for dim in range(view.dim()):
         if view.stride(dim) == 0 and view.shape[dim] > 1:
             target, source = target.narrow(dim, 0, 1), source.narrow(dim, 0, 1)
-    target.copy_(source)
+    if target.is_cuda and source.device.type == "cpu" and source.numel() * source.element_size() <= STAGED_BYTES:
+        staged = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+        target.copy_(staged.copy_(source), non_blocking=True)
+    else:
+        target.copy_(source)
     return view
 
 
@@ -75,3 +98,47 @@ def place(name: str, t: torch.Tensor, device: torch.device) -> Guarded:
     view = buffer[pad:pad + t.numel()].view(t.shape) if dense else buffer.as_strided(t.shape, t.stride(), pad)
     fill(view, t)
     return Guarded(name, buffer, view, pad)
+
+
+def torch_device(device: str) -> torch.device:
+    """Where a case runs: this process's current GPU, or the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+
+
+def guarded(inputs: dict, dev: torch.device) -> tuple[dict, dict]:
+    """Guarded copies of the tensor ``inputs`` on ``dev``, and the call's arguments: those copies' views,
+    and fresh copies of every other input."""
+    placed = {k: place(k, v, dev) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    return placed, {**copy.deepcopy({k: v for k, v in inputs.items() if k not in placed}),
+                    **{k: g.view for k, g in placed.items()}}
+
+
+def _to_host(value):
+    """A device tensor small enough, copied to pinned host memory without waiting; anything else as it is."""
+    if isinstance(value, torch.Tensor) and value.is_cuda and value.numel() * value.element_size() <= HOST_COPY_BYTES:
+        return value.detach().to("cpu", non_blocking=True)
+    return value
+
+
+def settle(placed: dict[str, Guarded], values: dict) -> tuple[list[str], dict]:
+    """After a launch: every guard zone's damage in words, and ``values`` (outputs, inputs to compare) on the
+    host, at the cost of one synchronization (device tensors past HOST_COPY_BYTES stay on the device)."""
+    counts = {name: g.damage_counts() for name, g in placed.items()}
+    host = {name: _to_host(v) for name, v in values.items()}
+    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in (*counts.values(), *values.values())):
+        torch.cuda.synchronize()
+    damage = [d for name, c in counts.items() if (d := damage_text(name, c.tolist()))]
+    return damage, host
+
+
+def same_layout(t: torch.Tensor) -> torch.Tensor:
+    """A copy with ``t``'s shape and strides (``clone`` makes a row-padded view contiguous)."""
+    if t.is_contiguous():
+        return t.clone()
+    return fill(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device), t)
+
+
+def fresh_inputs(case) -> dict:
+    """Private copies of a case's inputs, so no run can change what the next one sees; a strided
+    view stays one (same strides), so the tracer sees the layout the kernel was given."""
+    return {k: same_layout(v) if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in case.inputs.items()}

@@ -13,8 +13,7 @@ included) sits in guard zones and must come back unchanged.
 
 import traceback
 
-import torch
-
+from stress.guards import fresh_inputs, guarded, settle, torch_device
 from stress.types import PASS, Case, Check
 
 VERDICTS = ("fail:accepted", "fail:refusal")  # the verdicts only refusal cases give
@@ -36,8 +35,6 @@ def check_reference(check: Check, case: Case) -> None:
     same argument; one that does not validate (it raises nothing, or fails some other way on the bad input)
     leaves the family's ``refused`` the contract. A disagreement is a defect of the family, not of the kernel:
     it raises (the case is ``fail:crash``)."""
-    from stress.runner import fresh_inputs
-
     try:
         check.reference(**fresh_inputs(case))
     except ValueError as exc:
@@ -64,24 +61,22 @@ def judge_all(check: Check, case: Case, device: str, kernel) -> tuple[str, list[
 def judge(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
     """Call ``kernel`` once on guarded copies of the case's inputs and judge the refusal."""
     from stress import compare
-    from stress.runner import guarded, torch_device
 
-    placed, args = guarded(case, torch_device(device))
+    placed, args = guarded(case.inputs, torch_device(device))
     raised = None
     try:
         kernel(**args, **case.launch)
     except Exception as exc:  # noqa: BLE001 - which exception it is, is the verdict
         raised = exc
-    if device == "cuda":
-        torch.cuda.synchronize()
+    damage, host = settle(placed, {name: g.view for name, g in placed.items()})
     want = f"a ValueError naming {case.refused!r} ({case.note or 'bad input'})"
     if raised is None:
         return "fail:accepted", [f"expected {want}; the call returned without raising"]
     said = traceback.format_exception_only(raised)[-1].strip()
-    if damage := [d for g in placed.values() if (d := g.damage())]:
+    if damage:
         return "fail:oob", [f"written past a tensor before raising {said}", *damage]
-    changed = [line for name, g in placed.items()
-               if (found := compare.unchanged(name, case.inputs[name], g.view)) for line in found.lines()]
+    changed = [line for name in placed
+               if (found := compare.unchanged(name, case.inputs[name], host[name])) for line in found.lines()]
     if changed:
         return "fail:divergence", [f"written before raising {said}", *changed]
     if not isinstance(raised, ValueError) or not names(str(raised), case.refused):

@@ -76,7 +76,7 @@ def test_guard_zone_keeps_a_strided_view_and_watches_its_row_padding():
     g.buffer[g.pad + 3] = 0  # the padding element after row 0
     assert "1 after the tensor" not in g.damage() and "in the gaps between its rows" in g.damage()
     assert torch.equal(g.view, rows), "checking the gaps must leave the view's values as they were"
-    copied = runner.same_layout(rows)
+    copied = guards.same_layout(rows)
     assert copied.stride() == rows.stride() and torch.equal(copied, rows)
 
 
@@ -87,7 +87,7 @@ def test_a_broadcast_view_keeps_its_zero_stride_and_its_guards():
     assert torch.equal(g.view, rows), "checking the guards must leave the shared row as it was"
     g.buffer[g.pad + 3] = 7  # just past the shared row: one int64, 8 bytes
     assert "8 after the tensor" in g.damage()
-    copied = runner.same_layout(rows)
+    copied = guards.same_layout(rows)
     assert copied.stride() == (0, 1) and torch.equal(copied, rows)
 
 
