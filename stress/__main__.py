@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
         if seed:
             sp.add_argument("--seed", type=_seed, default=0, help="base seed, >= 0 (default: 0)")
 
-    def pool(sp, what, jobs="one per CPU core, or up to 8 per GPU"):
+    def pool(sp, what, jobs="one per CPU core, up to 16 per GPU"):
         sp.add_argument("--jobs", type=_count(0), help=f"worker processes; 0 runs in this process (default: {jobs})")
         sp.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT,
                         help=f"seconds per {what} case before it is killed as fail:timeout; 0 = none "

@@ -215,6 +215,20 @@ def attention_rows(dev, gen) -> list[str]:
                    for context in (1024, 8192, 32768)]
 
 
+def stress_throughput() -> None:
+    """Cases per second per check in one process, where a case's time goes, and the pool's rate."""
+    import os
+
+    from stress import stress_bench
+
+    cases = int(os.environ.get("SPECSAN_BENCH_CASES", "2"))
+    print(f"stress throughput on {runtime.DEVICE}: one process, {cases} timed case(s) per family after one untimed "
+          "(compiles); phases as shares of the case time")
+    for line in stress_bench.check_rows(runtime.DEVICE, cases):
+        print(line, flush=True)
+    print(stress_bench.pool_row(runtime.DEVICE), flush=True)
+
+
 def main() -> None:
     print(f"specsan bench on {runtime.DEVICE}")
     if runtime.DEVICE == "cuda":
@@ -235,6 +249,7 @@ def main() -> None:
             print(line)
     else:
         print("bandwidth: not_checked (no GPU: the interpreter's speed says nothing about the kernels')")
+    stress_throughput()
     if runtime.DEVICE != "cpu":
         print("tracer overhead: not_checked here (kernels are compiled); `make bench DEVICE=cpu` measures it")
         return

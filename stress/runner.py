@@ -4,9 +4,9 @@ A case is addressed by (check, family, seed); ``run_case`` rebuilds it from thos
 every failure reproduces from one printed line.
 """
 
-import copy
 import os
 import signal
+import tempfile
 import time
 import traceback
 import zlib
@@ -19,6 +19,8 @@ import numpy as np
 import torch
 
 from stress import gpus, interrupts, pool, refusal
+from stress.gpu_share import GpuShare
+from stress.guards import fresh_inputs, guarded, settle, torch_device
 from stress.types import PASS, RETURN, Case, Check, Result
 
 
@@ -90,21 +92,6 @@ def draw_launch(shapes: list[dict], seed: int) -> dict:
     return shapes[index]
 
 
-def fresh_inputs(case: Case) -> dict:
-    """Private copies of a case's inputs, so no run can change what the next one sees; a strided
-    view stays one (same strides), so the tracer sees the layout the kernel was given."""
-    return {k: same_layout(v) if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in case.inputs.items()}
-
-
-def same_layout(t: torch.Tensor) -> torch.Tensor:
-    """A copy with ``t``'s shape and strides (``clone`` makes a row-padded view contiguous)."""
-    if t.is_contiguous():
-        return t.clone()
-    from stress import guards
-
-    return guards.fill(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device), t)
-
-
 def expected_outputs(check: Check, case: Case) -> dict:
     """The reference's outputs by name, computed on CPU copies (the reference must not mutate)."""
     ref = check.reference(**fresh_inputs(case))
@@ -116,21 +103,6 @@ def _fatal(exc: BaseException) -> bool:
     """A CUDA error poisons the process's context: later cases there would all crash."""
     text = f"{type(exc).__name__}: {exc}"
     return "CUDA error" in text or "AcceleratorError" in text or "illegal memory access" in text
-
-
-def torch_device(device: str) -> torch.device:
-    """Where a case runs: this process's current GPU, or the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
-
-
-def guarded(case: Case, dev: torch.device) -> tuple[dict, dict]:
-    """Guarded copies of the case's tensor inputs on ``dev`` (``stress.guards``), and the call's arguments:
-    those copies' views, and fresh copies of every other input."""
-    from stress import guards
-
-    placed = {k: guards.place(k, v, dev) for k, v in case.inputs.items() if isinstance(v, torch.Tensor)}
-    return placed, {**copy.deepcopy({k: v for k, v in case.inputs.items() if k not in placed}),
-                    **{k: g.view for k, g in placed.items()}}
 
 
 def differential(check: Check, case: Case, expected: dict, device: str, load=None,
@@ -148,20 +120,20 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
     for repeat in range(check.repeats.get(device, 1)):
         # the last repeat's guarded copies go before new ones are made (a view past 2^31 elements is GBs)
         placed = args = returned = outputs = None
-        placed, args = guarded(case, dev)
+        placed, args = guarded(case.inputs, dev)
         if load is not None:
             load.kick()
         returned = _current(check.kernel)(**args, **case.launch)
-        if device == "cuda":
-            torch.cuda.synchronize()
         tag = f"repeat {repeat}: " if repeat else ""
-        damage = [d for g in placed.values() if (d := g.damage())]
-        if damage:
-            return "fail:oob", [tag + d for d in damage]
-        lines, verdict = [], ""
         # an optional output the case leaves out (None) is neither written nor compared
         outputs = {name: returned if name == RETURN else placed[name].view for name in check.outputs
                    if name == RETURN or name in placed}
+        read_only = {name: placed[name].view for name in tensors if name not in check.outputs}
+        damage, host = settle(placed, {**{f"in:{k}": v for k, v in read_only.items()}, **outputs})
+        if damage:
+            return "fail:oob", [tag + d for d in damage]
+        outputs = {name: host[name] for name in outputs}
+        lines, verdict = [], ""
         if metrics is not None and check.metrics:
             with own_code(f"{check.name}'s metrics"):
                 metrics.update(check.metrics(expected, outputs))
@@ -176,8 +148,8 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
                 source = tensors.get(check.provenance.get(name, ""))
                 lines += found.lines(source)
                 verdict = verdict or found.verdict
-        for name, original in tensors.items():
-            if name not in check.outputs and (found := compare.unchanged(name, original, placed[name].view)):
+        for name in read_only:
+            if found := compare.unchanged(name, tensors[name], host[f"in:{name}"]):
                 lines += found.lines()
                 verdict = verdict or found.verdict
         if lines:
@@ -239,15 +211,46 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
 
     On the CPU a case that matches its reference is also traced (``trace=False`` skips it). A task
     with a ``tool`` runs in a process of its own under compute-sanitizer instead. A refusal case
-    (``Case.refused``) is judged by ``stress.refusal`` instead of against the reference.
+    (``Case.refused``) is judged by ``stress.refusal`` instead of against the reference. A pool worker
+    on a GPU holds its GPU shared while the case runs, and runs a case that ran out of device memory
+    again, alone on the GPU (``stress.gpu_share``).
     """
-    from stress import checks, mutants
-
     if task.tool:
         from stress import sanitizer
 
         return sanitizer.run_case(task, task.tool, timeout)
+    if _SHARE is None:
+        return _judged(task, device, timeout, trace)[0]
+    waited = time.perf_counter()
+    with _SHARE.shared():
+        waited = time.perf_counter() - waited
+        result, out_of_memory = _judged(task, device, timeout, trace)
+    if out_of_memory:
+        waited = time.perf_counter()
+        with _SHARE.alone():
+            waited = time.perf_counter() - waited
+            torch.cuda.empty_cache()
+            result, _ = _judged(task, device, timeout, trace)
+        result.details.append("ran again alone on its GPU: it ran out of device memory beside other workers' cases")
+    result.phases["gpu_wait"] = round(waited, 4)
+    return result
 
+
+@contextmanager
+def _phase(result: Result, name: str):
+    """Adds the seconds the block took to ``result.phases[name]`` (also when it raises)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        result.phases[name] = round(result.phases.get(name, 0.0) + time.perf_counter() - start, 4)
+
+
+def _judged(task: Task, device: str, timeout: float, trace: bool) -> tuple[Result, bool]:
+    """``run_case``'s work: the Result, and whether the case ran out of device memory."""
+    from stress import checks, mutants
+
+    out_of_memory = False
     result = Result(task.check, task.family, task.seed, device, PASS, launch=dict(task.launch or ()),
                     mutant=task.mutant, timeout=timeout, trace=trace)
     start = time.perf_counter()
@@ -260,20 +263,23 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
         mutant = checks.find_mutant(task.mutant, check) if task.mutant else None
         if device not in check.devices:
             result.verdict = f"not_checked:{check.why_not or f'{check.name} does not run on {device}'}"
-            return result
-        case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
+            return result, out_of_memory
+        with _phase(result, "build"):
+            case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
         result.launch, result.note = case.launch, case.note
         if case.refused:  # bad input the launcher must refuse: no reference output, nothing to trace
-            with mutants.applied(mutant):
+            with mutants.applied(mutant), _phase(result, "judge"):
                 result.verdict, result.details = refusal.judge_all(check, case, device, _current(check.kernel))
-            return result
-        with own_code("the reference"):
+            return result, out_of_memory
+        with own_code("the reference"), _phase(result, "reference"):
             expected = expected_outputs(check, case)
         with mutants.applied(mutant):
-            result.verdict, result.details = differential(check, case, expected, device, _background_load(device),
-                                                          result.metrics)
+            with _phase(result, "judge"):
+                result.verdict, result.details = differential(check, case, expected, device,
+                                                              _background_load(device), result.metrics)
             if trace and device == "cpu" and result.verdict == PASS:
-                result.verdict, result.details = traced(check, case, task.seed)
+                with _phase(result, "trace"):
+                    result.verdict, result.details = traced(check, case, task.seed)
     except CaseTimeout:
         result.verdict, result.details = "fail:timeout", [f"case ran past {timeout:g} s"]
     except SuiteError as exc:
@@ -284,6 +290,7 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
         result.verdict = "fail:crash"
         result.details = traceback.format_exception_only(exc)[-1:] + traceback.format_exc().splitlines()[-12:]
         result.fatal = _fatal(exc)
+        out_of_memory = isinstance(exc, torch.OutOfMemoryError)
     finally:
         if timeout:
             try:
@@ -293,16 +300,18 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
         case = expected = None  # this case's tensors go before its cached device memory does
         _release_device_memory(device)
         result.seconds = round(time.perf_counter() - start, 4)
-    return result
+    return result, out_of_memory
 
 
-KEEP_CACHED_BYTES = 16 << 30
+KEEP_CACHED_BYTES = 16 << 30  # the most device memory a worker keeps cached between cases
+_SHARE: GpuShare | None = None  # this pool worker's share of its GPU
+_keep_cached = KEEP_CACHED_BYTES
 
 
 def _release_device_memory(device: str) -> None:
     """A case past 2^31 elements (``kv_cache.write``'s big_cache) leaves tens of GB in this process's
     allocator cache; the workers sharing the GPU need them back. Smaller caches are kept."""
-    if device == "cuda" and torch.cuda.memory_reserved() > KEEP_CACHED_BYTES:
+    if device == "cuda" and torch.cuda.memory_reserved() > _keep_cached:
         torch.cuda.empty_cache()
 
 
@@ -313,19 +322,39 @@ def _on_alarm(signum, frame):
 # ---------------------------------------------------------------- worker processes
 
 
-def _init_worker(slot: int, device: str, threads: int) -> None:
-    """Set a pool worker up: device, its share of the cores, its GPU (slot modulo the GPUs)."""
+def _init_worker(slot: int, device: str, threads: int, locks: str = "", jobs: int = 1) -> None:
+    """Set a pool worker up: device, its share of the cores, its GPU (slot modulo the GPUs), its share of
+    that GPU (``locks``: the lock folder of ``stress.gpu_share``) and of the GPU's memory kept cached."""
+    global _SHARE, _keep_cached
     os.environ["SPECSAN_DEVICE"] = device
     torch.set_num_threads(threads)  # workers split the cores instead of each taking them all
     if device == "cuda":
-        torch.cuda.set_device(gpus.gpu_of(slot, gpus.count()))
+        count = gpus.count()
+        gpu = gpus.gpu_of(slot, count)
+        torch.cuda.set_device(gpu)
+        _SHARE = GpuShare(locks, gpu) if locks else None
+        sharing = -(-jobs // max(1, count))
+        _keep_cached = min(KEEP_CACHED_BYTES, torch.cuda.get_device_properties(gpu).total_memory // (2 * sharing))
     import stress.checks  # noqa: F401  - define every kernel once, up front
+
+
+_LOCKS: tempfile.TemporaryDirectory | None = None  # the lock files of this process's GPU worker pools
+
+
+def _lock_folder(device: str) -> str:
+    global _LOCKS
+    if device != "cuda":
+        return ""
+    if _LOCKS is None:
+        _LOCKS = tempfile.TemporaryDirectory(prefix="specsan-gpus-")
+    return _LOCKS.name
 
 
 def worker_pool(fn, device: str, jobs: int, timeout: float) -> pool.Pool:
     """The pool ``run`` and ``mutants`` share: a case past ``timeout`` is killed with its worker,
     a dead worker is charged to its case, a CUDA-fatal result gets its worker replaced."""
-    return pool.Pool(fn, jobs, initializer=_init_worker, initargs=(device, worker_threads(jobs)),
+    return pool.Pool(fn, jobs, initializer=_init_worker,
+                     initargs=(device, worker_threads(jobs), _lock_folder(device), jobs),
                      timeout=timeout if jobs else 0.0, retire=lambda result: result.fatal)
 
 
@@ -363,14 +392,14 @@ def _gpu_of(outcome: pool.Outcome, device: str) -> int | None:
 
 
 def default_jobs(device: str) -> int:
-    """CPU: one worker per core. GPU: up to eight workers per GPU, as cores allow, and always a multiple
-    of the GPUs so each gets the same share; they share the device (more concurrent launches) and
-    split the CPU side, which dominates a GPU run: Triton compiles (one per new specialization) and
-    the float64 references."""
+    """CPU: one worker per core. GPU: one worker per core, up to 16 per GPU, and always a multiple of the GPUs
+    so each gets the same share. A GPU case's own device work is microseconds; its time goes to the host side
+    (building inputs, the float64 reference, comparison, Triton compiles of new launch shapes), which the
+    workers split. They wait for the GPU once per repeat (``stress.guards.settle``), so sharing it costs little."""
     cores = gpus.cores()
     if device == "cuda":
         count = max(1, gpus.count())
-        return count * max(1, min(8, cores // count))
+        return count * max(1, min(16, cores // count))
     return cores
 
 

@@ -124,6 +124,7 @@ class Result:
     metrics: dict[str, float] = field(default_factory=dict)  # Check.metrics of the last run
     gpu: int | None = None  # the CUDA device index the case ran on (None on the CPU)
     tool: str | None = None  # the compute-sanitizer tool the case ran under (stress.sanitizer), if any
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: build, reference, judge, trace, gpu_wait
 
     @property
     def failed(self) -> bool:

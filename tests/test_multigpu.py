@@ -27,12 +27,12 @@ def fake_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: FAKE_GPUS)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"Fake GPU {i}")
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=f"UUID-{i}"))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=f"UUID-{i}", total_memory=140 << 30))
     monkeypatch.setattr(torch.cuda, "set_device", pinned.append)
     return pinned
 
 
-@pytest.mark.parametrize("cores, per_gpu", [(64, 8), (20, 5), (6, 1)])
+@pytest.mark.parametrize("cores, per_gpu", [(256, 16), (48, 12), (20, 5), (6, 1)])
 def test_stress_workers_default_to_an_even_share_of_every_gpu(fake_gpus, monkeypatch, cores, per_gpu):
     monkeypatch.setattr(gpus, "cores", lambda: cores)
     monkeypatch.setenv("SPECSAN_DEVICE", runtime.DEVICE)  # _init_worker sets it; restored after the test

@@ -1,0 +1,96 @@
+"""Workers sharing one GPU: cases hold it shared, a rerun after running out of memory holds it alone, and
+new cases queue behind a waiting rerun instead of starving it."""
+
+import dataclasses
+import threading
+import time
+
+import pytest
+import torch
+
+from kernels import runtime
+from stress import checks, gpu_share, runner
+
+
+def _holding(share: gpu_share.GpuShare, how: str, hold: threading.Event, log: list, name: str):
+    def run():
+        with getattr(share, how)():
+            log.append(f"{name} in")
+            hold.wait(5)
+            log.append(f"{name} out")
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_cases_share_a_gpu_and_a_rerun_waits_for_them_then_runs_before_new_cases(tmp_path):
+    shares = [gpu_share.GpuShare(str(tmp_path), 0) for _ in range(4)]  # own open files: as separate processes
+    log: list[str] = []
+    first_done, rerun_done, later_done = threading.Event(), threading.Event(), threading.Event()
+    a = _holding(shares[0], "shared", first_done, log, "a")
+    b = _holding(shares[1], "shared", first_done, log, "b")
+    time.sleep(0.2)
+    assert sorted(log) == ["a in", "b in"], "two cases hold one GPU at once"
+    rerun = _holding(shares[2], "alone", rerun_done, log, "rerun")
+    time.sleep(0.2)
+    later = _holding(shares[3], "shared", later_done, log, "later")
+    time.sleep(0.2)
+    assert "rerun in" not in log and "later in" not in log, "the rerun waits for the running cases; new ones queue"
+    first_done.set()
+    a.join(), b.join()
+    time.sleep(0.2)
+    assert log[-1] == "rerun in" and "later in" not in log, "the rerun runs alone, before the case queued behind it"
+    rerun_done.set()
+    rerun.join()
+    later_done.set()
+    later.join()
+    assert log.index("later in") > log.index("rerun out")
+
+
+def test_a_case_that_runs_out_of_device_memory_runs_again_alone(tmp_path, monkeypatch):
+    calls = []
+
+    def gather_once_short_of_memory(**kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        return base.kernel(**kwargs)
+
+    base = checks.get("block_table.gather")
+    check = dataclasses.replace(base, kernel=gather_once_short_of_memory, repeats={"cpu": 1, "cuda": 1})
+    monkeypatch.setitem(checks.BY_NAME, check.name, check)
+    monkeypatch.setattr(runner, "_SHARE", gpu_share.GpuShare(str(tmp_path), 0))
+    if runtime.DEVICE == "cpu":
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    result = runner.run_case(runner.Task(check.name, "basic", 1), runtime.DEVICE, trace=False)
+    assert result.verdict == "pass" and len(calls) == 2, result.details
+    assert "ran again alone on its GPU" in result.details[-1]
+
+    calls.clear()
+    monkeypatch.setattr(runner, "_SHARE", None)  # no share (one process): the out-of-memory case is a crash
+    result = runner.run_case(runner.Task(check.name, "basic", 1), runtime.DEVICE, trace=False)
+    assert result.verdict == "fail:crash" and "OutOfMemoryError" in result.details[0] and len(calls) == 1
+
+
+def test_a_result_says_where_its_time_went():
+    result = runner.run_case(runner.Task("block_table.gather", "basic", 3), runtime.DEVICE)
+    assert {"build", "reference", "judge"} <= set(result.phases)
+    assert sum(result.phases.values()) <= result.seconds + 1e-3
+    refused = runner.run_case(runner.Task("block_table.gather", "refused", 3), runtime.DEVICE)
+    assert refused.verdict == "pass" and set(refused.phases) == {"build", "judge"}
+
+
+@pytest.mark.gpu
+def test_a_repeat_waits_for_the_gpu_once(monkeypatch):
+    """Every wait is a wait for the other workers' time slices on a shared GPU: a repeat's guard checks and
+    read-backs are queued and fetched with one synchronization."""
+    if runtime.DEVICE != "cuda":
+        pytest.skip("needs a GPU")
+    check = checks.get("block_table.gather")
+    case = runner.build_case(check, "padded", 5, "cuda", {})
+    expected = runner.expected_outputs(check, case)
+    waits = []
+    real = torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: (waits.append(1), real(*a))[1])
+    verdict, _ = runner.differential(check, case, expected, "cuda")
+    assert verdict == "pass" and len(waits) == check.repeats["cuda"]
