@@ -102,14 +102,17 @@ BLOCK_TABLE_CHECKS = (
         provenance={"block_table": "block_table"},
         hunt_seconds={"cpu": 0.5, "cuda": 4.0},  # in-place and chunked: races between warps (fix 5)
         mutants=(
-            Mutant("no-barrier", "spec fix 5: the barrier between a chunk's loads and its stores is removed",
+            Mutant("no-barrier", "fix 5 (docs/fixes.md#fix-5): the barrier between a chunk's loads and its stores "
+                                 "is removed",
                    (Patch(f"{_BT}:_shift_rows_kernel", "tl.debug_barrier()", "pass"),),
                    oracles={"cpu": "race", "cuda": "divergence"}, families=("overlap", "long_row")),
-            Mutant("count-by-batch-row", "spec fix 4: num_cached_tokens indexed by batch row instead of slot",
+            Mutant("count-by-batch-row", "fix 4 (docs/fixes.md#fix-4): num_cached_tokens indexed by batch row "
+                                         "instead of slot",
                    (Patch(f"{_BT}:_shift_rows_kernel", "tl.load(num_cached_tokens_ptr + slot, mask=slot >= 0",
                           "tl.load(num_cached_tokens_ptr + batch_row, mask=slot >= 0"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}),
-            Mutant("ignores-seq-lens", "spec fix 4: copies to the end of the row instead of the needed blocks",
+            Mutant("ignores-seq-lens", "fix 4 (docs/fixes.md#fix-4): copies to the end of the row instead of the "
+                                       "needed blocks",
                    (Patch(f"{_BT}:_shift_rows_kernel", "n = tl.minimum(width - shift, needed)",
                           "n = width - shift + needed * 0"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}),
@@ -127,7 +130,7 @@ BLOCK_TABLE_CHECKS = (
         families={**bt_families.PREFIX_FAMILIES, "refused": refusals.UNALIGNED_PREFIX},
         outputs=(RETURN,),
         mutants=(
-            Mutant("unaligned-not-refused", "spec fix 4: a partial restored block is not refused",
+            Mutant("unaligned-not-refused", "fix 4 (docs/fixes.md#fix-4): a partial restored block is not refused",
                    (Patch(f"{_BT}:has_unaligned_cached_prefix", "return any(", "return False and any("),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}),
             Mutant("padded-slot-wraps", "padded rows (slot -1) index the last slot's count",
@@ -149,17 +152,20 @@ DRAFT_INPUT_CHECKS = (
         outputs=(RETURN, *reference.draft_inputs.OUTPUTS),
         sweep=di_families.sweep,
         mutants=(
-            Mutant("stale-padded-queries", "spec fix 3 (pre-fix): padded query rows get PAD slots but keep stale "
+            Mutant("stale-padded-queries", "fix 3, pre-fix (docs/fixes.md#fix-3): padded query rows get PAD slots "
+                                           "but keep stale "
                    "input ids and positions",
                    (Patch(_DI, "tl.store(input_ids_ptr + rows, tl.full((BLOCK,), 0, tl.int32), mask=keep)  # cleared "
                           "query inputs\n            tl.store(positions_ptr + rows, tl.full((BLOCK,), 0, tl.int64), "
                           "mask=keep)  # (fix 3)", "pass"),),
                    oracles=_EVERYWHERE, families=("padded", "zero_width")),
-            Mutant("seq-lens-keep-cached", "spec fix 4 (pre-fix): seq_lens are not shortened by the cached blocks",
+            Mutant("seq-lens-keep-cached", "fix 4, pre-fix (docs/fixes.md#fix-4): seq_lens are not shortened by the "
+                                           "cached blocks",
                    (Patch(_DI, "(tl.load(num_cached_tokens_ptr + slot) // block_size) * block_size",
                           "tl.load(num_cached_tokens_ptr + slot) * 0"),),
                    oracles=_EVERYWHERE, families=("prefix_cache", "decode")),
-            Mutant("unaligned-drafts", "spec fix 4: a batch with a partial cached block is drafted, not refused",
+            Mutant("unaligned-drafts", "fix 4 (docs/fixes.md#fix-4): a batch with a partial cached block is "
+                                       "drafted, not refused",
                    (Patch("kernels.draft_inputs:prepare_draft_inputs",
                           "if tables.has_unaligned_cached_prefix(num_cached_tokens, slots, (block_size,)):",
                           "if False:"),),
@@ -195,11 +201,13 @@ SAMPLING_CHECKS = (
         compare=exact_unless_near_tie,
         sweep=sampling_families.sampling_sweep,
         mutants=(
-            Mutant("padded-rows-slot-0", "spec fix 3: padded rows map to slot 0 and write its cached logits",
+            Mutant("padded-rows-slot-0", "fix 3 (docs/fixes.md#fix-3): padded rows map to slot 0 and write its "
+                                         "cached logits",
                    (Patch(_SAMPLING, "slot = tl.load(idx_mapping_ptr + row)",
                           "slot = tl.maximum(tl.load(idx_mapping_ptr + row), 0)"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",)),
-            Mutant("draft-noise-unsalted", "spec 2.4: drafting reuses the verifier's noise stream (no +2^30)",
+            Mutant("draft-noise-unsalted", "noise keys (docs/contracts/sampling.md#noise-keys): drafting reuses the "
+                                           "verifier's noise stream (no +2^30)",
                    (Patch(_SAMPLING, "tl.load(positions_ptr + row) + pos_salt", "tl.load(positions_ptr + row)"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),
             Mutant("cache-after-temperature", "the logits cache stores scaled logits instead of the raw ones",
@@ -223,10 +231,12 @@ SLOT_CHECKS = (
         families={**slot_families.FAMILIES, "refused": refusals.SLOTS},
         outputs=(RETURN,),
         mutants=(
-            Mutant("set-order-recycling", "spec fix 2B (pre-fix): freed slots are recycled in set order",
+            Mutant("set-order-recycling", "fix 2B, pre-fix (docs/fixes.md#fix-2b): freed slots are recycled in set "
+                                          "order",
                    (Patch(_SLOTS, "for req_id in sorted(req_ids):", "for req_id in req_ids:"),),
                    oracles=_EVERYWHERE, families=("mass_finish", "churn")),
-            Mutant("global-rng-seeds", "spec fix 2A (pre-fix): fallback seeds come from the global numpy RNG",
+            Mutant("global-rng-seeds", "fix 2A, pre-fix (docs/fixes.md#fix-2a): fallback seeds come from the global "
+                                       "numpy RNG",
                    (Patch(_SLOTS, "self._fallback_seed_rng.integers(", "np.random.randint("),),
                    oracles=_EVERYWHERE, families=("resume", "churn")),
         ),
@@ -317,7 +327,8 @@ _BACKENDS = "kernels.spec.backends"
 # attention too, so the draft captures launches whose host-side plan only fits the capture batch.
 # The graph replay check hunts the same patch on the GPU.
 NON_CAUSAL_CLAIMS_FULL = Mutant(
-    "non-causal-claims-full", "spec fix 6 (pre-fix): non-causal attention claims UNIFORM_BATCH graph support",
+    "non-causal-claims-full", "fix 6, pre-fix (docs/fixes.md#fix-6): non-causal attention claims UNIFORM_BATCH "
+                              "graph support",
     (Patch(f"{_BACKENDS}:graph_support",
            "CGSupport.UNIFORM_SINGLE_TOKEN_DECODE if non_causal else CGSupport.UNIFORM_BATCH",
            "CGSupport.UNIFORM_BATCH"),),
@@ -337,7 +348,8 @@ HOST_CHECKS = (
         {**graph_families.FAMILIES, "refused": refusals.GRAPH_CANDIDATES},
         host.graph_outcomes_agree,
         (
-            Mutant("zero-width-candidates", "spec fix 1 (pre-fix): no zero-width filter, so a depth-0 band of an "
+            Mutant("zero-width-candidates", "fix 1, pre-fix (docs/fixes.md#fix-1): no zero-width filter, so a "
+                                            "depth-0 band of an "
                    "n_new = 0 draft rounds capture sizes up to a multiple of 0: candidate building raises "
                    "ZeroDivisionError on a valid configuration, as the upstream engine did at start-up",
                    (Patch(f"{_GRAPHS}:decode_widths", "{d + n_new for d in depths if d + n_new > 0}",
@@ -362,12 +374,14 @@ HOST_CHECKS = (
         "spec.depth", host.depth_outcomes, reference.spec.depth,
         {**depth_families.FAMILIES, "refused": refusals.DEPTH}, host.records_agree,
         (
-            Mutant("depth-or-default", "spec fix 7 (pre-fix): the depth is resolved as `value or default`, so a "
+            Mutant("depth-or-default", "fix 7, pre-fix (docs/fixes.md#fix-7): the depth is resolved as `value or "
+                                       "default`, so a "
                    "scheduled 0 becomes K",
                    (Patch(f"{_DEPTH}:resolve_num_spec_tokens", "default if value is None else value",
                           "value or default"),),
                    oracles=_EVERYWHERE, families=("resolve", "disable_drafting")),
-            Mutant("limit-refuses-zero", "spec fix 7 (pre-fix): limit_draft_tokens has no depth-0 branch and "
+            Mutant("limit-refuses-zero", "fix 7, pre-fix (docs/fixes.md#fix-7): limit_draft_tokens has no depth-0 "
+                                         "branch and "
                    "refuses 0 like any depth outside 1..k_max",
                    (Patch(f"{_DEPTH}:limit_draft_tokens", "if n == 0:", "if False:"),),
                    oracles=_EVERYWHERE, families=("limit", "disable_drafting")),
@@ -383,7 +397,8 @@ HOST_CHECKS = (
         host.records_agree,
         (
             NON_CAUSAL_CLAIMS_FULL,
-            Mutant("sm100-non-causal-prefers-flashinfer", "spec fix 6 (pre-fix): SM100 puts FlashInfer first "
+            Mutant("sm100-non-causal-prefers-flashinfer", "fix 6, pre-fix (docs/fixes.md#fix-6): SM100 puts "
+                                                          "FlashInfer first "
                    "whatever the causality, so non-causal drafts auto-select its cutlass path",
                    (Patch(f"{_BACKENDS}:backend_priorities", "if capability_major == 10 and not non_causal:",
                           "if capability_major == 10:"),),
@@ -497,7 +512,8 @@ ATTENTION_CHECKS = (
         compare=within_float32_baseline,
         sweep=attention_families.sweep,
         mutants=(
-            Mutant("restored-blocks-visible", "spec fix 4 (pre-fix): no block-table shift and seq_lens not "
+            Mutant("restored-blocks-visible", "fix 4, pre-fix (docs/fixes.md#fix-4): no block-table shift and "
+                                              "seq_lens not "
                    "shortened, so draft attention reads the restored prefix's never-written KV (NaN)",
                    (Patch(_DI, "(tl.load(num_cached_tokens_ptr + slot) // block_size) * block_size",
                           "tl.load(num_cached_tokens_ptr + slot) * 0"),
@@ -536,7 +552,8 @@ GRAPH_CHECKS = (
                    "but is left out of the graph",
                    (Patch(_STEP, "kv_cache.write_kv(", "capturing() or kv_cache.write_kv("),),
                    oracles=_ON_GPU, why_not=_NO_GRAPHS),
-            Mutant("padded-draft-rows-slot-0", "spec fix 3 (pre-fix) in the draft step: padded sampling rows map to "
+            Mutant("padded-draft-rows-slot-0", "fix 3, pre-fix (docs/fixes.md#fix-3) in the draft step: padded "
+                                               "sampling rows map to "
                    "slot 0 and write its logits cache",
                    (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
                           "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
@@ -555,7 +572,8 @@ GRAPH_CHECKS = (
         "graphs.lifetime", stress.graph_replay.lifetime_experiment, reference.spec.draft_step.expected_lifetime,
         replay_families.LIFETIME_FAMILIES, stress.graph_replay.judge_lifetime,
         (
-            Mutant("backbone-not-retained", "spec fix 8 (pre-fix): captured backbone outputs are not retained, so "
+            Mutant("backbone-not-retained", "fix 8, pre-fix (docs/fixes.md#fix-8): captured backbone outputs are "
+                                            "not retained, so "
                    "a later capture in the shared pool is handed their memory",
                    (Patch(_DRAFT_GRAPHS, "self._captured_backbone_outputs.append(hidden)", "pass"),),
                    oracles=_ON_GPU, why_not=_NO_GRAPHS),
@@ -588,7 +606,8 @@ ENGINE_CHECKS = (
         not_sanitized="a whole-path check: its kernels are sanitized through their own checks, and its graph "
                       "families need the caching allocator (" + _GRAPHS_UNCACHED + ")",
         mutants=(
-            Mutant("prefix-blocks-visible", "spec fix 4 (pre-fix): no restored counts reach the draft: seq_lens not "
+            Mutant("prefix-blocks-visible", "fix 4, pre-fix (docs/fixes.md#fix-4): no restored counts reach the "
+                                            "draft: seq_lens not "
                    "shortened, no shift, no fail-closed; the draft reads never-written (NaN) KV",
                    (Patch(_ENGINE, "torch.from_numpy(self.slots.num_cached_tokens).to(self.device)",
                           "torch.zeros_like(torch.from_numpy(self.slots.num_cached_tokens)).to(self.device)"),),

@@ -1,5 +1,6 @@
 """Per-step depth: an explicit 0 is kept (fix 7), the zero-width draft view, the acceptance-length
-controller and its per-band variant (spec 2.5), with the upstream expectations worked by hand."""
+controller and its per-band variant (docs/contracts/spec.md#specdepth), with the upstream expectations worked by
+hand."""
 
 import pytest
 import torch
