@@ -45,6 +45,8 @@ _BT = "kernels.block_table"
 BLOCK_TABLE_CHECKS = (
     Check(
         name="block_table.gather",
+        contract="out[b] = persistent[idx_mapping[b]] for each batch row b; slot -1 gives null blocks; rows past "
+                 "the batch untouched",
         kernel=kernels.block_table.gather_block_tables,
         reference=reference.block_table.gather_block_tables,
         families={**bt_families.GATHER_FAMILIES, "refused": refusals.GATHER},
@@ -78,6 +80,8 @@ BLOCK_TABLE_CHECKS = (
     ),
     Check(
         name="block_table.slot_mapping",
+        contract="out[t] = block_table[b, pos // bs] * bs + pos % bs for token t of batch row b; PAD for null "
+                 "blocks, positions off the row and tokens past the batch",
         kernel=kernels.block_table.compute_slot_mappings,
         reference=reference.block_table.compute_slot_mappings,
         families={**bt_families.SLOT_MAPPING_FAMILIES, "refused": refusals.SLOT_MAPPING},
@@ -94,6 +98,8 @@ BLOCK_TABLE_CHECKS = (
     ),
     Check(
         name="block_table.shift",
+        contract="batch row b shifted left in place by num_cached_tokens[idx_mapping[b]] // bs entries, only the "
+                 "blocks seq_lens[b] needs; race-free (fixes 4, 5)",
         kernel=kernels.block_table.shift_block_table_rows,
         reference=reference.block_table.shift_block_table_rows,
         families={**bt_families.SHIFT_FAMILIES, "refused": refusals.SHIFT},
@@ -125,6 +131,8 @@ BLOCK_TABLE_CHECKS = (
     ),
     Check(
         name="block_table.unaligned_prefix",
+        contract="True iff some live slot's cached count is not a multiple of a block size: the batch must not "
+                 "draft (fix 4)",
         kernel=kernels.block_table.has_unaligned_cached_prefix,
         reference=reference.block_table.has_unaligned_cached_prefix,
         families={**bt_families.PREFIX_FAMILIES, "refused": refusals.UNALIGNED_PREFIX},
@@ -146,6 +154,8 @@ _EVERYWHERE = {"cpu": "divergence", "cuda": "divergence"}
 DRAFT_INPUT_CHECKS = (
     Check(
         name="draft_inputs.prepare",
+        contract="the draft's context, query and sampling rows and seq_lens for the live batch, everything past it "
+                 "inert; a batch with an unaligned cached prefix drafts -1s (fixes 3, 4)",
         kernel=kernels.draft_inputs.prepare_draft_inputs,
         reference=reference.draft_inputs.prepare_draft_inputs,
         families={**di_families.FAMILIES, "refused": refusals.PREPARE},
@@ -194,6 +204,8 @@ _SAMPLING = "kernels.sampling:_gumbel_sample_kernel"
 SAMPLING_CHECKS = (
     Check(
         name="sampling.gumbel",
+        contract="one Gumbel-max token per row keyed by (seeds[slot], position), greedy at temperature 0; slot -1 "
+                 "rows inert; raw logits cached per (slot, column) (fix 3)",
         kernel=kernels.sampling.gumbel_sample,
         reference=reference.sampling.gumbel_sample,
         families={**sampling_families.FAMILIES, "refused": refusals.GUMBEL},
@@ -226,6 +238,8 @@ _SLOTS = "kernels.spec.slots:RequestSlots"
 SLOT_CHECKS = (
     Check(
         name="spec.slots",
+        contract="request slots and fallback seeds identical on every TP rank: sorted slot recycling, a private "
+                 "seed generator (fix 2)",
         kernel=stress.schedule.replay,  # drives the production kernels.spec.slots.RequestSlots
         reference=reference.spec.slots.replay,
         families={**slot_families.FAMILIES, "refused": refusals.SLOTS},
@@ -259,6 +273,8 @@ _RESAMPLE_FROM_TARGET = Mutant(
 REJECTION_CHECKS = (
     Check(
         name="rejection.verify",
+        contract="greedy or probabilistic verification of k drafts per request: accept iff p(x) > u q(x), resample "
+                 "from max(p - q, 0), bonus token when all are accepted",
         kernel=kernels.rejection.verify,
         reference=reference.rejection.verify,
         families={**rejection_families.FAMILIES, "refused": refusals.VERIFY},
@@ -305,6 +321,7 @@ REJECTION_CHECKS = (
     ),
     Check(
         name="rejection.distribution",
+        contract="the tokens verification emits follow the target distribution (chi-square over many trials)",
         kernel=distribution.verify_trials,
         reference=distribution.expected_distribution,
         families=rejection_families.DISTRIBUTION_FAMILIES,
@@ -335,16 +352,19 @@ NON_CAUSAL_CLAIMS_FULL = Mutant(
     oracles=_EVERYWHERE, families=("sm100_non_causal",))
 
 
-def _host_check(name: str, driver, impl, families: dict, compare, mutants: tuple[Mutant, ...]) -> Check:
+def _host_check(name: str, contract: str, driver, impl, families: dict, compare, mutants: tuple[Mutant, ...]) -> Check:
     """A host-logic check: ``driver`` (stress.host) runs the production module by default, and the
     reference module ``impl`` of the same names for the expected records."""
-    return Check(name=name, kernel=driver, reference=functools.partial(driver, impl=impl), families=families,
+    return Check(name=name, contract=contract, kernel=driver, reference=functools.partial(driver, impl=impl),
+                 families=families,
                  outputs=(RETURN,), compare=compare, mutants=mutants)
 
 
 HOST_CHECKS = (
     _host_check(
-        "spec.graph_candidates", host.graph_outcomes, reference.spec.graphs,
+        "spec.graph_candidates", "FULL and PIECEWISE graph candidates per capture size and uniform width, never "
+                                 "width 0 (fix 1); dispatch picks the first staged graph that fits, else eager",
+        host.graph_outcomes, reference.spec.graphs,
         {**graph_families.FAMILIES, "refused": refusals.GRAPH_CANDIDATES},
         host.graph_outcomes_agree,
         (
@@ -371,7 +391,9 @@ HOST_CHECKS = (
         ),
     ),
     _host_check(
-        "spec.depth", host.depth_outcomes, reference.spec.depth,
+        "spec.depth", "a scheduled depth of 0 stays 0 and limits drafts to a zero-width view (fix 7); "
+                      "acceptance-length controllers per DSD band",
+        host.depth_outcomes, reference.spec.depth,
         {**depth_families.FAMILIES, "refused": refusals.DEPTH}, host.records_agree,
         (
             Mutant("depth-or-default", "fix 7, pre-fix (docs/fixes.md#fix-7): the depth is resolved as `value or "
@@ -392,7 +414,9 @@ HOST_CHECKS = (
         ),
     ),
     _host_check(
-        "spec.backends", host.backend_outcomes, reference.spec.backends,
+        "spec.backends", "backend priorities and graph claims by capability and causality: non-causal drafts never "
+                         "claim full graphs or FlashInfer first on SM100 (fix 6)",
+        host.backend_outcomes, reference.spec.backends,
         {**backend_families.FAMILIES, "refused": refusals.BACKENDS},
         host.records_agree,
         (
@@ -420,6 +444,8 @@ PAD_WRITTEN = Mutant(
 KV_CACHE_CHECKS = (
     Check(
         name="kv_cache.write",
+        contract="k_cache and v_cache[slot // bs, slot % bs] = key and value[t], bit for bit, for each token whose "
+                 "slot is not PAD",
         kernel=kv_families.write_kv_pair,  # kernels.kv_cache.write_kv on the halves of one combined cache
         reference=kv_families.write_kv_pair_reference,
         families={**kv_families.FAMILIES, "refused": refusals.WRITE_KV},
@@ -447,6 +473,8 @@ _ATT = "kernels.attention:_paged_attention_kernel"
 ATTENTION_CHECKS = (
     Check(
         name="attention.paged",
+        contract="each batch row's queries (its last tokens) attend over its paged KV, causal or not, with GQA; "
+                 "error within twice a float32 baseline's",
         kernel=kernels.attention.paged_attention,
         reference=attention_families.judged(reference.attention.paged_attention, ("v_cache",)),
         families={**attention_families.FAMILIES, "refused": refusals.PAGED_ATTENTION},
@@ -504,6 +532,8 @@ ATTENTION_CHECKS = (
     ),
     Check(
         name="attention.prefix_masked",
+        contract="a draft step over a restored prefix attends only to KV the draft computed: never-written KV stays "
+                 "out of sight (fix 4)",
         kernel=attention_families.prefix_masked_draft,  # drives the production kernels of one draft step
         reference=attention_families.judged(reference.attention.prefix_masked_draft,
                                             ("v_cache", "context_value", "query_value")),
@@ -532,18 +562,20 @@ _GRAPHS_UNCACHED = ("CUDA graph capture needs the caching allocator's private po
                     "PYTORCH_NO_CUDA_MEMORY_CACHING=1 (what makes an out-of-bounds access visible) turns off")
 
 
-def _graph_check(name: str, driver, reference_driver, families: dict, judge, mutants: tuple[Mutant, ...],
+def _graph_check(name: str, contract: str, driver, reference_driver, families: dict, judge, mutants: tuple[Mutant, ...],
                  unit_tests: tuple[str, ...] = ()) -> Check:
     """A GPU-only check whose ``driver`` (stress.graph_replay) captures and replays kernels.spec.draft_graphs;
     each case replays its graphs many times already, so it runs once."""
-    return Check(name=name, kernel=driver, reference=reference_driver, families=families, outputs=(RETURN,),
-                 compare=judge, devices=("cuda",), why_not=_NO_GRAPHS, repeats={"cuda": 1}, mutants=mutants,
-                 not_sanitized=_GRAPHS_UNCACHED, unit_tests=unit_tests)
+    return Check(name=name, contract=contract, kernel=driver, reference=reference_driver, families=families,
+                 outputs=(RETURN,), compare=judge, devices=("cuda",), why_not=_NO_GRAPHS, repeats={"cuda": 1},
+                 mutants=mutants, not_sanitized=_GRAPHS_UNCACHED, unit_tests=unit_tests)
 
 
 GRAPH_CHECKS = (
     _graph_check(
-        "graphs.replay", stress.graph_replay.replay_draft_graphs, reference.spec.draft_step.expected_replay,
+        "graphs.replay", "a padded CUDA-graph replay of the draft step equals the eager step bit for bit, and the "
+                         "eager step the float64 reference (GPU)",
+        stress.graph_replay.replay_draft_graphs, reference.spec.draft_step.expected_replay,
         replay_families.REPLAY_FAMILIES, stress.graph_replay.judge_replay,
         (
             Mutant("replay-skipped", "a graph that does nothing: the dispatched graph is never replayed",
@@ -569,7 +601,9 @@ GRAPH_CHECKS = (
                     "test_each_backend_attends_like_the_reference_on_rows_without_keys_or_queries",),
     ),
     _graph_check(
-        "graphs.lifetime", stress.graph_replay.lifetime_experiment, reference.spec.draft_step.expected_lifetime,
+        "graphs.lifetime", "a captured graph's backbone output is not handed to a later capture in the shared pool "
+                           "(fix 8, GPU)",
+        stress.graph_replay.lifetime_experiment, reference.spec.draft_step.expected_lifetime,
         replay_families.LIFETIME_FAMILIES, stress.graph_replay.judge_lifetime,
         (
             Mutant("backbone-not-retained", "fix 8, pre-fix (docs/fixes.md#fix-8): captured backbone outputs are "
@@ -586,6 +620,8 @@ _ENGINE = "kernels.spec.engine:Engine"
 ENGINE_CHECKS = (
     Check(
         name="engine.step",
+        contract="the whole spec-decode step, every recorded field against a reference engine after every step, "
+                 "plus the step's own invariants",
         kernel=engine_check.run_engine,  # drives the production kernels.spec.engine.Engine step by step
         reference=engine_check.reference,
         families={**engine_families.FAMILIES, "refused": refusals.ENGINE},
