@@ -384,7 +384,7 @@ def test_a_run_stopped_during_memcheck_keeps_the_unit_tests_kills(monkeypatch):
         order.append(("memcheck", list(rows)))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(mutate, "_unit_tests_of", lambda row: ("tests/test_any.py::test_any",))
+    monkeypatch.setattr(mutate, "_unit_tests_of", lambda row: ("tests/test_mutate.py::test_any",))
     monkeypatch.setattr(mutate, "judge_by_unit_tests", unit_tests)
     monkeypatch.setattr(mutate, "judge_by_memcheck", memcheck)
     streamed = []
