@@ -4,8 +4,8 @@ keys and values read through a block table, causal or not (DFlash / DSpark draft
 Request b (a batch row) owns query rows ``[query_start_loc[b], query_start_loc[b+1])``; they are the
 last ``q_len`` of its ``seq_lens[b]`` tokens, so query i sits at position ``seq_len - q_len + i``: a
 request with queries has no key or at least as many keys as queries (the draft's seq_lens are at
-least its query count, spec 2.2 fix 4), and no more keys than its block-table row addresses.
-Causal: it sees key positions up to its own. Non-causal: every query sees all ``seq_len`` positions.
+least its query count, docs/contracts/draft_inputs.md#layouts, fix 4), and no more keys than its block-table row
+addresses. Causal: it sees key positions up to its own. Non-causal: every query sees all ``seq_len`` positions.
 Only those positions are read, through ``block_table[b, pos // block_size]``: never a block past
 them, never a slot of another block. A request with no query or no key writes and reads nothing.
 A query whose every visible key scores -inf (a key holding -inf, or an infinite query) gets zeros, as

@@ -1,5 +1,5 @@
 """Block-table kernels: gather per-request rows into batch order, token slot mappings, and the
-in-place left shift that hides prefix-cache-restored blocks from draft attention (spec fix 4/5).
+in-place left shift that hides prefix-cache-restored blocks from draft attention (fixes 4 and 5, docs/fixes.md).
 
 Index spaces: ``batch_row`` indexes this step's batch, ``slot`` = ``idx_mapping[batch_row]``
 indexes persistent per-request state. Block id 0 is the null block; PAD (-1) in a slot mapping

@@ -1,4 +1,5 @@
-"""DFlash / DSpark draft-input preparation (spec 2.2, 2.7, fixes 3 and 4).
+"""DFlash / DSpark draft-input preparation (docs/contracts/draft_inputs.md#layouts,
+docs/contracts/draft_inputs.md#padding, fixes 3 and 4).
 
 One launch writes, per live batch row, its context rows (KV positions and slots of the target
 tokens), its Q draft query rows (bonus or anchor token, then mask ids), its K sampling rows and
@@ -99,7 +100,7 @@ def _prepare_draft_inputs_kernel(
             cached_start = (tl.load(num_cached_tokens_ptr + slot) // block_size) * block_size
             tl.store(seq_lens_ptr + batch_row, tl.maximum(last_pos + 1 + Q - cached_start, Q).to(tl.int32))
     elif tl.program_id(1) == 0:
-        # The extra program: everything past the live batch is inert (spec 2.7, fix 3).
+        # The extra program: everything past the live batch is inert (docs/contracts/draft_inputs.md#padding, fix 3).
         live_queries = num_batch_rows * Q
         for start in range(num_batch_rows, num_query_start_loc, BLOCK):
             rows = start + tl.arange(0, BLOCK)

@@ -1,4 +1,4 @@
-"""Verification of drafted tokens (spec 2.3): greedy, and probabilistic rejection sampling
+"""Verification of drafted tokens (docs/contracts/rejection.md): greedy, and probabilistic rejection sampling
 (Leviathan et al.) with a residual resample at the first rejection and a bonus token.
 
 Index spaces: batch row ``b`` is one request; ``slot = idx_mapping[b]`` indexes temperature,

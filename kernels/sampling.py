@@ -3,10 +3,10 @@
 Index spaces: ``row`` indexes the sampling rows of this launch; ``slot = idx_mapping[row]``
 indexes per-request state (temperature, seed, cached logits). Noise for a row comes from
 Philox keyed by ``gumbel_seed = randint(seed[slot], position)`` and then
-``rand(gumbel_seed, token)`` per vocab entry (spec 2.4), so the verifier and the drafter can
-reproduce each other's noise exactly, and a reference can too.
+``rand(gumbel_seed, token)`` per vocab entry (docs/contracts/sampling.md#noise-keys), so the verifier and the
+drafter can reproduce each other's noise exactly, and a reference can too.
 
-Rows with slot -1 are inert padding (spec fix 3): temperature 0 and seed 0 are used, and they
+Rows with slot -1 are inert padding (docs/fixes.md#fix-3): temperature 0 and seed 0 are used, and they
 write nothing to the logits cache. NaN scores rank below every number (as -inf); ties go to
 the lowest token id; a row of -inf/NaN gives token 0. Temperatures that are not > 0 (0, or
 NaN) mean greedy.
@@ -81,7 +81,7 @@ def _gumbel_sample_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperatur
         in_vocab = tokens < vocab
         logits = tl.load(row_ptr + tokens, mask=in_vocab, other=float("-inf"))
         if HAS_CACHE:
-            # Bit for bit, before temperature; an inert row stores nothing (spec fix 3).
+            # Bit for bit, before temperature; an inert row stores nothing (docs/fixes.md#fix-3).
             tl.store(cache_row_ptr + tokens, logits, mask=in_vocab & live_lanes)
         scores = logits
         if temp > 0:

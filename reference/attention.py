@@ -65,7 +65,8 @@ def prefix_masked_draft(*, idx_mapping, num_cached_tokens, target_query_start_lo
                         block_table, block_size, num_draft_tokens, anchor_first, context_key, context_value, query,
                         query_key, query_value, k_cache, v_cache, scale, out,
                         precision: torch.dtype = torch.float64) -> tuple[torch.Tensor, ...]:
-    """One draft step with a restored prefix (spec 2.2, fix 4): returns ``(out, k_cache, v_cache, block_table)``.
+    """One draft step with a restored prefix (docs/contracts/draft_inputs.md#layouts, fix 4): returns ``(out,
+    k_cache, v_cache, block_table)``.
 
     Batch row b keeps its valid target rows (not the rejected suffix) at their positions and its
     draft query block at ``p + 1 .. p + Q`` (p: last valid position); its queries attend,

@@ -1,4 +1,4 @@
-"""Reference draft-input preparation: a loop per request and per row, written from spec 2.2 and 2.7."""
+"""Reference draft-input preparation: a loop per request and per row, written from docs/contracts/draft_inputs.md."""
 
 from reference.block_table import PAD, kv_slot
 

@@ -612,12 +612,14 @@ def cmd_list(args) -> int:
     from stress import checks
 
     if args.json:
-        print(json.dumps([{"check": c.name, "families": list(c.families), "devices": list(c.devices),
+        print(json.dumps([{"check": c.name, "contract": c.contract, "docs": c.docs, "families": list(c.families),
+                           "devices": list(c.devices),
                            "mutants": [{"name": m.name, "description": m.description, "oracles": m.oracles}
                                        for m in c.mutants]} for c in checks.REGISTRY], indent=2))
         return 0
     for c in checks.REGISTRY:
         print(f"{c.name}  [{', '.join(c.devices)}]")
+        print(f"  contract: {c.contract}  (more: {c.docs})")
         print(f"  families: {', '.join(c.families)}")
         for m in c.mutants:
             oracles = ", ".join(f"{d}: {o}" for d, o in m.oracles.items())

@@ -45,6 +45,8 @@ _BT = "kernels.block_table"
 BLOCK_TABLE_CHECKS = (
     Check(
         name="block_table.gather",
+        contract="out[b] = persistent[idx_mapping[b]] for each batch row b; slot -1 gives null blocks; rows past "
+                 "the batch untouched",
         kernel=kernels.block_table.gather_block_tables,
         reference=reference.block_table.gather_block_tables,
         families={**bt_families.GATHER_FAMILIES, "refused": refusals.GATHER},
@@ -78,6 +80,8 @@ BLOCK_TABLE_CHECKS = (
     ),
     Check(
         name="block_table.slot_mapping",
+        contract="out[t] = block_table[b, pos // bs] * bs + pos % bs for token t of batch row b; PAD for null "
+                 "blocks, positions off the row and tokens past the batch",
         kernel=kernels.block_table.compute_slot_mappings,
         reference=reference.block_table.compute_slot_mappings,
         families={**bt_families.SLOT_MAPPING_FAMILIES, "refused": refusals.SLOT_MAPPING},
@@ -94,6 +98,8 @@ BLOCK_TABLE_CHECKS = (
     ),
     Check(
         name="block_table.shift",
+        contract="batch row b shifted left in place by num_cached_tokens[idx_mapping[b]] // bs entries, only the "
+                 "blocks seq_lens[b] needs; race-free (fixes 4, 5)",
         kernel=kernels.block_table.shift_block_table_rows,
         reference=reference.block_table.shift_block_table_rows,
         families={**bt_families.SHIFT_FAMILIES, "refused": refusals.SHIFT},
@@ -102,14 +108,17 @@ BLOCK_TABLE_CHECKS = (
         provenance={"block_table": "block_table"},
         hunt_seconds={"cpu": 0.5, "cuda": 4.0},  # in-place and chunked: races between warps (fix 5)
         mutants=(
-            Mutant("no-barrier", "spec fix 5: the barrier between a chunk's loads and its stores is removed",
+            Mutant("no-barrier", "fix 5 (docs/fixes.md#fix-5): the barrier between a chunk's loads and its stores "
+                                 "is removed",
                    (Patch(f"{_BT}:_shift_rows_kernel", "tl.debug_barrier()", "pass"),),
                    oracles={"cpu": "race", "cuda": "divergence"}, families=("overlap", "long_row")),
-            Mutant("count-by-batch-row", "spec fix 4: num_cached_tokens indexed by batch row instead of slot",
+            Mutant("count-by-batch-row", "fix 4 (docs/fixes.md#fix-4): num_cached_tokens indexed by batch row "
+                                         "instead of slot",
                    (Patch(f"{_BT}:_shift_rows_kernel", "tl.load(num_cached_tokens_ptr + slot, mask=slot >= 0",
                           "tl.load(num_cached_tokens_ptr + batch_row, mask=slot >= 0"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}),
-            Mutant("ignores-seq-lens", "spec fix 4: copies to the end of the row instead of the needed blocks",
+            Mutant("ignores-seq-lens", "fix 4 (docs/fixes.md#fix-4): copies to the end of the row instead of the "
+                                       "needed blocks",
                    (Patch(f"{_BT}:_shift_rows_kernel", "n = tl.minimum(width - shift, needed)",
                           "n = width - shift + needed * 0"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}),
@@ -122,12 +131,14 @@ BLOCK_TABLE_CHECKS = (
     ),
     Check(
         name="block_table.unaligned_prefix",
+        contract="True iff some live slot's cached count is not a multiple of a block size: the batch must not "
+                 "draft (fix 4)",
         kernel=kernels.block_table.has_unaligned_cached_prefix,
         reference=reference.block_table.has_unaligned_cached_prefix,
         families={**bt_families.PREFIX_FAMILIES, "refused": refusals.UNALIGNED_PREFIX},
         outputs=(RETURN,),
         mutants=(
-            Mutant("unaligned-not-refused", "spec fix 4: a partial restored block is not refused",
+            Mutant("unaligned-not-refused", "fix 4 (docs/fixes.md#fix-4): a partial restored block is not refused",
                    (Patch(f"{_BT}:has_unaligned_cached_prefix", "return any(", "return False and any("),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}),
             Mutant("padded-slot-wraps", "padded rows (slot -1) index the last slot's count",
@@ -143,23 +154,28 @@ _EVERYWHERE = {"cpu": "divergence", "cuda": "divergence"}
 DRAFT_INPUT_CHECKS = (
     Check(
         name="draft_inputs.prepare",
+        contract="the draft's context, query and sampling rows and seq_lens for the live batch, everything past it "
+                 "inert; a batch with an unaligned cached prefix drafts -1s (fixes 3, 4)",
         kernel=kernels.draft_inputs.prepare_draft_inputs,
         reference=reference.draft_inputs.prepare_draft_inputs,
         families={**di_families.FAMILIES, "refused": refusals.PREPARE},
         outputs=(RETURN, *reference.draft_inputs.OUTPUTS),
         sweep=di_families.sweep,
         mutants=(
-            Mutant("stale-padded-queries", "spec fix 3 (pre-fix): padded query rows get PAD slots but keep stale "
+            Mutant("stale-padded-queries", "fix 3, pre-fix (docs/fixes.md#fix-3): padded query rows get PAD slots "
+                                           "but keep stale "
                    "input ids and positions",
                    (Patch(_DI, "tl.store(input_ids_ptr + rows, tl.full((BLOCK,), 0, tl.int32), mask=keep)  # cleared "
                           "query inputs\n            tl.store(positions_ptr + rows, tl.full((BLOCK,), 0, tl.int64), "
                           "mask=keep)  # (fix 3)", "pass"),),
                    oracles=_EVERYWHERE, families=("padded", "zero_width")),
-            Mutant("seq-lens-keep-cached", "spec fix 4 (pre-fix): seq_lens are not shortened by the cached blocks",
+            Mutant("seq-lens-keep-cached", "fix 4, pre-fix (docs/fixes.md#fix-4): seq_lens are not shortened by the "
+                                           "cached blocks",
                    (Patch(_DI, "(tl.load(num_cached_tokens_ptr + slot) // block_size) * block_size",
                           "tl.load(num_cached_tokens_ptr + slot) * 0"),),
                    oracles=_EVERYWHERE, families=("prefix_cache", "decode")),
-            Mutant("unaligned-drafts", "spec fix 4: a batch with a partial cached block is drafted, not refused",
+            Mutant("unaligned-drafts", "fix 4 (docs/fixes.md#fix-4): a batch with a partial cached block is "
+                                       "drafted, not refused",
                    (Patch("kernels.draft_inputs:prepare_draft_inputs",
                           "if tables.has_unaligned_cached_prefix(num_cached_tokens, slots, (block_size,)):",
                           "if False:"),),
@@ -188,6 +204,8 @@ _SAMPLING = "kernels.sampling:_gumbel_sample_kernel"
 SAMPLING_CHECKS = (
     Check(
         name="sampling.gumbel",
+        contract="one Gumbel-max token per row keyed by (seeds[slot], position), greedy at temperature 0; slot -1 "
+                 "rows inert; raw logits cached per (slot, column) (fix 3)",
         kernel=kernels.sampling.gumbel_sample,
         reference=reference.sampling.gumbel_sample,
         families={**sampling_families.FAMILIES, "refused": refusals.GUMBEL},
@@ -195,11 +213,13 @@ SAMPLING_CHECKS = (
         compare=exact_unless_near_tie,
         sweep=sampling_families.sampling_sweep,
         mutants=(
-            Mutant("padded-rows-slot-0", "spec fix 3: padded rows map to slot 0 and write its cached logits",
+            Mutant("padded-rows-slot-0", "fix 3 (docs/fixes.md#fix-3): padded rows map to slot 0 and write its "
+                                         "cached logits",
                    (Patch(_SAMPLING, "slot = tl.load(idx_mapping_ptr + row)",
                           "slot = tl.maximum(tl.load(idx_mapping_ptr + row), 0)"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",)),
-            Mutant("draft-noise-unsalted", "spec 2.4: drafting reuses the verifier's noise stream (no +2^30)",
+            Mutant("draft-noise-unsalted", "noise keys (docs/contracts/sampling.md#noise-keys): drafting reuses the "
+                                           "verifier's noise stream (no +2^30)",
                    (Patch(_SAMPLING, "tl.load(positions_ptr + row) + pos_salt", "tl.load(positions_ptr + row)"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),
             Mutant("cache-after-temperature", "the logits cache stores scaled logits instead of the raw ones",
@@ -218,15 +238,19 @@ _SLOTS = "kernels.spec.slots:RequestSlots"
 SLOT_CHECKS = (
     Check(
         name="spec.slots",
+        contract="request slots and fallback seeds identical on every TP rank: sorted slot recycling, a private "
+                 "seed generator (fix 2)",
         kernel=stress.schedule.replay,  # drives the production kernels.spec.slots.RequestSlots
         reference=reference.spec.slots.replay,
         families={**slot_families.FAMILIES, "refused": refusals.SLOTS},
         outputs=(RETURN,),
         mutants=(
-            Mutant("set-order-recycling", "spec fix 2B (pre-fix): freed slots are recycled in set order",
+            Mutant("set-order-recycling", "fix 2B, pre-fix (docs/fixes.md#fix-2b): freed slots are recycled in set "
+                                          "order",
                    (Patch(_SLOTS, "for req_id in sorted(req_ids):", "for req_id in req_ids:"),),
                    oracles=_EVERYWHERE, families=("mass_finish", "churn")),
-            Mutant("global-rng-seeds", "spec fix 2A (pre-fix): fallback seeds come from the global numpy RNG",
+            Mutant("global-rng-seeds", "fix 2A, pre-fix (docs/fixes.md#fix-2a): fallback seeds come from the global "
+                                       "numpy RNG",
                    (Patch(_SLOTS, "self._fallback_seed_rng.integers(", "np.random.randint("),),
                    oracles=_EVERYWHERE, families=("resume", "churn")),
         ),
@@ -249,6 +273,8 @@ _RESAMPLE_FROM_TARGET = Mutant(
 REJECTION_CHECKS = (
     Check(
         name="rejection.verify",
+        contract="greedy or probabilistic verification of k drafts per request: accept iff p(x) > u q(x), resample "
+                 "from max(p - q, 0), bonus token when all are accepted",
         kernel=kernels.rejection.verify,
         reference=reference.rejection.verify,
         families={**rejection_families.FAMILIES, "refused": refusals.VERIFY},
@@ -295,6 +321,7 @@ REJECTION_CHECKS = (
     ),
     Check(
         name="rejection.distribution",
+        contract="the tokens verification emits follow the target distribution (chi-square over many trials)",
         kernel=distribution.verify_trials,
         reference=distribution.expected_distribution,
         families=rejection_families.DISTRIBUTION_FAMILIES,
@@ -317,27 +344,32 @@ _BACKENDS = "kernels.spec.backends"
 # attention too, so the draft captures launches whose host-side plan only fits the capture batch.
 # The graph replay check hunts the same patch on the GPU.
 NON_CAUSAL_CLAIMS_FULL = Mutant(
-    "non-causal-claims-full", "spec fix 6 (pre-fix): non-causal attention claims UNIFORM_BATCH graph support",
+    "non-causal-claims-full", "fix 6, pre-fix (docs/fixes.md#fix-6): non-causal attention claims UNIFORM_BATCH "
+                              "graph support",
     (Patch(f"{_BACKENDS}:graph_support",
            "CGSupport.UNIFORM_SINGLE_TOKEN_DECODE if non_causal else CGSupport.UNIFORM_BATCH",
            "CGSupport.UNIFORM_BATCH"),),
     oracles=_EVERYWHERE, families=("sm100_non_causal",))
 
 
-def _host_check(name: str, driver, impl, families: dict, compare, mutants: tuple[Mutant, ...]) -> Check:
+def _host_check(name: str, contract: str, driver, impl, families: dict, compare, mutants: tuple[Mutant, ...]) -> Check:
     """A host-logic check: ``driver`` (stress.host) runs the production module by default, and the
     reference module ``impl`` of the same names for the expected records."""
-    return Check(name=name, kernel=driver, reference=functools.partial(driver, impl=impl), families=families,
+    return Check(name=name, contract=contract, kernel=driver, reference=functools.partial(driver, impl=impl),
+                 families=families,
                  outputs=(RETURN,), compare=compare, mutants=mutants)
 
 
 HOST_CHECKS = (
     _host_check(
-        "spec.graph_candidates", host.graph_outcomes, reference.spec.graphs,
+        "spec.graph_candidates", "FULL and PIECEWISE graph candidates per capture size and uniform width, never "
+                                 "width 0 (fix 1); dispatch picks the first staged graph that fits, else eager",
+        host.graph_outcomes, reference.spec.graphs,
         {**graph_families.FAMILIES, "refused": refusals.GRAPH_CANDIDATES},
         host.graph_outcomes_agree,
         (
-            Mutant("zero-width-candidates", "spec fix 1 (pre-fix): no zero-width filter, so a depth-0 band of an "
+            Mutant("zero-width-candidates", "fix 1, pre-fix (docs/fixes.md#fix-1): no zero-width filter, so a "
+                                            "depth-0 band of an "
                    "n_new = 0 draft rounds capture sizes up to a multiple of 0: candidate building raises "
                    "ZeroDivisionError on a valid configuration, as the upstream engine did at start-up",
                    (Patch(f"{_GRAPHS}:decode_widths", "{d + n_new for d in depths if d + n_new > 0}",
@@ -359,15 +391,19 @@ HOST_CHECKS = (
         ),
     ),
     _host_check(
-        "spec.depth", host.depth_outcomes, reference.spec.depth,
+        "spec.depth", "a scheduled depth of 0 stays 0 and limits drafts to a zero-width view (fix 7); "
+                      "acceptance-length controllers per DSD band",
+        host.depth_outcomes, reference.spec.depth,
         {**depth_families.FAMILIES, "refused": refusals.DEPTH}, host.records_agree,
         (
-            Mutant("depth-or-default", "spec fix 7 (pre-fix): the depth is resolved as `value or default`, so a "
+            Mutant("depth-or-default", "fix 7, pre-fix (docs/fixes.md#fix-7): the depth is resolved as `value or "
+                                       "default`, so a "
                    "scheduled 0 becomes K",
                    (Patch(f"{_DEPTH}:resolve_num_spec_tokens", "default if value is None else value",
                           "value or default"),),
                    oracles=_EVERYWHERE, families=("resolve", "disable_drafting")),
-            Mutant("limit-refuses-zero", "spec fix 7 (pre-fix): limit_draft_tokens has no depth-0 branch and "
+            Mutant("limit-refuses-zero", "fix 7, pre-fix (docs/fixes.md#fix-7): limit_draft_tokens has no depth-0 "
+                                         "branch and "
                    "refuses 0 like any depth outside 1..k_max",
                    (Patch(f"{_DEPTH}:limit_draft_tokens", "if n == 0:", "if False:"),),
                    oracles=_EVERYWHERE, families=("limit", "disable_drafting")),
@@ -378,12 +414,15 @@ HOST_CHECKS = (
         ),
     ),
     _host_check(
-        "spec.backends", host.backend_outcomes, reference.spec.backends,
+        "spec.backends", "backend priorities and graph claims by capability and causality: non-causal drafts never "
+                         "claim full graphs or FlashInfer first on SM100 (fix 6)",
+        host.backend_outcomes, reference.spec.backends,
         {**backend_families.FAMILIES, "refused": refusals.BACKENDS},
         host.records_agree,
         (
             NON_CAUSAL_CLAIMS_FULL,
-            Mutant("sm100-non-causal-prefers-flashinfer", "spec fix 6 (pre-fix): SM100 puts FlashInfer first "
+            Mutant("sm100-non-causal-prefers-flashinfer", "fix 6, pre-fix (docs/fixes.md#fix-6): SM100 puts "
+                                                          "FlashInfer first "
                    "whatever the causality, so non-causal drafts auto-select its cutlass path",
                    (Patch(f"{_BACKENDS}:backend_priorities", "if capability_major == 10 and not non_causal:",
                           "if capability_major == 10:"),),
@@ -405,6 +444,8 @@ PAD_WRITTEN = Mutant(
 KV_CACHE_CHECKS = (
     Check(
         name="kv_cache.write",
+        contract="k_cache and v_cache[slot // bs, slot % bs] = key and value[t], bit for bit, for each token whose "
+                 "slot is not PAD",
         kernel=kv_families.write_kv_pair,  # kernels.kv_cache.write_kv on the halves of one combined cache
         reference=kv_families.write_kv_pair_reference,
         families={**kv_families.FAMILIES, "refused": refusals.WRITE_KV},
@@ -432,6 +473,8 @@ _ATT = "kernels.attention:_paged_attention_kernel"
 ATTENTION_CHECKS = (
     Check(
         name="attention.paged",
+        contract="each batch row's queries (its last tokens) attend over its paged KV, causal or not, with GQA; "
+                 "error within twice a float32 baseline's",
         kernel=kernels.attention.paged_attention,
         reference=attention_families.judged(reference.attention.paged_attention, ("v_cache",)),
         families={**attention_families.FAMILIES, "refused": refusals.PAGED_ATTENTION},
@@ -489,6 +532,8 @@ ATTENTION_CHECKS = (
     ),
     Check(
         name="attention.prefix_masked",
+        contract="a draft step over a restored prefix attends only to KV the draft computed: never-written KV stays "
+                 "out of sight (fix 4)",
         kernel=attention_families.prefix_masked_draft,  # drives the production kernels of one draft step
         reference=attention_families.judged(reference.attention.prefix_masked_draft,
                                             ("v_cache", "context_value", "query_value")),
@@ -497,7 +542,8 @@ ATTENTION_CHECKS = (
         compare=within_float32_baseline,
         sweep=attention_families.sweep,
         mutants=(
-            Mutant("restored-blocks-visible", "spec fix 4 (pre-fix): no block-table shift and seq_lens not "
+            Mutant("restored-blocks-visible", "fix 4, pre-fix (docs/fixes.md#fix-4): no block-table shift and "
+                                              "seq_lens not "
                    "shortened, so draft attention reads the restored prefix's never-written KV (NaN)",
                    (Patch(_DI, "(tl.load(num_cached_tokens_ptr + slot) // block_size) * block_size",
                           "tl.load(num_cached_tokens_ptr + slot) * 0"),
@@ -516,18 +562,20 @@ _GRAPHS_UNCACHED = ("CUDA graph capture needs the caching allocator's private po
                     "PYTORCH_NO_CUDA_MEMORY_CACHING=1 (what makes an out-of-bounds access visible) turns off")
 
 
-def _graph_check(name: str, driver, reference_driver, families: dict, judge, mutants: tuple[Mutant, ...],
+def _graph_check(name: str, contract: str, driver, reference_driver, families: dict, judge, mutants: tuple[Mutant, ...],
                  unit_tests: tuple[str, ...] = ()) -> Check:
     """A GPU-only check whose ``driver`` (stress.graph_replay) captures and replays kernels.spec.draft_graphs;
     each case replays its graphs many times already, so it runs once."""
-    return Check(name=name, kernel=driver, reference=reference_driver, families=families, outputs=(RETURN,),
-                 compare=judge, devices=("cuda",), why_not=_NO_GRAPHS, repeats={"cuda": 1}, mutants=mutants,
-                 not_sanitized=_GRAPHS_UNCACHED, unit_tests=unit_tests)
+    return Check(name=name, contract=contract, kernel=driver, reference=reference_driver, families=families,
+                 outputs=(RETURN,), compare=judge, devices=("cuda",), why_not=_NO_GRAPHS, repeats={"cuda": 1},
+                 mutants=mutants, not_sanitized=_GRAPHS_UNCACHED, unit_tests=unit_tests)
 
 
 GRAPH_CHECKS = (
     _graph_check(
-        "graphs.replay", stress.graph_replay.replay_draft_graphs, reference.spec.draft_step.expected_replay,
+        "graphs.replay", "a padded CUDA-graph replay of the draft step equals the eager step bit for bit, and the "
+                         "eager step the float64 reference (GPU)",
+        stress.graph_replay.replay_draft_graphs, reference.spec.draft_step.expected_replay,
         replay_families.REPLAY_FAMILIES, stress.graph_replay.judge_replay,
         (
             Mutant("replay-skipped", "a graph that does nothing: the dispatched graph is never replayed",
@@ -536,7 +584,8 @@ GRAPH_CHECKS = (
                    "but is left out of the graph",
                    (Patch(_STEP, "kv_cache.write_kv(", "capturing() or kv_cache.write_kv("),),
                    oracles=_ON_GPU, why_not=_NO_GRAPHS),
-            Mutant("padded-draft-rows-slot-0", "spec fix 3 (pre-fix) in the draft step: padded sampling rows map to "
+            Mutant("padded-draft-rows-slot-0", "fix 3, pre-fix (docs/fixes.md#fix-3) in the draft step: padded "
+                                               "sampling rows map to "
                    "slot 0 and write its logits cache",
                    (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
                           "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
@@ -552,10 +601,13 @@ GRAPH_CHECKS = (
                     "test_each_backend_attends_like_the_reference_on_rows_without_keys_or_queries",),
     ),
     _graph_check(
-        "graphs.lifetime", stress.graph_replay.lifetime_experiment, reference.spec.draft_step.expected_lifetime,
+        "graphs.lifetime", "a captured graph's backbone output is not handed to a later capture in the shared pool "
+                           "(fix 8, GPU)",
+        stress.graph_replay.lifetime_experiment, reference.spec.draft_step.expected_lifetime,
         replay_families.LIFETIME_FAMILIES, stress.graph_replay.judge_lifetime,
         (
-            Mutant("backbone-not-retained", "spec fix 8 (pre-fix): captured backbone outputs are not retained, so "
+            Mutant("backbone-not-retained", "fix 8, pre-fix (docs/fixes.md#fix-8): captured backbone outputs are "
+                                            "not retained, so "
                    "a later capture in the shared pool is handed their memory",
                    (Patch(_DRAFT_GRAPHS, "self._captured_backbone_outputs.append(hidden)", "pass"),),
                    oracles=_ON_GPU, why_not=_NO_GRAPHS),
@@ -568,6 +620,8 @@ _ENGINE = "kernels.spec.engine:Engine"
 ENGINE_CHECKS = (
     Check(
         name="engine.step",
+        contract="the whole spec-decode step, every recorded field against a reference engine after every step, "
+                 "plus the step's own invariants",
         kernel=engine_check.run_engine,  # drives the production kernels.spec.engine.Engine step by step
         reference=engine_check.reference,
         families={**engine_families.FAMILIES, "refused": refusals.ENGINE},
@@ -588,7 +642,8 @@ ENGINE_CHECKS = (
         not_sanitized="a whole-path check: its kernels are sanitized through their own checks, and its graph "
                       "families need the caching allocator (" + _GRAPHS_UNCACHED + ")",
         mutants=(
-            Mutant("prefix-blocks-visible", "spec fix 4 (pre-fix): no restored counts reach the draft: seq_lens not "
+            Mutant("prefix-blocks-visible", "fix 4, pre-fix (docs/fixes.md#fix-4): no restored counts reach the "
+                                            "draft: seq_lens not "
                    "shortened, no shift, no fail-closed; the draft reads never-written (NaN) KV",
                    (Patch(_ENGINE, "torch.from_numpy(self.slots.num_cached_tokens).to(self.device)",
                           "torch.zeros_like(torch.from_numpy(self.slots.num_cached_tokens)).to(self.device)"),),

@@ -1,5 +1,6 @@
 """Drivers and judges of the GPU graph checks: replay against eager and reference, and graph lifetime
-in a shared memory pool (spec 2.6, 2.7, fixes 3, 6, 8; research/anchors.md section 8).
+in a shared memory pool (docs/contracts/spec.md#specgraph_candidates, docs/contracts/draft_inputs.md#padding, fixes
+3, 6, 8 in docs/fixes.md).
 
 ``replay_draft_graphs`` captures the draft step at the captured sizes, then runs a sequence of
 batches twice: through ``DraftGraphs.run`` (a replay where a graph fits) and through an uncaptured

@@ -3,7 +3,7 @@ workload and all-gather a digest of every per-step field: an admission schedule 
 the draft-input kernel, or a request stream through the whole engine (``kernels.spec.engine``).
 
 Upstream runs the scheduler-driven worker loop redundantly on every TP rank, so slot maps, seeds and
-draft metadata must agree bit for bit (spec fix 2). A difference stops every rank at the same step
+draft metadata must agree bit for bit (docs/fixes.md#fix-2). A difference stops every rank at the same step
 (they all see the same gathered digests) and names the first differing field. Ranks talk over gloo
 (digests as CPU tensors) or NCCL (digests as CUDA tensors, rank r on GPU r); ``choose_backend``
 picks NCCL when there is a GPU per rank, or refuses an explicit nccl without one.

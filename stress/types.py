@@ -95,6 +95,12 @@ class Check:
     # reach more widely than its families can afford (the engine's scheduler alone, over many workloads):
     # `stress mutate` runs them against each mutant that survives every family (SPECSAN_MUTANT, see conftest.py)
     unit_tests: tuple[str, ...] = ()
+    contract: str = ""  # one line: what the check holds the code to (in full: the page `docs` names)
+
+    @property
+    def docs(self) -> str:
+        """Where the contract is stated in full: docs/contracts/<module>.md, at the check's section."""
+        return f"docs/contracts/{self.name.split('.')[0]}.md#{self.name.replace('.', '')}"
 
     def mutant(self, name: str) -> Mutant:
         for planted in self.mutants:

@@ -253,7 +253,8 @@ def test_draft_step_hides_the_restored_prefix():
 
 
 def test_restored_blocks_left_visible_surface_as_poison():
-    """Spec fix 4's pre-fix form: no shift and full seq_lens make the draft read never-written KV."""
+    """The pre-fix form of fix 4 (docs/fixes.md#fix-4): no shift and full seq_lens make the draft read
+    never-written KV."""
     check, case = _prefix_case(21)
     with mutants.applied(check.mutant("restored-blocks-visible")):
         out = _draft_step(case)

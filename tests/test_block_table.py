@@ -1,4 +1,5 @@
-"""Hand-worked block-table cases (spec fix 4/5 tests), each checked on kernel and reference alike."""
+"""Hand-worked block-table cases (the upstream tests of fixes 4 and 5, docs/fixes.md), each checked on kernel and
+reference alike."""
 
 import pytest
 import torch

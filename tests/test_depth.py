@@ -1,5 +1,6 @@
 """Per-step depth: an explicit 0 is kept (fix 7), the zero-width draft view, the acceptance-length
-controller and its per-band variant (spec 2.5), with the upstream expectations worked by hand."""
+controller and its per-band variant (docs/contracts/spec.md#specdepth), with the upstream expectations worked by
+hand."""
 
 import pytest
 import torch
@@ -70,7 +71,8 @@ def test_limit_refuses_impossible_requests(shape, n, k_max, name):
 
 
 def test_controller_starts_at_max_and_waits_for_its_window():
-    """Spec 2.5: 2 of 10 tokens accepted over a window of 2 steps: mean 1.0 per draft, target 2."""
+    """docs/contracts/spec.md#specdepth: 2 of 10 tokens accepted over a window of 2 steps: mean 1.0 per draft,
+    target 2."""
     controller = AcceptanceLengthController(max_depth=5, window=2)
     assert controller.depth == 5
     assert not controller.observe(2, 10, 2)

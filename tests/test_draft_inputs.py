@@ -1,5 +1,5 @@
-"""Draft-input preparation: hand-worked batches for both layouts, spec 2.7 padding, fail-closed, and
-a property test of kernel == reference over the registry families."""
+"""Draft-input preparation: hand-worked batches for both layouts, docs/contracts/draft_inputs.md#padding padding,
+fail-closed, and a property test of kernel == reference over the registry families."""
 
 import pytest
 import torch

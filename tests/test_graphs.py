@@ -1,5 +1,5 @@
-"""CUDA-graph candidates and dispatch: the upstream expectations of spec 2.6 / fix 1, worked by hand,
-and the invariants every configuration must keep."""
+"""CUDA-graph candidates and dispatch: the upstream expectations of docs/contracts/spec.md#specgraph_candidates /
+fix 1, worked by hand, and the invariants every configuration must keep."""
 
 import pytest
 from hypothesis import assume, given
@@ -112,9 +112,10 @@ def test_limits_on_tokens_and_requests():
 
 
 def test_only_the_row_of_the_smallest_staged_count_is_tried():
-    """Every token count up to a staged count Tk maps to the graphs staged at Tk alone (spec 2.6): widths 2
-    and 3 from size 8 stage FULL(8, 4, 2) and FULL(9, 3, 3); two 3-token requests (6 tokens) meet only the
-    width-2 graph at 8, so they run piecewise although FULL(9, 3, 3) could hold them."""
+    """Every token count up to a staged count Tk maps to the graphs staged at Tk alone
+    (docs/contracts/spec.md#specgraph_candidates): widths 2 and 3 from size 8 stage FULL(8, 4, 2) and
+    FULL(9, 3, 3); two 3-token requests (6 tokens) meet only the width-2 graph at 8, so they run piecewise
+    although FULL(9, 3, 3) could hold them."""
     candidates = build_candidates([8], 8, 3, 2, [(1, 4, 1), (5, 8, 2)], small_grid=0, max_capture_size=9)
     assert candidates.full == (full(8, 4, 2), full(9, 3, 3))
     assert dispatch(candidates, 2, 6, 3) == piecewise(8)

@@ -384,7 +384,7 @@ def test_a_run_stopped_during_memcheck_keeps_the_unit_tests_kills(monkeypatch):
         order.append(("memcheck", list(rows)))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(mutate, "_unit_tests_of", lambda row: ("tests/test_any.py::test_any",))
+    monkeypatch.setattr(mutate, "_unit_tests_of", lambda row: ("tests/test_mutate.py::test_any",))
     monkeypatch.setattr(mutate, "judge_by_unit_tests", unit_tests)
     monkeypatch.setattr(mutate, "judge_by_memcheck", memcheck)
     streamed = []
@@ -458,15 +458,15 @@ def test_memcheck_without_a_caught_control_judges_nothing(monkeypatch):
     assert over_read.status == "survived" and over_read.reason == "memcheck not run: the control was missed"
 
 
-def test_the_kept_h200_record_resumes_with_the_readme_command():
-    """records/ keeps the H200's decided mutants; the README's `make mutate` line must match its settings."""
+def test_the_kept_h200_record_resumes_with_the_documented_command():
+    """records/ keeps the H200's decided mutants; docs/mutation.md's `make mutate` line must match its settings."""
     import os
     import re
 
     path = "records/mutate-h200-iters2.jsonl.gz"
     header, decided = mutate.earlier_run(os.path.join(mutate.ROOT, path))
     assert (header["device"], header["seed"]) == ("cuda", 0) and decided
-    readme = open(os.path.join(mutate.ROOT, "README.md")).read()
+    readme = open(os.path.join(mutate.ROOT, "docs", "mutation.md")).read()
     assert f"make mutate MUTATE_ITERS={header['iters']}\nRESUME={path}" in readme
     assert all(re.fullmatch(r"[0-9a-f]{16}", row["fingerprint"]) for row in decided.values())
 

@@ -25,7 +25,7 @@ def test_release_order_is_sorted_whatever_the_iteration_order(order):
 
 
 def test_fallback_seeds_ignore_the_global_rng():
-    """Spec fix 2A (e): two ranks with different global RNG use draw the same fallback seeds."""
+    """fix 2A (docs/fixes.md#fix-2a): two ranks with different global RNG use draw the same fallback seeds."""
     saved = np.random.get_state()
     try:
         np.random.seed(1234)

@@ -1,4 +1,4 @@
-"""Arguments of the README's tracing example:
+"""Arguments of the tracing example of docs/tracing.md:
 
     python -m stress trace --kernel tests.trace_kernels:gather_groups --grid 3 --args tests/trace_example_args.py
 

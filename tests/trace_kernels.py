@@ -1,6 +1,6 @@
 """Kernels with the patterns of real engines that a CPU tracer must handle, each as a correct
 form and a planted bug: pointer tables, constructs the interpreter cannot run, atomic tickets,
-and a tiled Gumbel/argmax sampler over a long vocabulary. Also the README's tracing example."""
+and a tiled Gumbel/argmax sampler over a long vocabulary. Also the tracing example of docs/tracing.md."""
 
 import triton
 import triton.language as tl

@@ -1,4 +1,4 @@
-"""The two draft attention backends a captured draft step can run (spec fix 6).
+"""The two draft attention backends a captured draft step can run (docs/fixes.md#fix-6).
 
 Both follow the metadata-builder pattern: ``plan(meta)`` runs eagerly before every step (and before
 a capture), ``forward`` is what a CUDA graph records. ``meta`` holds views of the draft's static

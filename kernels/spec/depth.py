@@ -1,5 +1,5 @@
 """Per-step speculative depth: chosen by the scheduler, kept when it is 0 (fix 7), adapted to
-the observed acceptance (spec 2.5) and capped per batch-size band (DSD).
+the observed acceptance (docs/contracts/spec.md#specdepth) and capped per batch-size band (DSD).
 
 Depth 0 is a decision (drafting is off for this step: a DSD band with K = 0, or a controller),
 not a missing value. Replacing it by the default K made the worker draft K tokens and the async

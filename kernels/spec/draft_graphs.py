@@ -4,13 +4,13 @@
 (decode query length Q = 1 + K for DFlash, K for DSpark anchor-first; a DSD schedule gives one
 width per band, and a band of depth 0 needs no graph: it drafts nothing). It asks
 ``kernels.spec.backends.draft_graph_mode`` whether the step's attention backend may be captured at
-all (spec fix 6: a backend whose plan bakes per-step lengths must run eagerly), then captures every
+all (fix 6 (docs/fixes.md#fix-6): a backend whose plan bakes per-step lengths must run eagerly), then captures every
 FULL descriptor, largest first, into one pool.
 
 A run dispatches the live batch (B requests, B * Q tokens, uniform Q). Draft-input preparation runs
 eagerly for the padded size of the descriptor (``DraftStep.prepare``: it reads host values and clears
-the padded rows, spec 2.7); then the graph replays, its padded rows inert, or the step runs eagerly
-when no graph fits.
+the padded rows, docs/contracts/draft_inputs.md#padding); then the graph replays, its padded rows inert, or the
+step runs eagerly when no graph fits.
 
 Graph outputs are kept as non-owning views (the pool owns their memory, as vLLM's weak references
 do). Fix 8: an output that a graph or the caller reads after capture must not go back to the pool,

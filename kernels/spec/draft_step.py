@@ -6,14 +6,14 @@ One step, over the first ``num_reqs`` batch rows of the static buffers (live row
     rows' K/V through ``query_slot_mapping`` (PAD writes nothing) -> paged draft attention over the
     shifted batch-row block table: the backbone output -> logits of the sampling rows
     (``sample_indices``) -> Gumbel sampling keyed by ``sample_idx_mapping`` (slot -1 is an inert padded
-    row, spec fix 3) that caches the raw logits in ``logits_cache[slot, col]`` -> ``draft_tokens``.
+    row, fix 3 (docs/fixes.md#fix-3)) that caches the raw logits in ``logits_cache[slot, col]`` -> ``draft_tokens``.
 
 Draft-input preparation (``prepare``: ``prepare_draft_inputs``, the fix-4 block-table shift, then the
 attention backend's plan) runs eagerly before the step, as upstream's does outside the graph: it reads
 host values for its fail-closed test and sizes its launch from them. It fills the static buffers for
-the padded size and clears the padded rows (spec 2.7). Everything after it (``backbone``, ``logits``,
-``sample``) reads its per-step values from device memory only, never syncs with the host, and sizes
-its launches from ``num_reqs`` and the depth alone, so one CUDA graph per padded size can hold it
+the padded size and clears the padded rows (docs/contracts/draft_inputs.md#padding). Everything after it
+(``backbone``, ``logits``, ``sample``) reads its per-step values from device memory only, never syncs with the
+host, and sizes its launches from ``num_reqs`` and the depth alone, so one CUDA graph per padded size can hold it
 (``kernels.spec.draft_graphs``).
 
 Index spaces: batch rows (``query_start_loc``, ``seq_lens``, ``block_table``, ``draft_tokens`` rows),
@@ -61,7 +61,8 @@ class DraftConfig:
 
     @property
     def new_tokens(self) -> int:
-        """Query rows that are not drafts (spec 2.6 ``n_new``): the DFlash bonus row, none in anchor-first mode."""
+        """Query rows that are not drafts (docs/contracts/spec.md#specgraph_candidates ``n_new``): the DFlash bonus
+        row, none in anchor-first mode."""
         return 0 if self.anchor_first else 1
 
     def query_len(self, num_draft_tokens: int) -> int:
@@ -243,8 +244,8 @@ class DraftStep:
 
     def reset_for_capture(self, num_reqs: int, num_draft_tokens: int) -> None:
         """Dummy inputs for a capture (whose warm-up really runs): every request a bare query block over
-        the null block, no KV write, every sampling row inert (spec 2.7: capture can execute the
-        buffers before a real batch has filled them)."""
+        the null block, no KV write, every sampling row inert (docs/contracts/draft_inputs.md#padding: capture can
+        execute the buffers before a real batch has filled them)."""
         buf, q = self.buffers, self.config.query_len(num_draft_tokens)
         num_tokens, num_rows = self._sizes(num_reqs, num_draft_tokens)
         buf.input_ids[:num_tokens] = 0

@@ -1,9 +1,9 @@
 """A small but real spec-decode engine on the project's kernels: the whole step, replayable.
 
-One ``Engine.step()`` runs, as the V2 model runner does (spec 2.1, 2.2): schedule (admission
-with prefix-cache hits, chunked prefill, preemption), free and assign request slots
-(``kernels.spec.slots``), gather block tables, compute slot mappings, the target forward with
-KV writes and paged causal attention, verification, then the draft at the depth the scheduler
+One ``Engine.step()`` runs, as the V2 model runner does (docs/contracts/engine.md,
+docs/contracts/draft_inputs.md#layouts): schedule (admission with prefix-cache hits, chunked prefill, preemption),
+free and assign request slots (``kernels.spec.slots``), gather block tables, compute slot mappings, the target
+forward with KV writes and paged causal attention, verification, then the draft at the depth the scheduler
 chose (DSD bands, adaptive depth; fix 7: 0 drafts nothing): draft-input preparation, the
 prefix-cache shift of the draft block table, the draft forward with paged non-causal attention
 over the visible context at the size its graph dispatch pads to (fixes 1 and 6 decide which
@@ -501,7 +501,7 @@ class _GraphStep:
 
     def reset_for_capture(self, num_reqs: int, num_draft_tokens: int) -> None:
         """Dummy inputs for a capture, whose warm-up really runs: bare query blocks over the null block,
-        no KV write, every sampling row inert (spec 2.7)."""
+        no KV write, every sampling row inert (docs/contracts/draft_inputs.md#padding)."""
         buf, q = self.engine.buffers, self.config.query_len(num_draft_tokens)
         self.engine._clear_buffers()
         buf["query_slot_mapping"].fill_(-1)

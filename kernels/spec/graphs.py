@@ -1,4 +1,4 @@
-"""CUDA-graph candidates and dispatch for spec-decode batches (spec 2.6, fix 1).
+"""CUDA-graph candidates and dispatch for spec-decode batches (docs/contracts/spec.md#specgraph_candidates, fix 1).
 
 ``build_candidates`` stages, for every capture size, one FULL decode graph per uniform query
 width the scheduler can produce and one PIECEWISE graph for mixed batches; ``dispatch`` picks
@@ -79,7 +79,7 @@ def decode_widths(decode_query_len: int, max_spec_tokens: int, schedule=None,
 def build_candidates(capture_sizes: Iterable[int], max_num_reqs: int, decode_query_len: int, max_spec_tokens: int,
                      schedule: Sequence[tuple[int, int, int]] | None = None, *, max_capture_size: int | None = None,
                      adaptive: bool = False, small_grid: int = 32, varlen: bool = False) -> Candidates:
-    """Stage the graphs of a FULL_AND_PIECEWISE manager (spec 2.6).
+    """Stage the graphs of a FULL_AND_PIECEWISE manager (docs/contracts/spec.md#specgraph_candidates).
 
     Per capture size c: for each uniform width w, ``FULL(round_up(c, w), num_reqs, w)`` unless it
     exceeds ``max_num_reqs * decode_query_len`` tokens, ``max_capture_size`` tokens or

@@ -17,8 +17,8 @@ the weights predicts what the target emits. ``weights`` is a dict of float32 CPU
     .wo [Hq*D, H], .w_up [H, F], .w_down [F, H], head_raw / head_norm [H, V],
     position_codes [P, V]
 
-The draft (spec 2.2): its context KV for layer l is projected from the target's input to layer
-l (the aux hidden state) at each context row's absolute position, written through the draft
+The draft (docs/contracts/draft_inputs.md#layouts): its context KV for layer l is projected from the target's input
+to layer l (the aux hidden state) at each context row's absolute position, written through the draft
 group's context slot mapping; its query block (bonus or anchor, then mask tokens) writes its own
 KV and attends non-causally to the visible context and the whole block.
 """

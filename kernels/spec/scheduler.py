@@ -4,7 +4,7 @@ budget, preemption under block pressure and resume, and the per-request bookkeep
 Two KV groups, each with its own block pool and block size. The target group shares full blocks
 between requests through the prefix cache; the draft group (the DFlash draft's KV) is never
 restored from a cache: a request gets fresh draft blocks for every position, restored ones
-included, so the draft KV of a restored prefix was never written (spec fix 4) and must stay
+included, so the draft KV of a restored prefix was never written (docs/fixes.md#fix-4) and must stay
 out of the draft's sight. Block id 0 is the null block and is never handed out.
 
 The policy, which ``reference.spec.scheduler`` restates independently:

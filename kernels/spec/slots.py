@@ -1,4 +1,4 @@
-"""Request slots and per-slot sampling state, identical bit for bit on every TP rank (spec fix 2).
+"""Request slots and per-slot sampling state, identical bit for bit on every TP rank (docs/fixes.md#fix-2).
 
 Every TP rank runs this logic redundantly, so nothing here may depend on process-local state:
 freed slots are recycled in sorted request-id order (a set of str iterates in an order salted

@@ -1,4 +1,4 @@
-"""Reference depth logic: the fix-7 rules and the controllers of spec 2.5, written plainly.
+"""Reference depth logic: the fix-7 rules and the controllers of docs/contracts/spec.md#specdepth, written plainly.
 
 Same names and call shapes as kernels.spec.depth, so one driver (stress.host.depth_outcomes) runs
 either. The controller keeps its window as a list of steps and computes the target

@@ -113,7 +113,8 @@ def _log_or_neg_inf(r):
 
 def verify_request(rows: list[Row], drafts, temp, seed, pos, cached_q: list[Row] | None = None) -> tuple[list[int],
                                                                                                           bool]:
-    """Tokens one request emits (spec 2.3, as ``kernels.rejection``), and whether a decision was a near tie."""
+    """Tokens one request emits (docs/contracts/rejection.md, as ``kernels.rejection``), and whether a decision was
+    a near tie."""
     tokens, near = [], False
     for i, x in enumerate(drafts):
         if not temp > 0:

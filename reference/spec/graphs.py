@@ -1,4 +1,5 @@
-"""Reference graph candidates and dispatch: spec 2.6's loops written out over plain tuples.
+"""Reference graph candidates and dispatch: the loops of docs/contracts/spec.md#specgraph_candidates written out
+over plain tuples.
 
 Same names and call shapes as kernels.spec.graphs, so one driver (stress.host.graph_outcomes) runs
 either; a descriptor's mode is its name ("FULL", "PIECEWISE", "NONE").

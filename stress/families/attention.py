@@ -454,9 +454,9 @@ FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long"
 def prefix_masked_draft(*, idx_mapping, num_cached_tokens, target_query_start_loc, target_positions, num_rejected,
                         block_table, block_size, num_draft_tokens, anchor_first, context_key, context_value, query,
                         query_key, query_value, k_cache, v_cache, scale, out, **launch) -> None:
-    """One draft step in production order (spec 2.2, fix 4): draft inputs (slots from the unshifted table,
-    seq_lens shortened by the restored blocks), context and query KV writes, the block-table shift past
-    the restored blocks, then non-causal paged attention. Writes k_cache, v_cache, block_table and out.
+    """One draft step in production order (docs/contracts/draft_inputs.md#layouts, fix 4): draft inputs (slots from
+    the unshifted table, seq_lens shortened by the restored blocks), context and query KV writes, the block-table
+    shift past the restored blocks, then non-causal paged attention. Writes k_cache, v_cache, block_table and out.
 
     Token ids and sampling rows are prepared too but play no part here (greedy placeholders)."""
     dev = query.device

@@ -97,7 +97,7 @@ def prompt(rng: np.random.Generator, vocab: int, cls: int, length: int) -> list[
 def request(rng, req_no: int, *, arrival: int, prompt_tokens: list[int], max_new: int,
             temperature: float = 0.0) -> dict:
     """Ids sort in an order unrelated to admission, so sorted and set order both differ from it; about
-    half the requests have no seed and draw a fallback one (spec fix 2A)."""
+    half the requests have no seed and draw a fallback one (docs/fixes.md#fix-2a)."""
     seed = int(rng.integers(-2**40, 2**40)) if rng.random() < 0.5 else None
     return {"req_id": f"r{int(rng.integers(0, 1000)):03d}-{req_no}", "arrival": arrival, "prompt": prompt_tokens,
             "max_new_tokens": max_new, "temperature": temperature, "seed": seed}
@@ -141,9 +141,9 @@ def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, bl
 
 
 # The attention backends a case's engine offers its draft (the engine picks by capability and causality,
-# spec fix 6): ours may always be captured, FlashAttention on SM90 too and on SM100 for uniform batches,
-# FlashInfer and the host-planned backend only for single-token decode when non-causal (eager drafts). The
-# last offer holds none of the auto-selected backends: the engine falls back to the first offered.
+# fix 6, docs/fixes.md#fix-6): ours may always be captured, FlashAttention on SM90 too and on SM100 for
+# uniform batches, FlashInfer and the host-planned backend only for single-token decode when non-causal (eager
+# drafts). The last offer holds none of the auto-selected backends: the engine falls back to the first offered.
 BACKEND_OFFERS = (("specsan_paged",), ("flash_attn", "flashinfer"), ("host_planned",), ("flashinfer",),
                   ("host_planned", "specsan_paged"))
 
@@ -453,7 +453,8 @@ def seeded_sampling(rng, device, launch):
 
 def slot_churn(rng, device, launch):
     """The TP workload: full batches that finish in one step and are replaced at once, twice (freed slots
-    are recycled in one go, spec fix 2B), every other request without a seed (fallback seeds, fix 2A)."""
+    are recycled in one go, fix 2B (docs/fixes.md#fix-2b)), every other request without a seed (fallback seeds, fix
+    2A)."""
     slots = _sized(device, 5, 8)
 
     def requests(rng, vocab):

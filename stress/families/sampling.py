@@ -118,7 +118,7 @@ def mixed(rng, device, launch):
 
 
 def padded(rng, device, launch):
-    """Inert rows (slot -1) after the live ones must not touch any cache row (spec fix 3)."""
+    """Inert rows (slot -1) after the live ones must not touch any cache row (docs/fixes.md#fix-3)."""
     pad = int(rng.integers(1, 4))
     return _case(rng, rows=int(rng.integers(1, 3)) if big(device) else 1, pad_rows=pad, vocab=int(rng.integers(2, 64)),
                  greedy_share=0.2, note=f"{pad} inert rows")
