@@ -215,11 +215,15 @@ class _Launch:
         self.ends = np.array([s.end for s in self.storages], dtype=np.uint64)
 
     def inside(self, addr: np.ndarray, nbytes) -> np.ndarray:
-        """Whether ``[addr, addr + nbytes)`` lies in one storage the launch can reach."""
+        """Whether ``[addr, addr + nbytes)`` (``nbytes >= 1``) lies in one storage the launch can reach.
+
+        Tested as ``nbytes <= end - addr``: ``addr + nbytes`` wraps in uint64 for an address just below 2^64
+        (index -1 off an empty tensor, whose address is 0) and would pass as in bounds."""
         if not len(self.starts):
             return np.zeros(len(addr), bool)
         k = np.searchsorted(self.starts, addr, side="right") - 1
-        return (k >= 0) & (addr + np.asarray(nbytes, np.uint64) <= self.ends[np.maximum(k, 0)])
+        end = self.ends[np.maximum(k, 0)]
+        return (k >= 0) & (addr < end) & (np.asarray(nbytes, np.uint64) <= end - np.minimum(addr, end))
 
     def access(self, ptrs: np.ndarray, mask, itemsize: int, op: int):
         """Record the active lanes; return the lanes to mask off (None: none)."""

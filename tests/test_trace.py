@@ -63,6 +63,11 @@ def _copy(x_ptr, out_ptr, n, BLOCK: tl.constexpr, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _load_at(x_ptr, out_ptr, index):
+    tl.store(out_ptr, tl.load(x_ptr + index))
+
+
+@triton.jit
 def _fill_then_read(x_ptr, out_ptr, BLOCK: tl.constexpr, FILL: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     if FILL:
@@ -157,6 +162,14 @@ def test_dropped_mask_term_is_out_of_bounds_and_reads_nothing():
     short = torch.zeros(5, dtype=torch.int32)
     stores = trace(_copy, (1,), x, short, 5, BLOCK=8, MASKED=True)
     assert stores.verdict == "fail:oob" and stores.oob[0].kind == "store" and stores.oob[0].count == 3
+
+
+def test_index_minus_one_off_an_empty_tensor_is_out_of_bounds_and_not_loaded():
+    empty, out = torch.empty(0, dtype=torch.int32), torch.full((1,), 7, dtype=torch.int32)
+    assert empty.data_ptr() == 0  # the address below it is 2^64 - 4, where address + size wraps to 0
+    report = trace(_load_at, (1,), empty, out, -1)
+    assert report.verdict == "fail:oob"
+    assert report.oob[0].kind == "load" and report.oob[0].bytes == 4
 
 
 def test_read_of_a_declared_unwritten_region_is_uninit():
