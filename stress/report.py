@@ -199,6 +199,14 @@ class Report:
                 out.append(f"- `{r.verdict}` {r.check} / {r.family} ({r.note}) launch {r.launch}")
                 out.append(f"  - `{r.repro()}`")
                 out += [f"  - {d}" for d in r.details[:6]]
+        noted: dict[tuple[str, str], list[Result]] = {}
+        for r in self.results:
+            if r.verdict == PASS and r.details:
+                noted.setdefault((r.check, r.family), []).append(r)
+        if noted:  # what passed with a remark: tolerated near ties, benign duplicate stores
+            out += ["", "## Passed with notes", ""]
+            out += [f"- {c} / {f}: {len(rs)} case(s); seed {rs[0].seed}: {rs[0].details[0]}"
+                    for (c, f), rs in sorted(noted.items())]
         skipped = sorted({(r.check, r.family, r.verdict) for r in self.results if r.not_checked})
         if skipped:
             out += ["", "## Not checked", ""] + [f"- {c} / {f}: {v}" for c, f, v in skipped]

@@ -7,8 +7,9 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
-from stress import checks, refusal, runner
+from stress import checks, refusal, report, runner
 from stress.trace import trace, tracing
+from stress.types import Case, Check
 
 pytestmark = pytest.mark.skipif(not runtime.INTERPRETED, reason="the tracer runs under the CPU interpreter")
 
@@ -34,6 +35,12 @@ def _row_shift(x_ptr, n, K: tl.constexpr, BLOCK: tl.constexpr, BARRIER: tl.const
 def _scatter(idx_ptr, out_ptr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + tl.load(idx_ptr + offs), offs)
+
+
+@triton.jit
+def _stamp(out_ptr, SAME_VALUE: tl.constexpr):
+    """Every program stores to ``out[0]``: 7 from each (a duplicate store), or its own program id."""
+    tl.store(out_ptr, 7 if SAME_VALUE else tl.program_id(0))
 
 
 @triton.jit
@@ -135,6 +142,31 @@ def test_scatter_with_duplicate_indices_is_waw_and_disjoint_is_clean():
     assert scopes == {True, False}  # lanes 2, 3 of program 1 collide, and both with program 0's lane 0
     disjoint = trace(_scatter, (2,), torch.tensor([7, 1, 2, 3, 4, 5, 6, 0], dtype=torch.int32), out, BLOCK=4)
     assert disjoint.ok, disjoint.lines()
+
+
+def test_stores_of_one_value_by_several_programs_are_benign_duplicates_and_of_differing_values_race():
+    same = trace(_stamp, (3,), torch.zeros(1, dtype=torch.int32), SAME_VALUE=True)
+    assert same.verdict == "pass" and not same.races
+    assert [(f.category, f.kind) for f in same.duplicate_stores] == [("duplicate-store", "WAW")]
+    assert same.duplicate_stores[0].first.program != same.duplicate_stores[0].second.program
+    assert any(line.startswith("duplicate-store WAW") for line in same.lines())
+    differing = trace(_stamp, (3,), torch.zeros(1, dtype=torch.int32), SAME_VALUE=False)
+    assert differing.verdict == "fail:race" and "WAW" in _kinds(differing) and not differing.duplicate_stores
+
+
+def test_a_case_whose_programs_store_one_value_passes_with_the_duplicates_in_its_details_and_summary(monkeypatch):
+    def family(rng, device, launch):
+        return Case(inputs={"out": torch.zeros(1, dtype=torch.int32)})
+
+    check = Check(name="t.stamp", kernel=lambda out: _stamp[(3,)](out, SAME_VALUE=True),
+                  reference=lambda out: torch.full_like(out, 7), families={"f": family}, outputs=("out",))
+    monkeypatch.setitem(checks.BY_NAME, check.name, check)
+    result = runner.run_case(runner.Task(check.name, "f", 1), "cpu")
+    assert result.verdict == "pass"
+    assert result.details[0].startswith("_stamp: duplicate-store WAW"), result.details
+    summary = report.Report(None, {})
+    summary.add(result)
+    assert f"## Passed with notes\n\n- t.stamp / f: 1 case(s); seed 1: {result.details[0]}" in summary.summary()
 
 
 def test_atomics_alone_are_clean_but_mixed_with_a_plain_store_race():
