@@ -118,6 +118,16 @@ def _fatal(exc: BaseException) -> bool:
     return "CUDA error" in text or "AcceleratorError" in text or "illegal memory access" in text
 
 
+HEAP_DAMAGE = ("corrupt", "double free", "free(): ", "malloc", "bad_alloc")  # glibc's and the C++ runtime's words
+
+
+def _memory_verdict(result: Result) -> bool:
+    """Out of bounds, or a crash that reads as heap damage: the interpreter runs kernels on host copies, so a
+    stray write may have landed in this process's heap, and later cases here would fail for reasons of their own."""
+    damaged = result.verdict == "fail:crash" and any(w in line for line in result.details for w in HEAP_DAMAGE)
+    return result.verdict == "fail:oob" or damaged
+
+
 def torch_device(device: str) -> torch.device:
     """Where a case runs: this process's current GPU, or the CPU."""
     return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
@@ -291,6 +301,7 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
                 signal.setitimer(signal.ITIMER_REAL, 0)
             except CaseTimeout:  # the deadline passed just as the case ended: it did end
                 pass
+        result.fatal = result.fatal or _memory_verdict(result)
         case = expected = None  # this case's tensors go before its cached device memory does
         _release_device_memory(device)
         result.seconds = round(time.perf_counter() - start, 4)
@@ -325,7 +336,7 @@ def _init_worker(slot: int, device: str, threads: int) -> None:
 
 def worker_pool(fn, device: str, jobs: int, timeout: float) -> pool.Pool:
     """The pool ``run`` and ``mutants`` share: a case past ``timeout`` is killed with its worker,
-    a dead worker is charged to its case, a CUDA-fatal result gets its worker replaced."""
+    a dead worker is charged to its case, a fatal result (CUDA error, memory verdict) gets its worker replaced."""
     return pool.Pool(fn, jobs, initializer=_init_worker, initargs=(device, worker_threads(jobs)),
                      timeout=timeout if jobs else 0.0, retire=lambda result: result.fatal)
 

@@ -118,7 +118,7 @@ class Result:
     note: str = ""
     mutant: str | None = None
     seconds: float = 0.0
-    fatal: bool = False  # the process's CUDA context is unusable after this case
+    fatal: bool = False  # the process is unsafe after this case (a poisoned CUDA context, a heap a stray write hit)
     timeout: float = DEFAULT_TIMEOUT  # the deadline the case ran under (0 = none)
     trace: bool = True  # whether a passing CPU case was also run under the tracer
     metrics: dict[str, float] = field(default_factory=dict)  # Check.metrics of the last run

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from kernels import runtime
-from stress import checks, compare, guards, matrix, pool, runner
+from stress import checks, compare, guards, matrix, pool, report, runner
 from stress.types import Case, Check, Result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,6 +128,33 @@ def test_oob_write_is_its_own_verdict():
     case = runner.build_case(check, "f", 1, "cpu")
     verdict, details = runner.differential(check, case, runner.expected_outputs(check, case), "cpu")
     assert verdict == "fail:oob" and "guard zone" in details[0]
+
+
+def test_a_memory_verdict_retires_its_worker_and_a_plain_crash_does_not(monkeypatch):
+    """Out of bounds, or a crash that reads as heap damage: the process may be corrupted, so its worker goes."""
+    def overflowing(out, x):
+        torch.as_strided(out, (9,), (1,)).copy_(torch.arange(9, dtype=torch.int32))
+
+    def heap_damaged(out, x):
+        raise RuntimeError("free(): corrupted unsorted chunks")
+
+    def refusing(out, x):
+        raise ValueError("x: not a tensor this launcher takes")
+
+    for kernel, verdict, retired in ((overflowing, "fail:oob", True), (heap_damaged, "fail:crash", True),
+                                     (refusing, "fail:crash", False)):
+        monkeypatch.setitem(checks.BY_NAME, "fake", _fake_check(kernel))
+        result = runner.run_case(runner.Task("fake", "f", 1), "cpu")
+        assert (result.verdict, result.fatal) == (verdict, retired), result.details
+
+
+def test_an_in_process_run_says_it_is_not_trusted_after_a_memory_verdict():
+    for jobs, trusted in ((0, False), (2, True)):
+        summary = report.Report(None, {"jobs": jobs, "cases": 2})
+        summary.add(Result("fake", "f", 1, "cpu", "fail:oob", fatal=True))
+        summary.add(Result("fake", "f", 2, "cpu", "pass"))
+        warning = "not trusted after fake / f seed 1 (fail:oob)"
+        assert (warning in summary.summary(), warning in summary.closing_line()) == (not trusted, not trusted)
 
 
 def test_scribbling_on_a_read_only_input_is_a_divergence():
