@@ -20,7 +20,9 @@ Semantics, mirrored by ``reference.rejection``:
 * accept draft x iff ``0 <= x < V`` and ``p(x) > u * q(x)`` (upstream's ``log p(x) > log u +
   log q(x)``: a token the target gives probability 0 is never accepted, whatever u and q(x));
   resample from ``max(p - q, 0)`` (with one-hot q: the target distribution without x) by
-  Gumbel-max. A placeholder is rejected like any other draft and resampled the same way.
+  Gumbel-max. A placeholder is always rejected; its step has no draft and so no q (a draft-logits row there
+  is one the request never drafted): it is sampled from p, Gumbel-max over ``logits / temp`` at its key, the
+  token a bonus at that step would be.
 * an empty residual (p <= q at every token, as computed: p = q up to rounding, so x lay outside
   q's support or rounding rejected it) resamples from the target itself: Gumbel-max over
   ``logits / temp`` with the same key, the token ``gumbel_sample`` draws there. Upstream's argmax
@@ -29,8 +31,8 @@ Semantics, mirrored by ``reference.rejection``:
   that is p itself.
 * ``num_rejected`` counts the request's own drafts (upstream: its logit rows minus the tokens
   sampled): trailing placeholders pad a shorter request to k and are not drafts, so a request
-  with d real drafts reports ``d + 1 - num_sampled``. Rejecting the first padding placeholder
-  resamples from target row d without exclusion, which is the bonus token upstream would draw.
+  with d real drafts reports ``d + 1 - num_sampled``. The first padding placeholder samples target row d from
+  p, which is the bonus token upstream would draw.
 * NaN scores never win an argmax; ties go to the lowest token; all -inf gives token 0 (a greedy
   row, a bonus, a one-hot resample, the target fallback of an empty residual).
 * an inert row (slot -1) writes -1 tokens and zero counts.
@@ -169,7 +171,9 @@ def _verify_kernel(target_ptr, target_request_stride, target_step_stride, draft_
                 q_max, q_sum, q_x = p_max, p_sum, 1.0
             accepted = valid & (p_x > uint_to_uniform_float(bits) * q_x)
             token = draft
-            if accepted == 0:
+            if draft < 0:  # no draft at this step, so no q: sampled from p, as a bonus at this key
+                token = _gumbel_argmax(row_ptr, row_ptr, temp, bits, -1, 0.0, 1.0, 0.0, 1.0, vocab, False, BLOCK_V)
+            elif accepted == 0:
                 token = _gumbel_argmax(row_ptr, q_row_ptr, temp, bits, draft, p_max, p_sum, q_max, q_sum, vocab,
                                        HAS_DRAFT_LOGITS, BLOCK_V)
         else:

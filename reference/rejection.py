@@ -111,7 +111,8 @@ def verify_request(target, drafts, temp, seed, pos, draft_logits=None) -> tuple[
         if accepted:
             tokens.append(x)
             continue
-        token, tie = resample(target[i], temp, bits, x, None if draft_logits is None else draft_logits[i])
+        # a placeholder step has no draft, so no q: sampled from p (no token excluded), as a bonus at this key
+        token, tie = resample(target[i], temp, bits, x, None if draft_logits is None or x < 0 else draft_logits[i])
         return tokens + [token], near_tie or tie
     bonus, tie = sample_row(target[len(drafts)], temp, seed, pos + len(drafts))
     return tokens + [bonus], near_tie or tie

@@ -285,6 +285,10 @@ REJECTION_CHECKS = (
             Mutant("placeholder-accepted", "a -1 draft is tested like a token (as token 0) instead of rejected",
                    (Patch(_VERIFY, "accepted = valid & (p_x", "accepted = (p_x"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",)),
+            Mutant("placeholder-resampled-from-residual", "a placeholder step is resampled from max(p - q, 0) with "
+                   "q the draft-logits row of a step the request never drafted, instead of sampled from p",
+                   (Patch(_VERIFY, "if draft < 0:  # no draft at this step", "if False:  # no draft at this step"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",)),
             _ACCEPT_IGNORES_U,
             _RESAMPLE_FROM_TARGET,
             Mutant("accepts-zero-target-probability", "accepts iff p(x) >= u q(x) (pre-fix): a token of target "

@@ -50,6 +50,7 @@ class Report:
         self.interrupted: str | None = None
         self.telemetry: dict = {}  # GPU envelope (stress.telemetry), filled during a GPU run
         self.matrix_cases: dict[int | None, int] = {}  # kill-matrix cases run, by GPU
+        self.untrusted_after: Result | None = None  # in process: the first case that may have damaged the process
         self.stream = None
         if directory:
             self.stream = _open(directory)
@@ -60,6 +61,7 @@ class Report:
             self.stream.write(json.dumps(record) + "\n")
 
     def add(self, result: Result) -> None:
+        self._watch(result)
         self.results.append(result)
         record = asdict(result)
         record["repro"] = result.repro()
@@ -77,7 +79,19 @@ class Report:
 
     def add_matrix_case(self, result: Result) -> None:
         """Count one kill-matrix case on the GPU it ran on (its verdicts live in the matrix's rows)."""
+        self._watch(result)
         self.matrix_cases[result.gpu] = self.matrix_cases.get(result.gpu, 0) + 1
+
+    def _watch(self, result: Result) -> None:
+        """A run in this process (``jobs`` 0) keeps its process after a fatal case (a memory verdict, a poisoned
+        CUDA context), where a worker would be replaced: every later case ran in a process that may be damaged."""
+        if result.fatal and self.header.get("jobs") == 0 and self.untrusted_after is None:
+            self.untrusted_after = result
+
+    def untrusted_line(self) -> str:
+        r = self.untrusted_after
+        return (f"not trusted after {r.check} / {r.family} seed {r.seed} ({r.verdict}): the run kept its process "
+                "(--jobs 0), which that case may have damaged, so later verdicts may be wrong; rerun with --jobs 1")
 
     def gpu_rows(self) -> list[dict]:
         """Per GPU of the run (the header's ``gpus``): its workers, the cases that ran there by verdict,
@@ -105,6 +119,8 @@ class Report:
         line = f"{passed} passed, {failed} failed" + (f", {not_checked} not checked" if not_checked else "")
         if caught := sum(h.failed for h in self.hunts):
             line += f"; {caught} hunt(s) found a failure"
+        if self.untrusted_after:
+            line += f"; {self.untrusted_line()}"
         return line + (f" (interrupted by {self.interrupted}: {'; '.join(self.progress())})" if self.interrupted
                        else "")
 
@@ -155,6 +171,8 @@ class Report:
                "  ".join(f"{k}: {v}" for k, v in self.header.items() if k != "gpus"), ""]
         if self.interrupted:
             out += [f"**Interrupted by {self.interrupted}**: the run stopped early; below is what finished.", ""]
+        if self.untrusted_after:
+            out += [f"**{self.untrusted_line()}**", ""]
         out += [f"- {line}" for line in self.progress()] + [""]
         if self.results:
             out += self._replay_section()
@@ -199,6 +217,14 @@ class Report:
                 out.append(f"- `{r.verdict}` {r.check} / {r.family} ({r.note}) launch {r.launch}")
                 out.append(f"  - `{r.repro()}`")
                 out += [f"  - {d}" for d in r.details[:6]]
+        noted: dict[tuple[str, str], list[Result]] = {}
+        for r in self.results:
+            if r.verdict == PASS and r.details:
+                noted.setdefault((r.check, r.family), []).append(r)
+        if noted:  # what passed with a remark: tolerated near ties, benign duplicate stores
+            out += ["", "## Passed with notes", ""]
+            out += [f"- {c} / {f}: {len(rs)} case(s); seed {rs[0].seed}: {rs[0].details[0]}"
+                    for (c, f), rs in sorted(noted.items())]
         skipped = sorted({(r.check, r.family, r.verdict) for r in self.results if r.not_checked})
         if skipped:
             out += ["", "## Not checked", ""] + [f"- {c} / {f}: {v}" for c, f, v in skipped]

@@ -105,6 +105,26 @@ def _fatal(exc: BaseException) -> bool:
     return "CUDA error" in text or "AcceleratorError" in text or "illegal memory access" in text
 
 
+HEAP_DAMAGE = ("corrupt", "double free", "free(): ", "malloc", "bad_alloc")  # glibc's and the C++ runtime's words
+
+
+def _memory_verdict(result: Result) -> bool:
+    """Out of bounds, or a crash that reads as heap damage: the interpreter runs kernels on host copies, so a
+    stray write may have landed in this process's heap, and later cases here would fail for reasons of their own."""
+    damaged = result.verdict == "fail:crash" and any(w in line for line in result.details for w in HEAP_DAMAGE)
+    return result.verdict == "fail:oob" or damaged
+
+
+def interpreter_gap(check: Check, case: Case, device: str) -> str | None:
+    """Why the CPU interpreter cannot judge this case, or None: a bfloat16 ``tl.dot`` (``Check.bf16_dot``) is
+    computed on the operands' bit patterns there, so its output would diverge whatever the kernel's logic."""
+    bf16 = [k for k, v in case.inputs.items() if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16]
+    if device == "cpu" and check.bf16_dot and bf16:
+        return (f"bfloat16 tl.dot under the Triton interpreter ({', '.join(bf16)}): it multiplies the raw bit "
+                "patterns (triton-lang/triton#11584); judge it on a GPU")
+    return None
+
+
 def differential(check: Check, case: Case, expected: dict, device: str, load=None,
                  metrics: dict | None = None) -> tuple[str, list[str]]:
     """Run the kernel ``repeats`` times on guarded copies; compare each run with the reference.
@@ -183,8 +203,9 @@ def traced(check: Check, case: Case, seed: int) -> tuple[str, list[str]]:
     """
     recording = trace_case(check, case, seed)
     verdict = recording.verdict
-    if verdict == PASS:
-        return PASS, []
+    if verdict == PASS:  # benign findings (duplicate stores) stay in the details
+        benign = [(r.kernel, f) for r in recording.reports for f in r.duplicate_stores]
+        return PASS, [f"{kernel}: {line}" for kernel, f in benign for line in f.lines()]
     return verdict, [line for r in recording.reports if r.verdict != PASS for line in r.lines()]
 
 
@@ -267,6 +288,9 @@ def _judged(task: Task, device: str, timeout: float, trace: bool) -> tuple[Resul
         with _phase(result, "build"):
             case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
         result.launch, result.note = case.launch, case.note
+        if gap := interpreter_gap(check, case, device):
+            result.verdict = f"not_checked:{gap}"
+            return result
         if case.refused:  # bad input the launcher must refuse: no reference output, nothing to trace
             with mutants.applied(mutant), _phase(result, "judge"):
                 result.verdict, result.details = refusal.judge_all(check, case, device, _current(check.kernel))
@@ -297,6 +321,7 @@ def _judged(task: Task, device: str, timeout: float, trace: bool) -> tuple[Resul
                 signal.setitimer(signal.ITIMER_REAL, 0)
             except CaseTimeout:  # the deadline passed just as the case ended: it did end
                 pass
+        result.fatal = result.fatal or _memory_verdict(result)
         case = expected = None  # this case's tensors go before its cached device memory does
         _release_device_memory(device)
         result.seconds = round(time.perf_counter() - start, 4)
@@ -352,7 +377,7 @@ def _lock_folder(device: str) -> str:
 
 def worker_pool(fn, device: str, jobs: int, timeout: float) -> pool.Pool:
     """The pool ``run`` and ``mutants`` share: a case past ``timeout`` is killed with its worker,
-    a dead worker is charged to its case, a CUDA-fatal result gets its worker replaced."""
+    a dead worker is charged to its case, a fatal result (CUDA error, memory verdict) gets its worker replaced."""
     return pool.Pool(fn, jobs, initializer=_init_worker,
                      initargs=(device, worker_threads(jobs), _lock_folder(device), jobs),
                      timeout=timeout if jobs else 0.0, retire=lambda result: result.fatal)

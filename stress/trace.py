@@ -71,9 +71,10 @@ class Access:
 @dataclass
 class Finding:
     """A race (RAW/WAR/WAW between accesses, or ``order``), an out-of-bounds access, an uninit
-    read, or an output that depends on program order through atomics alone."""
+    read, an output that depends on program order through atomics alone, or plain stores of one
+    value to the same bytes (benign: whichever lands last, the bytes are the same)."""
 
-    category: str  # race | oob | uninit | order-dependent
+    category: str  # race | oob | uninit | order-dependent | duplicate-store
     kind: str
     bytes: int
     count: int
@@ -101,6 +102,7 @@ class Report:
     oob: list[Finding] = field(default_factory=list)
     uninit: list[Finding] = field(default_factory=list)
     order_dependent: list[Finding] = field(default_factory=list)
+    duplicate_stores: list[Finding] = field(default_factory=list)  # benign: listed, never a failure
     not_checked: str | None = None
     expected_order_dependence: str | None = None
     runs: int = 0  # rows of the access log: runs of consecutive lanes at consecutive elements
@@ -125,7 +127,7 @@ class Report:
             head += f" ({self.lanes} lane accesses logged as {self.runs} runs)"
         if self.order_dependent and self.expected_order_dependence is not None:
             head += f" (order dependence expected: {self.expected_order_dependence})"
-        found = self.oob + self.races + self.uninit + self.order_dependent
+        found = self.oob + self.races + self.uninit + self.order_dependent + self.duplicate_stores
         return [head] + [line for f in found for line in f.lines()]
 
 
@@ -205,6 +207,7 @@ class _Launch:
         self.run_count: list[np.ndarray] = []
         self.run_lane: list[np.ndarray] = []
         self.oob: list[tuple[int, np.ndarray, np.ndarray]] = []  # (op index, addresses, lanes)
+        self.stored: dict[int, np.ndarray] = {}  # op index of a plain store -> the values of its block, flat
         self.unresolved: dict[int, int] = {}  # site of a pointer made from loaded bits -> an address in no storage
         self.live: tuple | None = None  # (starts, ends, storages) of every live CPU tensor, found when needed
         self.scratch = np.zeros(2, dtype=np.uint64)  # target of out-of-bounds atomic CAS lanes
@@ -215,14 +218,18 @@ class _Launch:
         self.ends = np.array([s.end for s in self.storages], dtype=np.uint64)
 
     def inside(self, addr: np.ndarray, nbytes) -> np.ndarray:
-        """Whether ``[addr, addr + nbytes)`` lies in one storage the launch can reach."""
+        """Whether ``[addr, addr + nbytes)`` (``nbytes >= 1``) lies in one storage the launch can reach.
+
+        Tested as ``nbytes <= end - addr``: ``addr + nbytes`` wraps in uint64 for an address just below 2^64
+        (index -1 off an empty tensor, whose address is 0) and would pass as in bounds."""
         if not len(self.starts):
             return np.zeros(len(addr), bool)
         k = np.searchsorted(self.starts, addr, side="right") - 1
-        return (k >= 0) & (addr + np.asarray(nbytes, np.uint64) <= self.ends[np.maximum(k, 0)])
+        end = self.ends[np.maximum(k, 0)]
+        return (k >= 0) & (addr < end) & (np.asarray(nbytes, np.uint64) <= end - np.minimum(addr, end))
 
-    def access(self, ptrs: np.ndarray, mask, itemsize: int, op: int):
-        """Record the active lanes; return the lanes to mask off (None: none)."""
+    def access(self, ptrs: np.ndarray, mask, itemsize: int, op: int, value: np.ndarray | None = None):
+        """Record the active lanes (and a plain store's ``value``); return the lanes to mask off (None: none)."""
         shape = np.shape(ptrs)
         flat = np.asarray(ptrs, dtype=np.uint64).reshape(-1)
         lanes = None  # None: every lane is active
@@ -247,6 +254,8 @@ class _Launch:
             self.run_addr.append(addr[first])
             self.run_count.append(count)
             self.run_lane.append(first if lanes is None else lanes[first])
+            if op == _STORE and value is not None:
+                self.stored[len(self.ops) - 1] = np.ascontiguousarray(np.broadcast_to(value, shape)).reshape(-1)
             if off_lanes is not None:
                 self.oob.append((len(self.ops) - 1, off_addr, off_lanes))
         # Behind a pointer no storage holds, a lane outside every storage may be legal: let it
@@ -326,6 +335,20 @@ class _Launch:
                            reads=_READS[ops], writes=_WRITES[ops], atomic=_ATOMICS[ops],
                            count=joined(self.run_count, np.int64))
 
+    def stored_bytes(self, lanes: tc.Accesses, rows: np.ndarray, byte: np.ndarray) -> np.ndarray:
+        """The byte each plain-store row wrote at ``byte`` (int16, -1 where the row is no recorded store)."""
+        out = np.full(len(rows), -1, np.int16)
+        seq = lanes.seq[rows]
+        for op in np.unique(seq):
+            values = self.stored.get(int(op))
+            if values is None:
+                continue
+            sel = np.flatnonzero(seq == op)
+            r = rows[sel]
+            at = lanes.lane[r] * lanes.size[r] + (byte[sel] - lanes.addr[r]).astype(np.int64)
+            out[sel] = values.view(np.uint8)[at]
+        return out
+
     def describe(self, lanes: tc.Accesses, row: int, addr: int | None = None) -> Access:
         prog, epoch, op, site, _, _ = self.ops[int(lanes.seq[row])]
         return Access(self.program(prog), int(lanes.lane[row]), _OPS[op], self.site_name(site), epoch,
@@ -370,7 +393,21 @@ def _short(path: str, line: int) -> str:
 # ---------------------------------------------------------------- findings
 
 
-def _race_findings(launch: _Launch, lanes: tc.Accesses, pairs: tc.Pairs) -> list[Finding]:
+def _duplicate_stores(launch: _Launch, lanes: tc.Accesses, pairs: tc.Pairs) -> np.ndarray:
+    """Which byte pairs belong to two plain stores that write the same value on every byte they share: whichever
+    lands last, memory holds those bytes, so the two race on nothing (a reader pairs with each store on its own)."""
+    waw = np.flatnonzero(pairs.kind == tc.WAW)
+    same = np.zeros(len(pairs.first), bool)
+    if len(waw):
+        first = launch.stored_bytes(lanes, pairs.first[waw], pairs.byte[waw])
+        second = launch.stored_bytes(lanes, pairs.second[waw], pairs.byte[waw])
+        _, store_pair = np.unique(np.stack([pairs.first[waw], pairs.second[waw]]), axis=1, return_inverse=True)
+        differs = np.bincount(store_pair.ravel(), weights=(first < 0) | (first != second)) > 0
+        same[waw] = ~differs[store_pair.ravel()]
+    return same
+
+
+def _race_findings(launch: _Launch, lanes: tc.Accesses, pairs: tc.Pairs, duplicate: bool = False) -> list[Finding]:
     if len(pairs.first) == 0:
         return []
     site = np.array([o[3] for o in launch.ops], dtype=np.int64)[lanes.seq]
@@ -385,7 +422,10 @@ def _race_findings(launch: _Launch, lanes: tc.Accesses, pairs: tc.Pairs) -> list
         i = sel[np.argmin(lanes.seq[a[sel]])]
         first = launch.describe(lanes, a[i], int(pairs.byte[i]))
         second = launch.describe(lanes, b[i], int(pairs.byte[i]))
-        if pairs.cross_program[i]:
+        if duplicate:
+            why = ("plain stores of the same value to the same bytes, unordered; whichever lands last, the bytes "
+                   "are the same: benign, not a race")
+        elif pairs.cross_program[i]:
             why = (f"programs {first.program} and {second.program} touch the same bytes, at least one writing and "
                    "not both atomically; programs are not ordered on a GPU")
         else:
@@ -393,8 +433,8 @@ def _race_findings(launch: _Launch, lanes: tc.Accesses, pairs: tc.Pairs) -> list
                    f"barrier epoch {first.epoch}, one with a write; warps are not in lock step, so a "
                    "tl.debug_barrier() must separate them")
         pair_ids = a[sel].astype(np.int64) * len(lanes) + b[sel]
-        findings.append(Finding("race", str(pairs.kind[i]), len(np.unique(pairs.byte[sel])), len(np.unique(pair_ids)),
-                                why, first, second))
+        findings.append(Finding("duplicate-store" if duplicate else "race", str(pairs.kind[i]),
+                                len(np.unique(pairs.byte[sel])), len(np.unique(pair_ids)), why, first, second))
     return findings
 
 
@@ -624,7 +664,10 @@ class _Tracer:
             return
         launch.shared_written = found.shared_written
         self.unwritten = self.unwritten[~found.written.contains(self.unwritten)]
-        report.races = _race_findings(launch, found.lanes, found.pairs)
+        duplicate = _duplicate_stores(launch, found.lanes, found.pairs)
+        report.races = _race_findings(launch, found.lanes, found.pairs.subset(~duplicate))
+        report.duplicate_stores = _race_findings(launch, found.lanes, found.pairs.subset(duplicate),
+                                                 duplicate=True)
         report.oob = _oob_findings(launch)
         report.uninit = _uninit_findings(launch, found.lanes, found.uninit)
 
@@ -684,7 +727,7 @@ class _Memory:
 
     def store(self, ptrs, value, mask):
         launch = _STATE.launch if _STATE else None
-        if launch is not None and (off := launch.access(ptrs, mask, value.dtype.itemsize, _STORE)) is not None:
+        if launch is not None and (off := launch.access(ptrs, mask, value.dtype.itemsize, _STORE, value)) is not None:
             mask = _without(mask, off, np.shape(ptrs))
         return self._real.store(ptrs, value, mask)
 

@@ -57,6 +57,9 @@ class Pairs:
     kind: np.ndarray  # RAW / WAR / WAW
     cross_program: np.ndarray  # bool
 
+    def subset(self, keep: np.ndarray) -> "Pairs":
+        return Pairs(*(getattr(self, f.name)[keep] for f in fields(self)))
+
 
 @dataclass
 class Intervals:

@@ -101,6 +101,9 @@ class Check:
     def docs(self) -> str:
         """Where the contract is stated in full: docs/contracts/<module>.md, at the check's section."""
         return f"docs/contracts/{self.name.split('.')[0]}.md#{self.name.replace('.', '')}"
+    # its kernel computes tl.dot on bfloat16 operands, which the Triton interpreter multiplies as raw bit patterns:
+    # on the CPU its cases with a bfloat16 input are not_checked (the suite's own kernels upcast, and leave it False)
+    bf16_dot: bool = False
 
     def mutant(self, name: str) -> Mutant:
         for planted in self.mutants:
@@ -124,7 +127,7 @@ class Result:
     note: str = ""
     mutant: str | None = None
     seconds: float = 0.0
-    fatal: bool = False  # the process's CUDA context is unusable after this case
+    fatal: bool = False  # the process is unsafe after this case (a poisoned CUDA context, a heap a stray write hit)
     timeout: float = DEFAULT_TIMEOUT  # the deadline the case ran under (0 = none)
     trace: bool = True  # whether a passing CPU case was also run under the tracer
     metrics: dict[str, float] = field(default_factory=dict)  # Check.metrics of the last run

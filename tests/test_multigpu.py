@@ -27,7 +27,8 @@ def fake_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: FAKE_GPUS)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"Fake GPU {i}")
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=f"UUID-{i}", total_memory=140 << 30))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(uuid=f"UUID-{i}", total_memory=140 << 30))
     monkeypatch.setattr(torch.cuda, "set_device", pinned.append)
     return pinned
 

@@ -242,6 +242,28 @@ def test_bonus_is_the_gumbel_sample_at_the_same_key():
     assert [t[0] for t in tokens] == sampled.cpu().tolist()
 
 
+def test_placeholder_step_is_sampled_from_p_whatever_the_draft_logits_row_holds():
+    """A step with no draft has no q: the draft-logits row there, one the request never drafted, must not shape its
+    token. Kernel and reference give the bonus gumbel_sample draws at that key, although that row puts almost all
+    its mass on p's likeliest token (a residual max(p - q, 0) would never emit it)."""
+    batch, vocab = 8, 6
+    target = torch.zeros(batch, 2, vocab)
+    target[:, 0, 3] = 2.0
+    never_drafted = torch.zeros(batch, 1, vocab)
+    never_drafted[:, 0, 3] = 50.0
+    seeds, positions = list(range(batch)), [5] * batch
+    tokens, _, _ = _verify(target, [[-1]] * batch, temps=[1.0] * batch, seeds=seeds, positions=positions,
+                           draft_logits=never_drafted)
+    dev = runtime.device()
+    from_p = gumbel_sample(target[:, 0].to(dev), torch.arange(batch, dtype=torch.int32, device=dev),
+                           torch.ones(batch, device=dev), torch.tensor(seeds, device=dev),
+                           torch.tensor(positions, device=dev)).cpu().tolist()
+    assert 3 in from_p, "the case must draw p's likeliest token somewhere, or it tells nothing"
+    assert [t[0] for t in tokens] == from_p
+    assert [ref.verify_request(target[b], [-1], 1.0, seeds[b], positions[b], never_drafted[b])[0][0]
+            for b in range(batch)] == from_p
+
+
 def test_inert_and_padded_rows():
     target = _spikes(1, 2)[None].repeat(2, 1, 1)
     assert _verify(target, [[1], [1]], temps=[0.0], slots=[0, -1], pad=2) == [

@@ -6,10 +6,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels import runtime
-from stress import checks, compare, guards, matrix, pool, runner
+from stress import checks, compare, guards, matrix, pool, report, runner
 from stress.types import Case, Check, Result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,6 +131,65 @@ def test_oob_write_is_its_own_verdict():
     case = runner.build_case(check, "f", 1, "cpu")
     verdict, details = runner.differential(check, case, runner.expected_outputs(check, case), "cpu")
     assert verdict == "fail:oob" and "guard zone" in details[0]
+
+
+def test_a_memory_verdict_retires_its_worker_and_a_plain_crash_does_not(monkeypatch):
+    """Out of bounds, or a crash that reads as heap damage: the process may be corrupted, so its worker goes."""
+    def overflowing(out, x):
+        torch.as_strided(out, (9,), (1,)).copy_(torch.arange(9, dtype=torch.int32))
+
+    def heap_damaged(out, x):
+        raise RuntimeError("free(): corrupted unsorted chunks")
+
+    def refusing(out, x):
+        raise ValueError("x: not a tensor this launcher takes")
+
+    for kernel, verdict, retired in ((overflowing, "fail:oob", True), (heap_damaged, "fail:crash", True),
+                                     (refusing, "fail:crash", False)):
+        monkeypatch.setitem(checks.BY_NAME, "fake", _fake_check(kernel))
+        result = runner.run_case(runner.Task("fake", "f", 1), "cpu")
+        assert (result.verdict, result.fatal) == (verdict, retired), result.details
+
+
+def test_an_in_process_run_says_it_is_not_trusted_after_a_memory_verdict():
+    for jobs, trusted in ((0, False), (2, True)):
+        summary = report.Report(None, {"jobs": jobs, "cases": 2})
+        summary.add(Result("fake", "f", 1, "cpu", "fail:oob", fatal=True))
+        summary.add(Result("fake", "f", 2, "cpu", "pass"))
+        warning = "not trusted after fake / f seed 1 (fail:oob)"
+        assert (warning in summary.summary(), warning in summary.closing_line()) == (not trusted, not trusted)
+
+
+@triton.jit
+def _dot_kernel(a_ptr, b_ptr, out_ptr, N: tl.constexpr):
+    rows, cols = tl.arange(0, N)[:, None], tl.arange(0, N)[None, :]
+    product = tl.dot(tl.load(a_ptr + rows * N + cols), tl.load(b_ptr + rows * N + cols), out_dtype=tl.float32)
+    tl.store(out_ptr + rows * N + cols, product)
+
+
+def _dot_check(bf16_dot: bool) -> Check:
+    """An engine's kernel, not the suite's: ``out = a @ b`` by one ``tl.dot``, in float32 or bfloat16."""
+    def family(dtype):
+        def build(rng, device, launch):
+            a, b = (torch.from_numpy(rng.integers(-3, 4, (16, 16))).to(dtype) for _ in range(2))
+            return Case(inputs={"a": a, "b": b, "out": torch.zeros(16, 16)})
+        return build
+
+    return Check(name="t.dot", kernel=lambda a, b, out: _dot_kernel[(1,)](a, b, out, N=16),
+                 reference=lambda a, b, out: a.float() @ b.float(), outputs=("out",), bf16_dot=bf16_dot,
+                 families={"float32": family(torch.float32), "bfloat16": family(torch.bfloat16)})
+
+
+@pytest.mark.skipif(not runtime.INTERPRETED, reason="the interpreter's bf16 dot")
+def test_a_bf16_dot_under_the_interpreter_is_not_checked_when_declared(monkeypatch):
+    def run(family, bf16_dot):
+        monkeypatch.setitem(checks.BY_NAME, "t.dot", _dot_check(bf16_dot))
+        return runner.run_case(runner.Task("t.dot", family, 1), "cpu", trace=False)
+
+    assert run("bfloat16", bf16_dot=False).verdict == "fail:divergence", "the interpreter multiplies bf16 bits"
+    skipped = run("bfloat16", bf16_dot=True)
+    assert skipped.verdict.startswith("not_checked:") and "bfloat16 tl.dot" in skipped.verdict
+    assert run("float32", bf16_dot=True).verdict == "pass"
 
 
 def test_scribbling_on_a_read_only_input_is_a_divergence():

@@ -7,8 +7,9 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
-from stress import checks, refusal, runner
+from stress import checks, refusal, report, runner
 from stress.trace import trace, tracing
+from stress.types import Case, Check
 
 pytestmark = pytest.mark.skipif(not runtime.INTERPRETED, reason="the tracer runs under the CPU interpreter")
 
@@ -37,6 +38,12 @@ def _scatter(idx_ptr, out_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _stamp(out_ptr, SAME_VALUE: tl.constexpr):
+    """Every program stores to ``out[0]``: 7 from each (a duplicate store), or its own program id."""
+    tl.store(out_ptr, 7 if SAME_VALUE else tl.program_id(0))
+
+
+@triton.jit
 def _counters(counter_ptr, out_ptr, PLAIN_STORE: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     if PLAIN_STORE and tl.program_id(0) == 0:
@@ -60,6 +67,11 @@ def _copy(x_ptr, out_ptr, n, BLOCK: tl.constexpr, MASKED: tl.constexpr):
     else:
         values = tl.load(x_ptr + offs)  # the `offs < n` term was dropped
     tl.store(out_ptr + offs, values, mask=offs < BLOCK)
+
+
+@triton.jit
+def _load_at(x_ptr, out_ptr, index):
+    tl.store(out_ptr, tl.load(x_ptr + index))
 
 
 @triton.jit
@@ -132,6 +144,31 @@ def test_scatter_with_duplicate_indices_is_waw_and_disjoint_is_clean():
     assert disjoint.ok, disjoint.lines()
 
 
+def test_stores_of_one_value_by_several_programs_are_benign_duplicates_and_of_differing_values_race():
+    same = trace(_stamp, (3,), torch.zeros(1, dtype=torch.int32), SAME_VALUE=True)
+    assert same.verdict == "pass" and not same.races
+    assert [(f.category, f.kind) for f in same.duplicate_stores] == [("duplicate-store", "WAW")]
+    assert same.duplicate_stores[0].first.program != same.duplicate_stores[0].second.program
+    assert any(line.startswith("duplicate-store WAW") for line in same.lines())
+    differing = trace(_stamp, (3,), torch.zeros(1, dtype=torch.int32), SAME_VALUE=False)
+    assert differing.verdict == "fail:race" and "WAW" in _kinds(differing) and not differing.duplicate_stores
+
+
+def test_a_case_whose_programs_store_one_value_passes_with_the_duplicates_in_its_details_and_summary(monkeypatch):
+    def family(rng, device, launch):
+        return Case(inputs={"out": torch.zeros(1, dtype=torch.int32)})
+
+    check = Check(name="t.stamp", kernel=lambda out: _stamp[(3,)](out, SAME_VALUE=True),
+                  reference=lambda out: torch.full_like(out, 7), families={"f": family}, outputs=("out",))
+    monkeypatch.setitem(checks.BY_NAME, check.name, check)
+    result = runner.run_case(runner.Task(check.name, "f", 1), "cpu")
+    assert result.verdict == "pass"
+    assert result.details[0].startswith("_stamp: duplicate-store WAW"), result.details
+    summary = report.Report(None, {})
+    summary.add(result)
+    assert f"## Passed with notes\n\n- t.stamp / f: 1 case(s); seed 1: {result.details[0]}" in summary.summary()
+
+
 def test_atomics_alone_are_clean_but_mixed_with_a_plain_store_race():
     atomics = trace(_counters, (4,), torch.zeros(1, dtype=torch.int32), torch.zeros(8, dtype=torch.int32),
                     PLAIN_STORE=False, BLOCK=8)
@@ -157,6 +194,14 @@ def test_dropped_mask_term_is_out_of_bounds_and_reads_nothing():
     short = torch.zeros(5, dtype=torch.int32)
     stores = trace(_copy, (1,), x, short, 5, BLOCK=8, MASKED=True)
     assert stores.verdict == "fail:oob" and stores.oob[0].kind == "store" and stores.oob[0].count == 3
+
+
+def test_index_minus_one_off_an_empty_tensor_is_out_of_bounds_and_not_loaded():
+    empty, out = torch.empty(0, dtype=torch.int32), torch.full((1,), 7, dtype=torch.int32)
+    assert empty.data_ptr() == 0  # the address below it is 2^64 - 4, where address + size wraps to 0
+    report = trace(_load_at, (1,), empty, out, -1)
+    assert report.verdict == "fail:oob"
+    assert report.oob[0].kind == "load" and report.oob[0].bytes == 4
 
 
 def test_read_of_a_declared_unwritten_region_is_uninit():
