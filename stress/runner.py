@@ -290,7 +290,7 @@ def _judged(task: Task, device: str, timeout: float, trace: bool) -> tuple[Resul
         result.launch, result.note = case.launch, case.note
         if gap := interpreter_gap(check, case, device):
             result.verdict = f"not_checked:{gap}"
-            return result
+            return result, out_of_memory
         if case.refused:  # bad input the launcher must refuse: no reference output, nothing to trace
             with mutants.applied(mutant), _phase(result, "judge"):
                 result.verdict, result.details = refusal.judge_all(check, case, device, _current(check.kernel))
