@@ -114,21 +114,23 @@ def guarded(inputs: dict, dev: torch.device) -> tuple[dict, dict]:
 
 
 def _to_host(value):
-    """A device tensor small enough, copied to pinned host memory without waiting; anything else as it is."""
+    """A device tensor small enough, copied into pinned host memory without waiting (the copy is done at the
+    next synchronization); anything else as it is."""
     if isinstance(value, torch.Tensor) and value.is_cuda and value.numel() * value.element_size() <= HOST_COPY_BYTES:
-        return value.detach().to("cpu", non_blocking=True)
+        return torch.empty(value.shape, dtype=value.dtype, pin_memory=True).copy_(value.detach(), non_blocking=True)
     return value
 
 
 def settle(placed: dict[str, Guarded], values: dict) -> tuple[list[str], dict]:
     """After a launch: every guard zone's damage in words, and ``values`` (outputs, inputs to compare) on the
     host, at the cost of one synchronization (device tensors past HOST_COPY_BYTES stay on the device)."""
-    counts = {name: g.damage_counts() for name, g in placed.items()}
+    counts = _to_host(torch.stack([g.damage_counts() for g in placed.values()])) if placed else None
     host = {name: _to_host(v) for name, v in values.items()}
-    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in (*counts.values(), *values.values())):
+    if any(g.buffer.is_cuda for g in placed.values()) or any(
+            isinstance(v, torch.Tensor) and v.is_cuda for v in values.values()):
         torch.cuda.synchronize()
-    damage = [d for name, c in counts.items() if (d := damage_text(name, c.tolist()))]
-    return damage, host
+    found = zip(placed, counts.tolist(), strict=True) if placed else ()
+    return [d for name, row in found if (d := damage_text(name, row))], host
 
 
 def same_layout(t: torch.Tensor) -> torch.Tensor:
