@@ -307,6 +307,7 @@ def _judged(task: Task, device: str, timeout: float, trace: bool) -> tuple[Resul
     except CaseTimeout:
         result.verdict, result.details = "fail:timeout", [f"case ran past {timeout:g} s"]
     except SuiteError as exc:
+        out_of_memory = isinstance(exc.__cause__, torch.OutOfMemoryError)  # the reference's copies on the GPU
         result.verdict = SUITE_ERROR
         result.details = [f"specsan's own code failed: {exc}",
                           *"".join(traceback.format_exception(exc.__cause__)).splitlines()[-12:]]

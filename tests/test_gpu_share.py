@@ -72,6 +72,25 @@ def test_a_case_that_runs_out_of_device_memory_runs_again_alone(tmp_path, monkey
     assert result.verdict == "fail:crash" and "OutOfMemoryError" in result.details[0] and len(calls) == 1
 
 
+def test_a_reference_that_runs_out_of_device_memory_runs_again_alone(tmp_path, monkeypatch):
+    calls = []
+    base = checks.get("block_table.gather")
+
+    def reference_once_short_of_memory(**kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+        return base.reference(**kwargs)
+
+    check = dataclasses.replace(base, reference=reference_once_short_of_memory)
+    monkeypatch.setitem(checks.BY_NAME, check.name, check)
+    monkeypatch.setattr(runner, "_SHARE", gpu_share.GpuShare(str(tmp_path), 0))
+    if runtime.DEVICE == "cpu":
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    result = runner.run_case(runner.Task(check.name, "basic", 1), runtime.DEVICE, trace=False)
+    assert result.verdict == "pass" and len(calls) == 2, result.details
+
+
 def test_a_result_says_where_its_time_went():
     result = runner.run_case(runner.Task("block_table.gather", "basic", 3), runtime.DEVICE)
     assert {"build", "reference", "judge"} <= set(result.phases)
