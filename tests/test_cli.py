@@ -133,6 +133,20 @@ def test_help_shows_every_default():
     assert "(default: 300)" in sub.choices["run"].format_help()
 
 
+@pytest.mark.parametrize("argv,code", [(["--help"], 0), (["run", "--iters", "0"], 2)])
+def test_help_and_usage_errors_import_neither_torch_nor_triton(tmp_path, argv, code):
+    """`./specsan --help` answers at once: neither the wrapper's environment check nor the command line
+    imports torch or triton (seconds) for help or an argument the parser refuses."""
+    imported = tmp_path / "imported"
+    for name in ("torch", "triton"):  # stand-ins that record being imported, ahead of the real ones
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"open({str(imported)!r}, 'a').write('{name}\\n')\n")
+    done = subprocess.run([os.path.join(ROOT, "specsan"), *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == code, done.stderr
+    assert not imported.exists(), f"imported: {imported.read_text().split()}"
+
+
 # ---------------------------------------------------------------- signals
 
 
