@@ -4,8 +4,9 @@ The device is chosen before any kernel module is imported (kernels.runtime decid
 compiled Triton and the interpreter at import time), so this module imports lazily.
 
 Exit status: 0 all good, 1 failures found (or a planted bug survived), 2 a usage error (one
-line on stderr: ``specsan: <argument>: <what is wrong>; <how to fix>``), 128 + the signal
-number when SIGINT (130) or SIGTERM (143) stopped the command.
+line on stderr: ``specsan: <argument>: <what is wrong>; <how to fix>``), 3 nothing was judged (every
+case not_checked on this device: a line on stderr says why), 128 + the signal number when SIGINT
+(130) or SIGTERM (143) stopped the command.
 """
 
 import argparse
@@ -326,6 +327,15 @@ def _mutant(check, name: str | None):
 
 def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+NOT_JUDGED = 3  # exit status when nothing was judged: not_checked is never a pass
+
+
+def _not_judged(reasons) -> int:
+    """Say on stderr that nothing was judged, and why; the exit status for it."""
+    _log(f"specsan: nothing was judged here (exit {NOT_JUDGED}): " + "; ".join(dict.fromkeys(reasons)))
+    return NOT_JUDGED
 
 
 class _LogProgress:
@@ -735,6 +745,8 @@ def cmd_hunt(args) -> int:
         print(json.dumps(hunt.as_record(result), indent=2))
     else:
         print("\n".join(result.lines()))
+    if result.not_checked:
+        return _not_judged([result.verdict.removeprefix("not_checked:")])
     return 1 if result.failed else 0
 
 def cmd_mutate(args) -> int:

@@ -105,6 +105,8 @@ class Report:
         line = f"{passed} passed, {failed} failed" + (f", {not_checked} not checked" if not_checked else "")
         if caught := sum(h.failed for h in self.hunts):
             line += f"; {caught} hunt(s) found a failure"
+        if blind := sum(h.not_checked for h in self.hunts):
+            line += f"; {blind} hunt(s) not checked"
         return line + (f" (interrupted by {self.interrupted}: {'; '.join(self.progress())})" if self.interrupted
                        else "")
 
