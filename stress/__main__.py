@@ -3,10 +3,8 @@
 The device is chosen before any kernel module is imported (kernels.runtime decides between
 compiled Triton and the interpreter at import time), so this module imports lazily.
 
-Exit status: 0 all good, 1 failures found (or a planted bug survived), 2 a usage error (one
-line on stderr: ``specsan: <argument>: <what is wrong>; <how to fix>``), 3 nothing was judged (every
-case not_checked on this device: a line on stderr says why), 128 + the signal number when SIGINT
-(130) or SIGTERM (143) stopped the command.
+Exit status (``EXIT_STATUS``, the end of ``--help``): a usage error is one line on stderr,
+``specsan: <argument>: <what is wrong>; <how to fix>``.
 """
 
 import argparse
@@ -82,12 +80,16 @@ def _launch(text: str) -> dict:
     return launch
 
 
+EXIT_STATUS = ("exit status: 0 all good; 1 a failure found (or a planted bug survived); 2 a usage error; 3 nothing "
+               "was judged (every case, hunt and mutant not_checked on this device: stderr says why); 130 or 143 "
+               "stopped by SIGINT or SIGTERM")
+
 _seed = _count(0)
 _AUTO_DEVICE = "cuda when a GPU is visible, else cpu (the Triton interpreter)"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="specsan", description="Verify and stress the spec-decode kernels.")
+    p = _Parser(prog="specsan", description="Verify and stress the spec-decode kernels.", epilog=EXIT_STATUS)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(sp, seed=True):
@@ -332,9 +334,9 @@ def _log(text: str) -> None:
 NOT_JUDGED = 3  # exit status when nothing was judged: not_checked is never a pass
 
 
-def _not_judged(reasons) -> int:
+def _not_judged(reasons: list[str]) -> int:
     """Say on stderr that nothing was judged, and why; the exit status for it."""
-    _log(f"specsan: nothing was judged here (exit {NOT_JUDGED}): " + "; ".join(dict.fromkeys(reasons)))
+    _log(f"specsan: nothing was judged here (exit {NOT_JUDGED}): " + "; ".join(reasons))
     return NOT_JUDGED
 
 
@@ -501,7 +503,12 @@ def cmd_run(args) -> int:
     stopped = _run_into(report, stages)
     failed = report.counts()[1] + sum(h.failed for h in report.hunts)
     matrix_line, all_killed = matrix.verdict(report.kills or [], device)
-    code = stopped.exit_code if stopped else (1 if failed or not all_killed else 0)
+    if stopped:
+        code = stopped.exit_code
+    elif failed or not all_killed:
+        code = 1
+    else:
+        code = 0 if report.judged() else _not_judged(report.unjudged_reasons())
     if args.json:
         print(json.dumps({"status": report.end_record()["status"], "exit_code": code, "report": args.report,
                           "device": device, "cases_planned": len(tasks), "cases_finished": len(report.results),
@@ -548,12 +555,14 @@ def cmd_repro(args) -> int:
     jobs = 1 if device == "cuda" and args.timeout and not args.sanitizer else 0
     if args.sanitizer and (gate := sanitizer.gate(args.sanitizer, device)).state != "caught":
         print(f"verdict: not_checked:{gate.text}")
-        return 1
+        return _not_judged([gate.text]) if gate.state == "unavailable" else 1  # blind: the tool missed its control
     runner.execute([task], device, jobs, results.append, args.timeout, trace=not args.no_trace)
     result = results[0]
     print(f"verdict: {result.verdict}")
     for line in result.details:
         print(line)
+    if result.not_checked:
+        return _not_judged([result.verdict.removeprefix("not_checked:")])
     return 1 if result.failed else 0
 
 
@@ -659,7 +668,9 @@ def cmd_mutants(args) -> int:
     else:
         print(matrix.table(rows))
         print(line)
-    return stopped.exit_code if stopped else (0 if all_killed else 1)
+    if stopped or not all_killed:
+        return stopped.exit_code if stopped else 1
+    return 0 if report.judged() else _not_judged(report.unjudged_reasons())
 
 
 def cmd_sanitize(args) -> int:

@@ -11,6 +11,7 @@ from dataclasses import asdict
 
 from stress.types import PASS, Result
 
+UNJUDGED_KILLS = ("not_checked", "not_hunted")  # kill-matrix statuses that hunted nothing here
 RESULTS, SUMMARY, MATRIX = "results.jsonl", "summary.md", "mutants.json"
 FAILURES_PNG, KILLS_PNG = "failures.png", "kills.png"
 ARTIFACTS = (RESULTS, SUMMARY, MATRIX, FAILURES_PNG, KILLS_PNG)
@@ -98,6 +99,20 @@ class Report:
         passed = sum(r.verdict == PASS for r in self.results)
         failed = sum(r.failed for r in self.results)
         return passed, failed, sum(r.not_checked for r in self.results)
+
+    def judged(self) -> bool:
+        """Whether the run judged anything: a case passed or failed, a hunt could fire, a kill-matrix row (or
+        its path column) was hunted. A run that judged nothing is not green, whatever it did not find."""
+        return (any(not r.not_checked for r in self.results) or any(not h.not_checked for h in self.hunts)
+                or any(k.status not in UNJUDGED_KILLS or k.path not in ("-", "unreachable", "not_checked")
+                       for k in self.kills or ()))
+
+    def unjudged_reasons(self) -> list[str]:
+        """Why the cases, hunts and kill-matrix rows were not checked, each reason once."""
+        reasons = [r.verdict.removeprefix("not_checked:") for r in self.results if r.not_checked]
+        reasons += [h.verdict.removeprefix("not_checked:") for h in self.hunts if h.not_checked]
+        reasons += [k.reason or f"{k.mutant}: {k.status}" for k in self.kills or () if k.status in UNJUDGED_KILLS]
+        return list(dict.fromkeys(reasons)) or ["no case ran"]
 
     def closing_line(self) -> str:
         """``N passed, N failed[, N not checked]``, then what stopped the run early, if anything."""

@@ -74,6 +74,21 @@ def test_user_errors_are_one_line_with_the_argument_and_the_fix(capsys, argv, ar
     one_line_usage_error(capsys, argv, argument)
 
 
+@pytest.mark.skipif(GPU, reason="graphs.replay is judged on a GPU")
+def test_a_run_or_repro_that_judged_nothing_exits_3_saying_why(tmp_path, capsys):
+    """Every case not_checked (CUDA graphs need a GPU) is not green: exit 3, distinct from a failure."""
+    why = "CUDA graphs need a GPU"
+    code = main(["run", "--check", "graphs.replay", "--iters", "1", "--jobs", "0", "--report", str(tmp_path)])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 3 and err[-1].startswith("specsan: nothing was judged here (exit 3): ") and why in err[-1]
+    assert main(["repro", "graphs.replay", "padded_graph", "1"]) == 3
+    captured = capsys.readouterr()
+    assert f"verdict: not_checked:{why}" in captured.out and why in captured.err
+    assert "3 nothing was judged" in _parser().format_help()  # the exit statuses are in --help
+    assert main(["mutants", "--check", "graphs.replay", "--jobs", "0"]) == 3  # no planted bug has an oracle here
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"specsan: nothing was judged here (exit 3): {why}")
+
+
 def test_report_folder_that_cannot_be_written_is_a_usage_error(capsys, tmp_path):
     a_file = tmp_path / "results"
     a_file.write_text("not a folder")
