@@ -611,9 +611,10 @@ def _trace_own(args) -> int:
     from stress import trace_own
 
     if args.check or args.mutant:
-        raise SystemExit("trace --kernel: traces your own kernel; drop CHECK and --mutant")
+        raise UsageError("--kernel", "traces your own kernel, not a registered check", "drop CHECK and --mutant")
     if not args.args:
-        raise SystemExit("trace --kernel: give --args SCRIPT, a Python file that sets `args`")
+        raise UsageError("--args", "missing: --kernel needs the arguments to launch it with",
+                         "give --args SCRIPT, a Python file that sets `args`")
     target = trace_own.load_target(args.kernel)
     arguments = trace_own.load_args(args.args)
     grid = trace_own.parse_grid(args.grid) if args.grid else None

@@ -65,6 +65,11 @@ def one_line_usage_error(capsys, argv: list[str], argument: str) -> str:
     (["trace", "block_table.shift", "--seeds", "0"], "--seeds"),
     (["trace", "block_table.shift", "overlap"], "FAMILY SEED"),
     (["trace", "block_table.shift", "--mutant", "nope"], "--mutant"),
+    (["trace", "--kernel", "nosuch.module:fn", "--args", "tests/trace_example_args.py"], "--kernel"),
+    (["trace", "--kernel", "tests.trace_kernels:nosuch", "--args", "tests/trace_example_args.py"], "--kernel"),
+    (["trace", "--kernel", "tests.trace_kernels:gather_groups", "--grid", "3", "--args", "Makefile"], "--args"),
+    (["trace", "--kernel", "tests.trace_kernels:gather_groups", "--grid", "3"], "--args"),
+    (["trace", "block_table.shift", "--kernel", "tests.trace_kernels:gather_groups"], "--kernel"),
     (["tp", "--ranks", "0"], "--ranks"),
     (["tp", "--ranks", "1", "--mutant", "global-rng-seeds"], "--mutant"),  # one rank cannot diverge
     (["tp", "--backend", "nccl", "--device", "cpu"], "--backend"),
