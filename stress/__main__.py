@@ -327,6 +327,26 @@ def _mutant(check, name: str | None):
     return check.mutant(name)
 
 
+def _launch_in_sweep(check, device: str, launch: dict | None) -> None:
+    """A forced ``--launch`` takes only the knobs and values of the check's sweep on ``device`` (a knob left
+    out takes the launcher's default): any other value would reach the launcher and be charged to the
+    kernel as a crash."""
+    if launch is None:
+        return
+    values: dict[str, set] = {}
+    for shape in check.sweep(device) if check.sweep else []:
+        for key, value in shape.items():
+            values.setdefault(key, set()).add(value)
+    for key, value in launch.items():
+        if key not in values:
+            raise UsageError("--launch", f"{key!r} is not a launch knob of {check.name} on {device}",
+                             f"known: {', '.join(sorted(values)) or 'none'}")
+        if value not in values[key]:
+            raise UsageError("--launch", f"{key}={value} is not in the launch sweep of {check.name} on {device}",
+                             f"use {key}={' or '.join(map(str, sorted(values[key])))}, or leave {key} out for the "
+                             "launcher's default")
+
+
 def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -536,11 +556,7 @@ def cmd_repro(args) -> int:
     if args.sanitizer and refusal.is_family(check.families[args.family]):
         raise UsageError("--sanitizer", f"{args.family!r} is a refusal family: its cases launch no kernel",
                          "rerun it without --sanitizer")
-    if args.launch is not None:
-        known = {k for shape in (check.sweep(device) if check.sweep else []) for k in shape}
-        if unknown := sorted(set(args.launch) - known):
-            raise UsageError("--launch", f"{unknown[0]!r} is not a launch knob of {check.name} on {device}",
-                             f"known: {', '.join(sorted(known)) or 'none'}")
+    _launch_in_sweep(check, device, args.launch)
     case = runner.build_case(check, args.family, args.seed, device, args.launch)
     print(f"{check.name} / {args.family} / seed {args.seed} on {device}: {case.note}")
     print(f"launch: {case.launch or 'default'}")
@@ -742,6 +758,7 @@ def cmd_hunt(args) -> int:
     for family in args.family or ():
         _family(check, family, "--family")
     _mutant(check, args.mutant)
+    _launch_in_sweep(check, device, args.launch)
     if args.case_seed is not None and len(args.family or ()) != 1:
         raise UsageError("--case-seed", "names one case, so it needs exactly one --family", "add --family F")
     if args.load and device != "cuda":

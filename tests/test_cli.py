@@ -61,6 +61,8 @@ def one_line_usage_error(capsys, argv: list[str], argument: str) -> str:
     (["repro", "block_table.shift", "overlap", "1", "--mutant", "nope"], "--mutant"),
     (["repro", "block_table.shift", "overlap", "1", "--launch", "chunk"], "--launch"),
     (["repro", "block_table.shift", "overlap", "1", "--launch", "warps=4"], "--launch"),
+    (["repro", "block_table.shift", "overlap", "1", "--launch", "chunk=3"], "--launch"),  # not a sweep value
+    (["hunt", "block_table.shift", "--launch", "chunk=3"], "--launch"),
     (["repro", "block_table.shift"], "FAMILY, SEED"),
     (["trace", "block_table.shift", "--seeds", "0"], "--seeds"),
     (["trace", "block_table.shift", "overlap"], "FAMILY SEED"),
