@@ -44,7 +44,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"specsan: {argument}: {problem}{fix}\n")
 
 
-def _count(minimum: int):
+def _count(minimum: int, maximum: int | None = None, why_maximum: str = ""):
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -52,8 +52,21 @@ def _count(minimum: int):
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}; pass a number >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum} ({why_maximum}), got {value}; "
+                                             f"pass a number <= {maximum}")
         return value
     return parse
+
+
+def _percentage(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be a percentage from 0 to 100, got {text}; 0 means no gate")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -84,7 +97,7 @@ EXIT_STATUS = ("exit status: 0 all good; 1 a failure found (or a planted bug sur
                "was judged (every case, hunt and mutant not_checked on this device: stderr says why); 130 or 143 "
                "stopped by SIGINT or SIGTERM")
 
-_seed = _count(0)
+_seed = _count(0, 2**63 - 1, "63 bits, as every case seed")
 _AUTO_DEVICE = "cuda when a GPU is visible, else cpu (the Triton interpreter)"
 
 
@@ -250,7 +263,7 @@ def _parser() -> argparse.ArgumentParser:
     mt.add_argument("--iters", type=_count(1), default=3, help="cases per family before a mutant survives (default: 3)")
     mt.add_argument("--sample", type=_count(0), default=0,
                     help="at most this many mutants per check, a deterministic sample by --seed (default: 0 = all)")
-    mt.add_argument("--fail-under", type=float, default=0.0,
+    mt.add_argument("--fail-under", type=_percentage, default=0.0,
                     help="exit 1 when a check's score is below this percentage (default: 0, no gate)")
     mt.add_argument("--report", default="reports/mutate",
                     help="directory for mutate.jsonl, one line per decided mutant (default: reports/mutate)")
@@ -393,6 +406,20 @@ def _progress(total: int):
     from tqdm import tqdm
 
     return tqdm(total=total, unit="case", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
+
+
+def _run_report(directory: str, argument: str) -> None:
+    """``directory`` must be the report folder of a `specsan run`: a results.jsonl that opens with a run's
+    header (its ``iters``; a sanitize run's names its ``tool``)."""
+    try:
+        with open(os.path.join(directory, "results.jsonl")) as f:
+            header = json.loads(f.readline())["run"]
+        is_run = "iters" in header and "tool" not in header
+    except (OSError, ValueError, KeyError, TypeError):
+        is_run = False
+    if not is_run:
+        raise UsageError(argument, f"{directory} is not the report folder of a `specsan run`",
+                         "give the --report DIR of an earlier run (default: reports/latest)")
 
 
 def _open_report(directory: str | None, header: dict, argument: str = "--report"):
@@ -692,6 +719,8 @@ def cmd_mutants(args) -> int:
 
 def cmd_sanitize(args) -> int:
     """Cases under compute-sanitizer, after the tool's positive control in the same run."""
+    if args.baseline:
+        _run_report(args.baseline, "--baseline")
     device = _select_device(args)
     from stress import runner, sanitizer
     from stress.types import Result

@@ -58,6 +58,11 @@ def one_line_usage_error(capsys, argv: list[str], argument: str) -> str:
     (["repro", "no.such.check", "f", "1"], "CHECK"),
     (["repro", "block_table.shift", "nope", "1"], "FAMILY"),
     (["repro", "block_table.shift", "overlap", "-5"], "SEED"),
+    (["repro", "block_table.shift", "overlap", "99999999999999999999999"], "SEED"),  # past 63 bits
+    (["run", "--seed", str(2**63)], "--seed"),
+    (["mutate", "--fail-under", "150"], "--fail-under"),
+    (["mutate", "--fail-under", "-1"], "--fail-under"),
+    (["sanitize", "--baseline", "Makefile"], "--baseline"),
     (["repro", "block_table.shift", "overlap", "1", "--mutant", "nope"], "--mutant"),
     (["repro", "block_table.shift", "overlap", "1", "--launch", "chunk"], "--launch"),
     (["repro", "block_table.shift", "overlap", "1", "--launch", "warps=4"], "--launch"),
@@ -94,6 +99,20 @@ def test_a_run_or_repro_that_judged_nothing_exits_3_saying_why(tmp_path, capsys)
     assert "3 nothing was judged" in _parser().format_help()  # the exit statuses are in --help
     assert main(["mutants", "--check", "graphs.replay", "--jobs", "0"]) == 3  # no planted bug has an oracle here
     assert capsys.readouterr().err.splitlines()[-1].startswith(f"specsan: nothing was judged here (exit 3): {why}")
+
+
+def test_a_sanitize_baseline_must_be_a_run_report(tmp_path, capsys):
+    assert main(["run", "--check", "block_table.unaligned_prefix", "--iters", "1", "--jobs", "0", "--no-trace",
+                 "--report", str(tmp_path / "run")]) == 0
+    assert main(["mutants", "--check", "block_table.unaligned_prefix", "--jobs", "0", "--report",
+                 str(tmp_path / "matrix")]) == 0
+    capsys.readouterr()
+    for folder in ("matrix", "empty"):  # a kill matrix's report, a folder with no report
+        (tmp_path / folder).mkdir(exist_ok=True)
+        line = one_line_usage_error(capsys, ["sanitize", "--baseline", str(tmp_path / folder)], "--baseline")
+        assert "is not the report folder of a `specsan run`" in line
+    code = main(["sanitize", "--baseline", str(tmp_path / "run"), "--report", str(tmp_path / "sanitize")])
+    assert code != 2, capsys.readouterr().err
 
 
 def test_report_folder_that_cannot_be_written_is_a_usage_error(capsys, tmp_path):
