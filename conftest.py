@@ -1,6 +1,7 @@
 """pytest set-up: device choice (before any kernel is imported), options, markers, hypothesis profiles,
 a per-test timeout, and one GPU per xdist worker."""
 
+import dataclasses
 import os
 import sys
 import threading
@@ -158,6 +159,14 @@ def _mutant_under_test(request):
 
     with mutants.applied(getattr(request.config, "specsan_mutant", None)):
         yield
+
+
+@pytest.fixture(scope="session")
+def repro_of(request):
+    """``repro_of(result)``: the line that reruns a case as this session ran it. Under SPECSAN_MUTANT every
+    case ran that mutant, which its task does not name (the session applied it), so the line names it."""
+    session = getattr(request.config, "specsan_mutant", None)
+    return lambda result: dataclasses.replace(result, mutant=result.mutant or (session and session.name)).repro()
 
 
 @pytest.fixture(scope="session")

@@ -371,6 +371,26 @@ def test_a_by_shape_repro_line_runs_as_printed_from_the_checkout():
     assert "launch: {'chunk': 16}" in rerun.stdout and "verdict: fail:race" in rerun.stdout
 
 
+@pytest.mark.skipif(runtime.DEVICE != "cpu", reason="reruns the line on the device it names")
+def test_a_junit_repro_line_under_specsan_mutant_names_the_mutant_and_reruns_as_it_ran(tmp_path):
+    from xml.etree import ElementTree
+
+    from stress import mutate_ops
+
+    mutant = mutate_ops.generate("kernels.block_table:_shift_rows_kernel", ["cmp-flip"])[0].id
+    junit = tmp_path / "junit.xml"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", "--iters",
+                           "1", f"--junitxml={junit}",
+                           "tests/test_registry.py::test_family_matches_reference[block_table.shift-overlap]"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SPECSAN_MUTANT": mutant})
+    (line,) = [p.get("value") for p in ElementTree.parse(junit).iter("property") if p.get("name") == "repro"]
+    assert f"--mutant {mutant}" in line, line
+    rerun = subprocess.run(["bash", "-c", line], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHON": sys.executable})
+    assert rerun.returncode == done.returncode, rerun.stdout + rerun.stderr  # fails (or passes) as the test did
+
+
 def test_importing_triton_first_leaves_the_kernels_working():
     script = ("import triton\n"
               "from stress import runner\n"
