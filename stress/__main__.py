@@ -526,6 +526,7 @@ def cmd_run(args) -> int:
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
     header = {"device": device, "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
               "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix, "hunt": args.hunt,
+              **({"hunts": len(hunt.planned(selected, device))} if args.hunt else {}),
               **({"mutant": args.mutant} if args.mutant else {}),
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), **_gpu_header(device, jobs)}
     report = _open_report(args.report, header)

@@ -388,13 +388,17 @@ def hunt_processes(check: Check, device: str, jobs: int, *, seed: int = 0, **opt
     return merged(results)
 
 
+def planned(checks: list[Check], device: str) -> list[Check]:
+    """The checks ``run --hunt`` hunts on ``device``: those with hunt seconds there that a hunt supports."""
+    return [c for c in checks if device in c.hunt_seconds and supports(c, device) is None]
+
+
 def run_hunts(checks: list[Check], device: str, seed: int, jobs: int, timeout: float, on_result) -> None:
     """``run --hunt``: each selected check with ``hunt_seconds`` for ``device``, one after another in one
     worker process (the GPU to itself; a hang or a crash is charged to that hunt), ``on_result`` per hunt."""
     from functools import partial
 
-    items = iter([(c.name, {"seconds": c.hunt_seconds[device], "seed": seed}) for c in checks
-                  if device in c.hunt_seconds and supports(c, device) is None])
+    items = iter([(c.name, {"seconds": c.hunt_seconds[device], "seed": seed}) for c in planned(checks, device)])
 
     def on_outcome(outcome) -> None:
         on_result(_failed_process(outcome.item[0], device, seed, outcome) if outcome.failure else outcome.value)

@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import asdict
 
-from stress.types import PASS, Result
+from stress.types import DEFAULT_TIMEOUT, PASS, Result
 
 UNJUDGED_KILLS = ("not_checked", "not_hunted")  # kill-matrix statuses that hunted nothing here
 RESULTS, SUMMARY, MATRIX = "results.jsonl", "summary.md", "mutants.json"
@@ -130,6 +130,8 @@ class Report:
         lines = []
         if "cases" in self.header:
             lines.append(f"replay: {len(self.results)} of {self.header['cases']} cases finished")
+        if "hunts" in self.header:
+            lines.append(f"hunts: {len(self.hunts)} of {self.header['hunts']} finished")
         if self.kills is not None:
             decided = sum(k.status != "unfinished" for k in self.kills)
             lines.append(f"kill matrix: {decided} of {len(self.kills)} rows decided")
@@ -139,10 +141,16 @@ class Report:
             lines.append(f"{len(self.abandoned)} case(s) running at the signal were abandoned")
         return lines
 
+    def repro(self, task) -> str:
+        """The line that reruns an abandoned task (stress.runner.Task) as this run ran its cases."""
+        return Result(task.check, task.family, task.seed, self.header.get("device", ""), "abandoned",
+                      launch=dict(task.launch or ()), mutant=task.mutant, tool=task.tool,
+                      timeout=self.header.get("timeout", DEFAULT_TIMEOUT), trace=self.header.get("trace", True)).repro()
+
     def end_record(self) -> dict:
         return {"status": f"interrupted by {self.interrupted}" if self.interrupted else "complete",
                 "cases_finished": len(self.results),
-                "abandoned": [list(t) for t in self.abandoned],
+                "abandoned": [{**t._asdict(), "repro": self.repro(t)} for t in self.abandoned],
                 "progress": self.progress()}
 
     def close(self) -> None:
@@ -180,7 +188,7 @@ class Report:
         if self.abandoned:
             out += ["", "## Abandoned (running at the signal)", ""]
             out += [f"- {t.check} / {t.family} seed {t.seed}" + (f" mutant {t.mutant}" if t.mutant else "")
-                    for t in self.abandoned]
+                    + f": `{self.repro(t)}`" for t in self.abandoned]
         if self.kills:
             out += self._matrix_section()
         if self.header.get("gpus"):
