@@ -374,10 +374,13 @@ def _not_judged(reasons: list[str]) -> int:
 
 
 class _LogProgress:
-    """Progress for logs (CI, tee): one plain line every tenth of the run, no carriage returns."""
+    """Progress for logs (CI, tee): a plain line at every tenth of the run or after ``every`` seconds, whichever
+    comes first (a tenth of a CPU run can take minutes), with the rate so far and the time left at that
+    rate; no carriage returns."""
 
-    def __init__(self, total: int):
-        self.total, self.done, self.postfix, self.start = total, 0, "", time.perf_counter()
+    def __init__(self, total: int, every: float = 30.0, clock=time.perf_counter):
+        self.total, self.done, self.postfix, self.every, self.clock = total, 0, "", every, clock
+        self.start = self.last = clock()
         self.step = max(1, total // 10)
 
     def __enter__(self):
@@ -394,9 +397,12 @@ class _LogProgress:
 
     def update(self, n: int = 1) -> None:
         self.done += n
-        if self.done % self.step == 0 or self.done == self.total:
-            elapsed = time.perf_counter() - self.start
-            self.write(f"[{self.done}/{self.total} cases, {elapsed:.0f} s] {self.postfix}")
+        now = self.clock()
+        if self.done % self.step == 0 or self.done == self.total or now - self.last >= self.every:
+            self.last, elapsed = now, now - self.start
+            rate = self.done / elapsed if elapsed > 0 else 0.0
+            left = f"{(self.total - self.done) / rate:.0f} s left" if rate else "time left unknown"
+            self.write(f"[{self.done}/{self.total} cases, {elapsed:.0f} s, {rate:.2f} cases/s, {left}] {self.postfix}")
 
 
 def _progress(total: int):

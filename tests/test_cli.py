@@ -188,6 +188,19 @@ def test_help_and_usage_errors_import_neither_torch_nor_triton(tmp_path, argv, c
     assert not imported.exists(), f"imported: {imported.read_text().split()}"
 
 
+def test_log_progress_comes_every_30_seconds_at_most_with_the_rate_and_the_time_left(capsys):
+    from stress.__main__ import _LogProgress
+
+    now = [0.0]
+    progress = _LogProgress(1000, clock=lambda: now[0])  # a tenth of this run is 100 cases, 500 s
+    for _ in range(20):
+        now[0] += 5.0
+        progress.update()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3, lines  # at 30, 60 and 90 s
+    assert lines[0].startswith("[6/1000 cases, 30 s, 0.20 cases/s, 4970 s left]")
+
+
 # ---------------------------------------------------------------- signals
 
 
