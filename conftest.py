@@ -17,8 +17,12 @@ def pytest_addoption(parser):
     parser.addoption("--device", choices=("cpu", "cuda"),
                      help="device for kernels (default: cuda when a GPU is visible, else cpu)")
     parser.addoption("--iters", type=int, default=3,
-                     help="seeds per (check, family) in the registry tests (default: 3)")
-    parser.addoption("--seed", type=int, default=0, help="base seed of the registry tests (default: 0)")
+                     help="cases per (check, family) in the registry replay, tests/test_registry.py (a check's "
+                          "iteration_share of them, at least one); raise it for a longer soak, e.g. "
+                          "`make test ARGS=\"tests/test_registry.py -k block_table.shift --iters 20\"` (default: 3)")
+    parser.addoption("--seed", type=int, default=0,
+                     help="base seed the registry replay derives each case's seed from; a failing case prints "
+                          "the `./specsan repro` line of its own seed (default: 0)")
     parser.addoption("--test-timeout", type=float, default=600.0,
                      help="seconds one test may take before its process is stopped with every thread's stack "
                           "(under xdist the test fails and the worker is replaced); 0 = none (default: 600)")

@@ -151,6 +151,26 @@ def test_make_stress_with_a_bad_iter_stops_at_the_error():
     assert "kill matrix" not in done.stdout + done.stderr
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_the_documented_ways_to_run_part_of_the_tests_work():
+    with open(os.path.join(ROOT, "docs", "testing.md")) as f:
+        doc = f.read()
+    examples = re.findall(r'^make test ARGS="([^"]+)"', doc, re.MULTILINE)
+    assert examples
+    for args in examples:
+        done = subprocess.run(["make", "-n", "test", f"ARGS={args}"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "PYTHON": sys.executable})
+        (command,) = [line for line in done.stdout.splitlines() if " -m pytest " in line]
+        assert command.endswith(args), command  # make hands ARGS to pytest as they are
+        collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args.split()], cwd=ROOT,
+                                   capture_output=True, text=True, timeout=300)
+        assert collected.returncode == 0, collected.stdout + collected.stderr  # and they select tests
+    usage = subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300).stdout
+    assert "tests/test_registry.py" in usage  # --iters says which tests it sizes
+    assert "--iters N" in doc and "--seed S" in doc
+
+
 def test_a_bad_device_variable_is_a_one_line_usage_error():
     done = cli("list", env={**os.environ, "SPECSAN_DEVICE": "tpu"})
     assert done.returncode == 2 and done.stderr.splitlines() == [
