@@ -21,8 +21,10 @@ env:
 	@echo $(PY)
 
 # JUnit XML for CI (each registry case's repro line is a property of its test case).
+# ARGS: pytest arguments, e.g. ARGS="tests/test_block_table.py -k shift" for one kernel's tests (docs/testing.md).
+ARGS ?=
 test:
-	$(PY) -m pytest -n auto -q --junitxml=$(JUNIT)
+	$(PY) -m pytest -n auto -q --junitxml=$(JUNIT) $(ARGS)
 
 # One process, one report: the replay, then the kill matrix (even after replay failures: either
 # half fails the target). A bad argument stops it before anything runs (exit 2).

@@ -1,6 +1,7 @@
 """pytest set-up: device choice (before any kernel is imported), options, markers, hypothesis profiles,
 a per-test timeout, and one GPU per xdist worker."""
 
+import dataclasses
 import os
 import sys
 import threading
@@ -16,8 +17,12 @@ def pytest_addoption(parser):
     parser.addoption("--device", choices=("cpu", "cuda"),
                      help="device for kernels (default: cuda when a GPU is visible, else cpu)")
     parser.addoption("--iters", type=int, default=3,
-                     help="seeds per (check, family) in the registry tests (default: 3)")
-    parser.addoption("--seed", type=int, default=0, help="base seed of the registry tests (default: 0)")
+                     help="cases per (check, family) in the registry replay, tests/test_registry.py (a check's "
+                          "iteration_share of them, at least one); raise it for a longer soak, e.g. "
+                          "`make test ARGS=\"tests/test_registry.py -k block_table.shift --iters 20\"` (default: 3)")
+    parser.addoption("--seed", type=int, default=0,
+                     help="base seed the registry replay derives each case's seed from; a failing case prints "
+                          "the `./specsan repro` line of its own seed (default: 0)")
     parser.addoption("--test-timeout", type=float, default=600.0,
                      help="seconds one test may take before its process is stopped with every thread's stack "
                           "(under xdist the test fails and the worker is replaced); 0 = none (default: 600)")
@@ -158,6 +163,14 @@ def _mutant_under_test(request):
 
     with mutants.applied(getattr(request.config, "specsan_mutant", None)):
         yield
+
+
+@pytest.fixture(scope="session")
+def repro_of(request):
+    """``repro_of(result)``: the line that reruns a case as this session ran it. Under SPECSAN_MUTANT every
+    case ran that mutant, which its task does not name (the session applied it), so the line names it."""
+    session = getattr(request.config, "specsan_mutant", None)
+    return lambda result: dataclasses.replace(result, mutant=result.mutant or (session and session.name)).repro()
 
 
 @pytest.fixture(scope="session")

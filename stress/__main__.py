@@ -3,9 +3,8 @@
 The device is chosen before any kernel module is imported (kernels.runtime decides between
 compiled Triton and the interpreter at import time), so this module imports lazily.
 
-Exit status: 0 all good, 1 failures found (or a planted bug survived), 2 a usage error (one
-line on stderr: ``specsan: <argument>: <what is wrong>; <how to fix>``), 128 + the signal
-number when SIGINT (130) or SIGTERM (143) stopped the command.
+Exit status (``EXIT_STATUS``, the end of ``--help``): a usage error is one line on stderr,
+``specsan: <argument>: <what is wrong>; <how to fix>``.
 """
 
 import argparse
@@ -45,7 +44,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"specsan: {argument}: {problem}{fix}\n")
 
 
-def _count(minimum: int):
+def _count(minimum: int, maximum: int | None = None, why_maximum: str = ""):
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -53,8 +52,21 @@ def _count(minimum: int):
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}; pass a number >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum} ({why_maximum}), got {value}; "
+                                             f"pass a number <= {maximum}")
         return value
     return parse
+
+
+def _percentage(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be a percentage from 0 to 100, got {text}; 0 means no gate")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -81,12 +93,16 @@ def _launch(text: str) -> dict:
     return launch
 
 
-_seed = _count(0)
+EXIT_STATUS = ("exit status: 0 all good; 1 a failure found (or a planted bug survived); 2 a usage error; 3 nothing "
+               "was judged (every case, hunt and mutant not_checked on this device: stderr says why); 130 or 143 "
+               "stopped by SIGINT or SIGTERM")
+
+_seed = _count(0, 2**63 - 1, "63 bits, as every case seed")
 _AUTO_DEVICE = "cuda when a GPU is visible, else cpu (the Triton interpreter)"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="specsan", description="Verify and stress the spec-decode kernels.")
+    p = _Parser(prog="specsan", description="Verify and stress the spec-decode kernels.", epilog=EXIT_STATUS)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(sp, seed=True):
@@ -247,7 +263,7 @@ def _parser() -> argparse.ArgumentParser:
     mt.add_argument("--iters", type=_count(1), default=3, help="cases per family before a mutant survives (default: 3)")
     mt.add_argument("--sample", type=_count(0), default=0,
                     help="at most this many mutants per check, a deterministic sample by --seed (default: 0 = all)")
-    mt.add_argument("--fail-under", type=float, default=0.0,
+    mt.add_argument("--fail-under", type=_percentage, default=0.0,
                     help="exit 1 when a check's score is below this percentage (default: 0, no gate)")
     mt.add_argument("--report", default="reports/mutate",
                     help="directory for mutate.jsonl, one line per decided mutant (default: reports/mutate)")
@@ -324,15 +340,47 @@ def _mutant(check, name: str | None):
     return check.mutant(name)
 
 
+def _launch_in_sweep(check, device: str, launch: dict | None) -> None:
+    """A forced ``--launch`` takes only the knobs and values of the check's sweep on ``device`` (a knob left
+    out takes the launcher's default): any other value would reach the launcher and be charged to the
+    kernel as a crash."""
+    if launch is None:
+        return
+    values: dict[str, set] = {}
+    for shape in check.sweep(device) if check.sweep else []:
+        for key, value in shape.items():
+            values.setdefault(key, set()).add(value)
+    for key, value in launch.items():
+        if key not in values:
+            raise UsageError("--launch", f"{key!r} is not a launch knob of {check.name} on {device}",
+                             f"known: {', '.join(sorted(values)) or 'none'}")
+        if value not in values[key]:
+            raise UsageError("--launch", f"{key}={value} is not in the launch sweep of {check.name} on {device}",
+                             f"use {key}={' or '.join(map(str, sorted(values[key])))}, or leave {key} out for the "
+                             "launcher's default")
+
+
 def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-class _LogProgress:
-    """Progress for logs (CI, tee): one plain line every tenth of the run, no carriage returns."""
+NOT_JUDGED = 3  # exit status when nothing was judged: not_checked is never a pass
 
-    def __init__(self, total: int):
-        self.total, self.done, self.postfix, self.start = total, 0, "", time.perf_counter()
+
+def _not_judged(reasons: list[str]) -> int:
+    """Say on stderr that nothing was judged, and why; the exit status for it."""
+    _log(f"specsan: nothing was judged here (exit {NOT_JUDGED}): " + "; ".join(reasons))
+    return NOT_JUDGED
+
+
+class _LogProgress:
+    """Progress for logs (CI, tee): a plain line at every tenth of the run or after ``every`` seconds, whichever
+    comes first (a tenth of a CPU run can take minutes), with the rate so far and the time left at that
+    rate; no carriage returns."""
+
+    def __init__(self, total: int, every: float = 30.0, clock=time.perf_counter):
+        self.total, self.done, self.postfix, self.every, self.clock = total, 0, "", every, clock
+        self.start = self.last = clock()
         self.step = max(1, total // 10)
 
     def __enter__(self):
@@ -349,9 +397,12 @@ class _LogProgress:
 
     def update(self, n: int = 1) -> None:
         self.done += n
-        if self.done % self.step == 0 or self.done == self.total:
-            elapsed = time.perf_counter() - self.start
-            self.write(f"[{self.done}/{self.total} cases, {elapsed:.0f} s] {self.postfix}")
+        now = self.clock()
+        if self.done % self.step == 0 or self.done == self.total or now - self.last >= self.every:
+            self.last, elapsed = now, now - self.start
+            rate = self.done / elapsed if elapsed > 0 else 0.0
+            left = f"{(self.total - self.done) / rate:.0f} s left" if rate else "time left unknown"
+            self.write(f"[{self.done}/{self.total} cases, {elapsed:.0f} s, {rate:.2f} cases/s, {left}] {self.postfix}")
 
 
 def _progress(total: int):
@@ -361,6 +412,20 @@ def _progress(total: int):
     from tqdm import tqdm
 
     return tqdm(total=total, unit="case", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
+
+
+def _run_report(directory: str, argument: str) -> None:
+    """``directory`` must be the report folder of a `specsan run`: a results.jsonl that opens with a run's
+    header (its ``iters``; a sanitize run's names its ``tool``)."""
+    try:
+        with open(os.path.join(directory, "results.jsonl")) as f:
+            header = json.loads(f.readline())["run"]
+        is_run = "iters" in header and "tool" not in header
+    except (OSError, ValueError, KeyError, TypeError):
+        is_run = False
+    if not is_run:
+        raise UsageError(argument, f"{directory} is not the report folder of a `specsan run`",
+                         "give the --report DIR of an earlier run (default: reports/latest)")
 
 
 def _open_report(directory: str | None, header: dict, argument: str = "--report"):
@@ -467,6 +532,7 @@ def cmd_run(args) -> int:
     jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
     header = {"device": device, "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
               "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix, "hunt": args.hunt,
+              **({"hunts": len(hunt.planned(selected, device))} if args.hunt else {}),
               **({"mutant": args.mutant} if args.mutant else {}),
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), **_gpu_header(device, jobs)}
     report = _open_report(args.report, header)
@@ -491,7 +557,12 @@ def cmd_run(args) -> int:
     stopped = _run_into(report, stages)
     failed = report.counts()[1] + sum(h.failed for h in report.hunts)
     matrix_line, all_killed = matrix.verdict(report.kills or [], device)
-    code = stopped.exit_code if stopped else (1 if failed or not all_killed else 0)
+    if stopped:
+        code = stopped.exit_code
+    elif failed or not all_killed:
+        code = 1
+    else:
+        code = 0 if report.judged() else _not_judged(report.unjudged_reasons())
     if args.json:
         print(json.dumps({"status": report.end_record()["status"], "exit_code": code, "report": args.report,
                           "device": device, "cases_planned": len(tasks), "cases_finished": len(report.results),
@@ -519,11 +590,7 @@ def cmd_repro(args) -> int:
     if args.sanitizer and refusal.is_family(check.families[args.family]):
         raise UsageError("--sanitizer", f"{args.family!r} is a refusal family: its cases launch no kernel",
                          "rerun it without --sanitizer")
-    if args.launch is not None:
-        known = {k for shape in (check.sweep(device) if check.sweep else []) for k in shape}
-        if unknown := sorted(set(args.launch) - known):
-            raise UsageError("--launch", f"{unknown[0]!r} is not a launch knob of {check.name} on {device}",
-                             f"known: {', '.join(sorted(known)) or 'none'}")
+    _launch_in_sweep(check, device, args.launch)
     case = runner.build_case(check, args.family, args.seed, device, args.launch)
     print(f"{check.name} / {args.family} / seed {args.seed} on {device}: {case.note}")
     print(f"launch: {case.launch or 'default'}")
@@ -538,12 +605,14 @@ def cmd_repro(args) -> int:
     jobs = 1 if device == "cuda" and args.timeout and not args.sanitizer else 0
     if args.sanitizer and (gate := sanitizer.gate(args.sanitizer, device)).state != "caught":
         print(f"verdict: not_checked:{gate.text}")
-        return 1
+        return _not_judged([gate.text]) if gate.state == "unavailable" else 1  # blind: the tool missed its control
     runner.execute([task], device, jobs, results.append, args.timeout, trace=not args.no_trace)
     result = results[0]
     print(f"verdict: {result.verdict}")
     for line in result.details:
         print(line)
+    if result.not_checked:
+        return _not_judged([result.verdict.removeprefix("not_checked:")])
     return 1 if result.failed else 0
 
 
@@ -592,9 +661,10 @@ def _trace_own(args) -> int:
     from stress import trace_own
 
     if args.check or args.mutant:
-        raise SystemExit("trace --kernel: traces your own kernel; drop CHECK and --mutant")
+        raise UsageError("--kernel", "traces your own kernel, not a registered check", "drop CHECK and --mutant")
     if not args.args:
-        raise SystemExit("trace --kernel: give --args SCRIPT, a Python file that sets `args`")
+        raise UsageError("--args", "missing: --kernel needs the arguments to launch it with",
+                         "give --args SCRIPT, a Python file that sets `args`")
     target = trace_own.load_target(args.kernel)
     arguments = trace_own.load_args(args.args)
     grid = trace_own.parse_grid(args.grid) if args.grid else None
@@ -651,11 +721,15 @@ def cmd_mutants(args) -> int:
     else:
         print(matrix.table(rows))
         print(line)
-    return stopped.exit_code if stopped else (0 if all_killed else 1)
+    if stopped or not all_killed:
+        return stopped.exit_code if stopped else 1
+    return 0 if report.judged() else _not_judged(report.unjudged_reasons())
 
 
 def cmd_sanitize(args) -> int:
     """Cases under compute-sanitizer, after the tool's positive control in the same run."""
+    if args.baseline:
+        _run_report(args.baseline, "--baseline")
     device = _select_device(args)
     from stress import runner, sanitizer
     from stress.types import Result
@@ -722,6 +796,7 @@ def cmd_hunt(args) -> int:
     for family in args.family or ():
         _family(check, family, "--family")
     _mutant(check, args.mutant)
+    _launch_in_sweep(check, device, args.launch)
     if args.case_seed is not None and len(args.family or ()) != 1:
         raise UsageError("--case-seed", "names one case, so it needs exactly one --family", "add --family F")
     if args.load and device != "cuda":
@@ -737,6 +812,8 @@ def cmd_hunt(args) -> int:
         print(json.dumps(hunt.as_record(result), indent=2))
     else:
         print("\n".join(result.lines()))
+    if result.not_checked:
+        return _not_judged([result.verdict.removeprefix("not_checked:")])
     return 1 if result.failed else 0
 
 def cmd_mutate(args) -> int:

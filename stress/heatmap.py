@@ -181,13 +181,35 @@ def failure_cell(results: list) -> tuple[tuple, str]:
     return (GREEN, str(passed)) if passed else (GREY, "nc")
 
 
-def failures(results: list) -> Canvas:
-    """Checks down, families across (blank where a check has no such family): failed / cases per cell."""
+MAX_FAMILY_COLUMNS = 16  # a registry-wide run has hundreds of families; a column each made it 8,000+ px wide
+OTHER_FAMILIES = "other families"
+
+
+def failure_grid(results: list) -> Grid:
+    """Checks down, families across (blank where a check has no such family): failed / cases per cell.
+
+    When the run has more than MAX_FAMILY_COLUMNS families, only those that failed get a column (the most
+    failures first, at most MAX_FAMILY_COLUMNS) and each check's other families share one cell."""
     by_pair: dict[tuple[str, str], list] = {}
     for r in results:
         by_pair.setdefault((r.check, r.family), []).append(r)
     checks = list(dict.fromkeys(c for c, _ in by_pair))
     families = list(dict.fromkeys(f for _, f in by_pair))
-    cells = {(checks.index(c), families.index(f)): failure_cell(rs) for (c, f), rs in by_pair.items()}
+    if len(families) > MAX_FAMILY_COLUMNS:
+        failed: dict[str, int] = {}
+        for (_, family), rs in by_pair.items():
+            if count := sum(r.failed for r in rs):
+                failed[family] = failed.get(family, 0) + count
+        families = sorted(failed, key=lambda f: -failed[f])[:MAX_FAMILY_COLUMNS] + [OTHER_FAMILIES]
+    grouped: dict[tuple[int, int], list] = {}
+    for (c, f), rs in by_pair.items():
+        column = families.index(f if f in families else OTHER_FAMILIES)
+        grouped.setdefault((checks.index(c), column), []).extend(rs)
+    cells = {at: failure_cell(rs) for at, rs in grouped.items()}
+    return Grid("failures by check and family", checks, families, cells)
+
+
+def failures(results: list) -> Canvas:
+    """``failure_grid`` as a picture, with its legend."""
     legend = [(GREEN, "all passed (cases)"), (RED, "failed / cases"), (GREY, "not checked")]
-    return render([Grid("failures by check and family", checks, families, cells)], legend)
+    return render([failure_grid(results)], legend)

@@ -10,7 +10,8 @@ cases, so the GPU stays busy while the CPU builds the next cases. The first fail
 hunt and names its case, its launch shape and the commands that rerun it.
 
 Supported: checks whose outputs are exact tensor inputs written in place or through ``out=``
-(``supports`` says why another is refused). Runs under the CPU interpreter too (slowly).
+(``supports`` says why another is refused). Runs under the CPU interpreter too (slowly), where no race
+can fire: a hunt that finds nothing there is ``not_checked`` (``blind_spot``), never a pass.
 """
 
 import time
@@ -37,7 +38,7 @@ class ShapeStats:
 class HuntResult:
     check: str
     device: str
-    verdict: str  # "pass" or "fail:divergence"
+    verdict: str  # "pass", "fail:divergence", or "not_checked:<why>" when nothing it could catch was found
     launches: int = 0
     cases: int = 0
     seconds: float = 0.0  # hunting time, warm-up (compiles) excluded
@@ -53,6 +54,10 @@ class HuntResult:
     @property
     def failed(self) -> bool:
         return self.verdict.startswith("fail:")
+
+    @property
+    def not_checked(self) -> bool:
+        return self.verdict.startswith("not_checked:")
 
     @property
     def launches_per_s(self) -> float:
@@ -113,6 +118,23 @@ def supports(check: Check, device: str) -> str | None:
         return f"{check.name} is judged by {check.compare.__name__}, not bit for bit; hunt compares exactly on " \
                "the device"
     return None
+
+
+INTERPRETED = ("the CPU interpreter runs a launch's programs one after another and its barriers are no-ops, so no "
+               "race can fire in a hunt there; on the CPU the tracer of `run` and `trace` checks races")
+
+
+def blind_spot(device: str, planted) -> str | None:
+    """Why a hunt on ``device`` cannot catch what it hunts (the production code's races, or ``planted``),
+    else None. A hunt sees only outputs that differ: a planted bug it can catch is one whose oracle on
+    ``device`` is a divergence (a generated mutant's is "any"); without one it hunts races, which the CPU
+    interpreter cannot produce."""
+    if planted is not None and planted.oracles.get(device) in ("divergence", "any"):
+        return None
+    if planted is not None:
+        return (f"mutant {planted.name} shows on {device} as {planted.oracles.get(device) or 'nothing'}, not as "
+                f"outputs that differ, which is all a hunt compares" + (f"; {INTERPRETED}" if device == "cpu" else ""))
+    return INTERPRETED if device == "cpu" else None
 
 
 def huntable(device: str) -> list[str]:
@@ -238,6 +260,8 @@ def hunt(check: Check, device: str, *, seconds: float, families: list[str] | Non
                 break
         if traffic is not None:
             traffic.drain()
+    if not result.failed and (why := blind_spot(device, planted)):
+        result.verdict = f"not_checked:{why}"
     return result
 
 
@@ -364,13 +388,17 @@ def hunt_processes(check: Check, device: str, jobs: int, *, seed: int = 0, **opt
     return merged(results)
 
 
+def planned(checks: list[Check], device: str) -> list[Check]:
+    """The checks ``run --hunt`` hunts on ``device``: those with hunt seconds there that a hunt supports."""
+    return [c for c in checks if device in c.hunt_seconds and supports(c, device) is None]
+
+
 def run_hunts(checks: list[Check], device: str, seed: int, jobs: int, timeout: float, on_result) -> None:
     """``run --hunt``: each selected check with ``hunt_seconds`` for ``device``, one after another in one
     worker process (the GPU to itself; a hang or a crash is charged to that hunt), ``on_result`` per hunt."""
     from functools import partial
 
-    items = iter([(c.name, {"seconds": c.hunt_seconds[device], "seed": seed}) for c in checks
-                  if device in c.hunt_seconds and supports(c, device) is None])
+    items = iter([(c.name, {"seconds": c.hunt_seconds[device], "seed": seed}) for c in planned(checks, device)])
 
     def on_outcome(outcome) -> None:
         on_result(_failed_process(outcome.item[0], device, seed, outcome) if outcome.failure else outcome.value)

@@ -9,8 +9,9 @@ import json
 import os
 from dataclasses import asdict
 
-from stress.types import PASS, Result
+from stress.types import DEFAULT_TIMEOUT, PASS, Result
 
+UNJUDGED_KILLS = ("not_checked", "not_hunted")  # kill-matrix statuses that hunted nothing here
 RESULTS, SUMMARY, MATRIX = "results.jsonl", "summary.md", "mutants.json"
 FAILURES_PNG, KILLS_PNG = "failures.png", "kills.png"
 ARTIFACTS = (RESULTS, SUMMARY, MATRIX, FAILURES_PNG, KILLS_PNG)
@@ -113,12 +114,28 @@ class Report:
         failed = sum(r.failed for r in self.results)
         return passed, failed, sum(r.not_checked for r in self.results)
 
+    def judged(self) -> bool:
+        """Whether the run judged anything: a case passed or failed, a hunt could fire, a kill-matrix row (or
+        its path column) was hunted. A run that judged nothing is not green, whatever it did not find."""
+        return (any(not r.not_checked for r in self.results) or any(not h.not_checked for h in self.hunts)
+                or any(k.status not in UNJUDGED_KILLS or k.path not in ("-", "unreachable", "not_checked")
+                       for k in self.kills or ()))
+
+    def unjudged_reasons(self) -> list[str]:
+        """Why the cases, hunts and kill-matrix rows were not checked, each reason once."""
+        reasons = [r.verdict.removeprefix("not_checked:") for r in self.results if r.not_checked]
+        reasons += [h.verdict.removeprefix("not_checked:") for h in self.hunts if h.not_checked]
+        reasons += [k.reason or f"{k.mutant}: {k.status}" for k in self.kills or () if k.status in UNJUDGED_KILLS]
+        return list(dict.fromkeys(reasons)) or ["no case ran"]
+
     def closing_line(self) -> str:
         """``N passed, N failed[, N not checked]``, then what stopped the run early, if anything."""
         passed, failed, not_checked = self.counts()
         line = f"{passed} passed, {failed} failed" + (f", {not_checked} not checked" if not_checked else "")
         if caught := sum(h.failed for h in self.hunts):
             line += f"; {caught} hunt(s) found a failure"
+        if blind := sum(h.not_checked for h in self.hunts):
+            line += f"; {blind} hunt(s) not checked"
         if self.untrusted_after:
             line += f"; {self.untrusted_line()}"
         return line + (f" (interrupted by {self.interrupted}: {'; '.join(self.progress())})" if self.interrupted
@@ -129,6 +146,8 @@ class Report:
         lines = []
         if "cases" in self.header:
             lines.append(f"replay: {len(self.results)} of {self.header['cases']} cases finished")
+        if "hunts" in self.header:
+            lines.append(f"hunts: {len(self.hunts)} of {self.header['hunts']} finished")
         if self.kills is not None:
             decided = sum(k.status != "unfinished" for k in self.kills)
             lines.append(f"kill matrix: {decided} of {len(self.kills)} rows decided")
@@ -138,10 +157,16 @@ class Report:
             lines.append(f"{len(self.abandoned)} case(s) running at the signal were abandoned")
         return lines
 
+    def repro(self, task) -> str:
+        """The line that reruns an abandoned task (stress.runner.Task) as this run ran its cases."""
+        return Result(task.check, task.family, task.seed, self.header.get("device", ""), "abandoned",
+                      launch=dict(task.launch or ()), mutant=task.mutant, tool=task.tool,
+                      timeout=self.header.get("timeout", DEFAULT_TIMEOUT), trace=self.header.get("trace", True)).repro()
+
     def end_record(self) -> dict:
         return {"status": f"interrupted by {self.interrupted}" if self.interrupted else "complete",
                 "cases_finished": len(self.results),
-                "abandoned": [list(t) for t in self.abandoned],
+                "abandoned": [{**t._asdict(), "repro": self.repro(t)} for t in self.abandoned],
                 "progress": self.progress()}
 
     def close(self) -> None:
@@ -181,7 +206,7 @@ class Report:
         if self.abandoned:
             out += ["", "## Abandoned (running at the signal)", ""]
             out += [f"- {t.check} / {t.family} seed {t.seed}" + (f" mutant {t.mutant}" if t.mutant else "")
-                    for t in self.abandoned]
+                    + f": `{self.repro(t)}`" for t in self.abandoned]
         if self.kills:
             out += self._matrix_section()
         if self.header.get("gpus"):

@@ -58,13 +58,25 @@ def one_line_usage_error(capsys, argv: list[str], argument: str) -> str:
     (["repro", "no.such.check", "f", "1"], "CHECK"),
     (["repro", "block_table.shift", "nope", "1"], "FAMILY"),
     (["repro", "block_table.shift", "overlap", "-5"], "SEED"),
+    (["repro", "block_table.shift", "overlap", "99999999999999999999999"], "SEED"),  # past 63 bits
+    (["run", "--seed", str(2**63)], "--seed"),
+    (["mutate", "--fail-under", "150"], "--fail-under"),
+    (["mutate", "--fail-under", "-1"], "--fail-under"),
+    (["sanitize", "--baseline", "Makefile"], "--baseline"),
     (["repro", "block_table.shift", "overlap", "1", "--mutant", "nope"], "--mutant"),
     (["repro", "block_table.shift", "overlap", "1", "--launch", "chunk"], "--launch"),
     (["repro", "block_table.shift", "overlap", "1", "--launch", "warps=4"], "--launch"),
+    (["repro", "block_table.shift", "overlap", "1", "--launch", "chunk=3"], "--launch"),  # not a sweep value
+    (["hunt", "block_table.shift", "--launch", "chunk=3"], "--launch"),
     (["repro", "block_table.shift"], "FAMILY, SEED"),
     (["trace", "block_table.shift", "--seeds", "0"], "--seeds"),
     (["trace", "block_table.shift", "overlap"], "FAMILY SEED"),
     (["trace", "block_table.shift", "--mutant", "nope"], "--mutant"),
+    (["trace", "--kernel", "nosuch.module:fn", "--args", "tests/trace_example_args.py"], "--kernel"),
+    (["trace", "--kernel", "tests.trace_kernels:nosuch", "--args", "tests/trace_example_args.py"], "--kernel"),
+    (["trace", "--kernel", "tests.trace_kernels:gather_groups", "--grid", "3", "--args", "Makefile"], "--args"),
+    (["trace", "--kernel", "tests.trace_kernels:gather_groups", "--grid", "3"], "--args"),
+    (["trace", "block_table.shift", "--kernel", "tests.trace_kernels:gather_groups"], "--kernel"),
     (["tp", "--ranks", "0"], "--ranks"),
     (["tp", "--ranks", "1", "--mutant", "global-rng-seeds"], "--mutant"),  # one rank cannot diverge
     (["tp", "--backend", "nccl", "--device", "cpu"], "--backend"),
@@ -72,6 +84,35 @@ def one_line_usage_error(capsys, argv: list[str], argument: str) -> str:
 ])
 def test_user_errors_are_one_line_with_the_argument_and_the_fix(capsys, argv, argument):
     one_line_usage_error(capsys, argv, argument)
+
+
+@pytest.mark.skipif(GPU, reason="graphs.replay is judged on a GPU")
+def test_a_run_or_repro_that_judged_nothing_exits_3_saying_why(tmp_path, capsys):
+    """Every case not_checked (CUDA graphs need a GPU) is not green: exit 3, distinct from a failure."""
+    why = "CUDA graphs need a GPU"
+    code = main(["run", "--check", "graphs.replay", "--iters", "1", "--jobs", "0", "--report", str(tmp_path)])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 3 and err[-1].startswith("specsan: nothing was judged here (exit 3): ") and why in err[-1]
+    assert main(["repro", "graphs.replay", "padded_graph", "1"]) == 3
+    captured = capsys.readouterr()
+    assert f"verdict: not_checked:{why}" in captured.out and why in captured.err
+    assert "3 nothing was judged" in _parser().format_help()  # the exit statuses are in --help
+    assert main(["mutants", "--check", "graphs.replay", "--jobs", "0"]) == 3  # no planted bug has an oracle here
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"specsan: nothing was judged here (exit 3): {why}")
+
+
+def test_a_sanitize_baseline_must_be_a_run_report(tmp_path, capsys):
+    assert main(["run", "--check", "block_table.unaligned_prefix", "--iters", "1", "--jobs", "0", "--no-trace",
+                 "--report", str(tmp_path / "run")]) == 0
+    assert main(["mutants", "--check", "block_table.unaligned_prefix", "--jobs", "0", "--report",
+                 str(tmp_path / "matrix")]) == 0
+    capsys.readouterr()
+    for folder in ("matrix", "empty"):  # a kill matrix's report, a folder with no report
+        (tmp_path / folder).mkdir(exist_ok=True)
+        line = one_line_usage_error(capsys, ["sanitize", "--baseline", str(tmp_path / folder)], "--baseline")
+        assert "is not the report folder of a `specsan run`" in line
+    code = main(["sanitize", "--baseline", str(tmp_path / "run"), "--report", str(tmp_path / "sanitize")])
+    assert code != 2, capsys.readouterr().err
 
 
 def test_report_folder_that_cannot_be_written_is_a_usage_error(capsys, tmp_path):
@@ -110,6 +151,26 @@ def test_make_stress_with_a_bad_iter_stops_at_the_error():
     assert "kill matrix" not in done.stdout + done.stderr
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_the_documented_ways_to_run_part_of_the_tests_work():
+    with open(os.path.join(ROOT, "docs", "testing.md")) as f:
+        doc = f.read()
+    examples = re.findall(r'^make test ARGS="([^"]+)"', doc, re.MULTILINE)
+    assert examples
+    for args in examples:
+        done = subprocess.run(["make", "-n", "test", f"ARGS={args}"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "PYTHON": sys.executable})
+        (command,) = [line for line in done.stdout.splitlines() if " -m pytest " in line]
+        assert command.endswith(args), command  # make hands ARGS to pytest as they are
+        collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args.split()], cwd=ROOT,
+                                   capture_output=True, text=True, timeout=300)
+        assert collected.returncode == 0, collected.stdout + collected.stderr  # and they select tests
+    usage = subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300).stdout
+    assert "tests/test_registry.py" in usage  # --iters says which tests it sizes
+    assert "--iters N" in doc and "--seed S" in doc
+
+
 def test_a_bad_device_variable_is_a_one_line_usage_error():
     done = cli("list", env={**os.environ, "SPECSAN_DEVICE": "tpu"})
     assert done.returncode == 2 and done.stderr.splitlines() == [
@@ -131,6 +192,33 @@ def test_help_shows_every_default():
             if action.option_strings and action.dest != "help" and action.nargs != 0:
                 assert action.help and "default" in action.help, f"{name} {action.option_strings[0]}"
     assert "(default: 300)" in sub.choices["run"].format_help()
+
+
+@pytest.mark.parametrize("argv,code", [(["--help"], 0), (["run", "--iters", "0"], 2)])
+def test_help_and_usage_errors_import_neither_torch_nor_triton(tmp_path, argv, code):
+    """`./specsan --help` answers at once: neither the wrapper's environment check nor the command line
+    imports torch or triton (seconds) for help or an argument the parser refuses."""
+    imported = tmp_path / "imported"
+    for name in ("torch", "triton"):  # stand-ins that record being imported, ahead of the real ones
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"open({str(imported)!r}, 'a').write('{name}\\n')\n")
+    done = subprocess.run([os.path.join(ROOT, "specsan"), *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == code, done.stderr
+    assert not imported.exists(), f"imported: {imported.read_text().split()}"
+
+
+def test_log_progress_comes_every_30_seconds_at_most_with_the_rate_and_the_time_left(capsys):
+    from stress.__main__ import _LogProgress
+
+    now = [0.0]
+    progress = _LogProgress(1000, clock=lambda: now[0])  # a tenth of this run is 100 cases, 500 s
+    for _ in range(20):
+        now[0] += 5.0
+        progress.update()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3, lines  # at 30, 60 and 90 s
+    assert lines[0].startswith("[6/1000 cases, 30 s, 0.20 cases/s, 4970 s left]")
 
 
 # ---------------------------------------------------------------- signals
@@ -314,6 +402,26 @@ def test_a_by_shape_repro_line_runs_as_printed_from_the_checkout():
                            env={**os.environ, "PYTHON": sys.executable})
     assert rerun.returncode == 1, rerun.stderr
     assert "launch: {'chunk': 16}" in rerun.stdout and "verdict: fail:race" in rerun.stdout
+
+
+@pytest.mark.skipif(runtime.DEVICE != "cpu", reason="reruns the line on the device it names")
+def test_a_junit_repro_line_under_specsan_mutant_names_the_mutant_and_reruns_as_it_ran(tmp_path):
+    from xml.etree import ElementTree
+
+    from stress import mutate_ops
+
+    mutant = mutate_ops.generate("kernels.block_table:_shift_rows_kernel", ["cmp-flip"])[0].id
+    junit = tmp_path / "junit.xml"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", "--iters",
+                           "1", f"--junitxml={junit}",
+                           "tests/test_registry.py::test_family_matches_reference[block_table.shift-overlap]"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SPECSAN_MUTANT": mutant})
+    (line,) = [p.get("value") for p in ElementTree.parse(junit).iter("property") if p.get("name") == "repro"]
+    assert f"--mutant {mutant}" in line, line
+    rerun = subprocess.run(["bash", "-c", line], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHON": sys.executable})
+    assert rerun.returncode == done.returncode, rerun.stdout + rerun.stderr  # fails (or passes) as the test did
 
 
 def test_importing_triton_first_leaves_the_kernels_working():

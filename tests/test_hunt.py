@@ -32,13 +32,28 @@ def test_hunt_catches_a_planted_bug_and_names_the_case_that_reruns_it():
 
 
 @pytest.mark.parametrize("name", ["block_table.shift", "block_table.gather", "block_table.slot_mapping"])
-def test_production_kernels_pass_a_short_hunt_in_every_launch_shape(name):
+def test_production_kernels_hunt_clean_in_every_launch_shape(name):
     check = checks.get(name)
     shapes = check.sweep(DEV) if check.sweep else [{}]
     done = hunt.hunt(check, DEV, seconds=0, min_cases=len(shapes), launches_per_case=2, cases_per_sync=len(shapes))
-    assert done.verdict == "pass", "\n".join(done.lines())
+    # on the CPU interpreter no race can fire: a clean hunt there judged nothing
+    assert done.verdict == ("pass" if DEV == "cuda" else f"not_checked:{hunt.INTERPRETED}"), "\n".join(done.lines())
     assert done.cases >= len(shapes) and done.launches == 2 * done.cases
     assert all(s.cases for s in done.shapes.values())
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="the barrier-less shift is a divergence a GPU hunt can catch")
+def test_a_hunt_that_cannot_fire_here_is_not_checked_never_a_pass(capsys):
+    """The barrier-less shift races only where programs run side by side; its CPU oracle is the tracer."""
+    done = hunt.hunt(SHIFT, DEV, seconds=0, mutant="no-barrier", launches_per_case=1, cases_per_sync=1)
+    assert done.not_checked and not done.failed
+    assert "no-barrier shows on cpu as race" in done.verdict and hunt.INTERPRETED in done.verdict
+    assert main(["hunt", SHIFT.name, "--seconds", "0", "--mutant", "no-barrier", "--launches-per-case", "1"]) == 3
+    captured = capsys.readouterr()
+    assert f"{SHIFT.name} on cpu (mutant no-barrier): not_checked:" in captured.out
+    assert captured.err.startswith("specsan: nothing was judged here (exit 3): mutant no-barrier shows on cpu")
+    # a planted bug whose oracle here is a divergence is judged: a miss would be a pass
+    assert hunt.blind_spot(DEV, SHIFT.mutant("count-by-batch-row")) is None
 
 
 def test_by_shape_hunts_every_shape_and_stops_each_at_its_first_failure():
@@ -71,7 +86,11 @@ def test_run_hunt_puts_the_hunt_in_the_same_report(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     hunts = [r["hunt"] for r in records if "hunt" in r]
     assert len(hunts) == 1 and hunts[0]["check"] == SHIFT.name and hunts[0]["launches"] > 0
-    assert "## Hunts" in (tmp_path / "summary.md").read_text()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## Hunts" in summary
+    if DEV == "cpu":  # the Hunts section of `make stress` on a CPU runner
+        assert hunts[0]["verdict"] == f"not_checked:{hunt.INTERPRETED}"
+        assert f"hunt {SHIFT.name} on cpu: not_checked:" in summary and "1 hunt(s) not checked" in summary
 
 
 def test_hunt_in_processes_merges_their_counts_and_reports_a_failure():

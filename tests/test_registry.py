@@ -11,15 +11,16 @@ PAIRS = [(c.name, f) for c in checks.REGISTRY for f in c.families]
 
 @pytest.mark.stress
 @pytest.mark.parametrize("check_name,family", PAIRS, ids=[f"{c}-{f}" for c, f in PAIRS])
-def test_family_matches_reference(check_name, family, iters, base_seed, record_property):
+def test_family_matches_reference(check_name, family, iters, base_seed, record_property, repro_of):
     check = checks.get(check_name)
     if runtime.DEVICE not in check.devices:
         pytest.skip(f"{check_name} does not run on {runtime.DEVICE}")
     for i in range(max(1, round(iters * check.iteration_share))):
         task = runner.Task(check_name, family, runner.case_seed(base_seed, check_name, family, i))
         result = runner.run_case(task, runtime.DEVICE)
-        record_property("repro", result.repro())  # in the JUnit XML, to rerun any case from CI's report
-        assert result.verdict == "pass", "\n".join([result.repro(), *result.details])
+        line = repro_of(result)
+        record_property("repro", line)  # in the JUnit XML, to rerun any case from CI's report
+        assert result.verdict == "pass", "\n".join([line, *result.details])
 
 
 def test_every_check_has_families_and_mutants():

@@ -202,7 +202,7 @@ def test_your_own_launcher_and_its_findings(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--grid", "0"], "--grid '0'"),
+    (["--grid", "0"], "--grid: '0'"),
     (["--grid", "3", "--args", "missing.py"], "no such file"),
     (["--args", "tests/trace_example_args.py"], "--grid: needed"),
 ])
