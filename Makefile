@@ -15,14 +15,19 @@ SANITIZE_ITERS ?= 2
 SANITIZE_ARGS = --iters $(SANITIZE_ITERS) --seed $(SEED) --report $(REPORT)/sanitize --baseline $(REPORT) $(SELECT) \
 	$(if $(FAMILY),--family $(FAMILY))
 
-.PHONY: test stress mutants mutate bench lint env
+.PHONY: test test-quick stress mutants mutate bench lint env
 
 env:
 	@echo $(PY)
 
-# JUnit XML for CI (each registry case's repro line is a property of its test case).
+# JUnit XML for CI (each registry case's repro line is a property of its test case). `test` is the whole suite;
+# `test-quick`, the pull-request subset, leaves out the tests marked slow (3 s or more each on a CPU core) and
+# still replays, traces and kills a planted bug of every check (docs/testing.md).
 test:
 	$(PY) -m pytest -n auto -q --junitxml=$(JUNIT)
+
+test-quick:
+	$(PY) -m pytest -n auto -q -m "not slow" --junitxml=$(JUNIT)
 
 # One process, one report: the replay, then the kill matrix (even after replay failures: either
 # half fails the target). A bad argument stops it before anything runs (exit 2).
