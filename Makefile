@@ -22,12 +22,13 @@ env:
 
 # JUnit XML for CI (each registry case's repro line is a property of its test case). `test` is the whole suite;
 # `test-quick`, the pull-request subset, leaves out the tests marked slow (3 s or more each on a CPU core) and
-# still replays, traces and kills a planted bug of every check (docs/testing.md).
+# still replays, traces and kills a planted bug of every check (docs/testing.md). The slow tests are collected
+# first (conftest.py) and worksteal lets an idle worker take queued tests from a busy one.
 test:
-	$(PY) -m pytest -n auto -q --junitxml=$(JUNIT)
+	$(PY) -m pytest -n auto --dist worksteal -q --junitxml=$(JUNIT)
 
 test-quick:
-	$(PY) -m pytest -n auto -q -m "not slow" --junitxml=$(JUNIT)
+	$(PY) -m pytest -n auto --dist worksteal -q -m "not slow" --junitxml=$(JUNIT)
 
 # One process, one report: the replay, then the kill matrix (even after replay failures: either
 # half fails the target). A bad argument stops it before anything runs (exit 2).

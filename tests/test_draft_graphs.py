@@ -244,7 +244,6 @@ def _lines(found) -> list[str]:
     return [] if found is None else found.lines()
 
 
-@pytest.mark.slow
 def test_judge_passes_the_eager_pipeline_except_for_its_silent_fallbacks(eager_run):
     expected, got = eager_run
     found = graph_replay.judge_replay(RETURN, expected, got)

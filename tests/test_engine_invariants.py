@@ -84,7 +84,6 @@ def padded():
     return _records("padded_graphs", 0)
 
 
-@pytest.mark.slow
 def test_padded_graphs_drafts_a_batch_of_one_at_step_0_and_keeps_every_draft_promise(padded):
     config, records = padded
     first = records[0]
