@@ -1,6 +1,8 @@
 """The spec-decode engine in lockstep with the reference engine: scheduling policy, what each workload
 family exercises, acceptance as an observable, the first-divergence report and near-tie following."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -101,10 +103,17 @@ def test_prefix_cache_hits_full_blocks_and_evicts_in_free_order():
 # ---------------------------------------------------------------- the engine against the reference
 
 
+@functools.cache
+def _case_and_reference(family, seed):
+    """Built once a process: the tests below meet the same (family, seed) with and without a mutant, and in more
+    than one test; the reference never runs under a mutant, and each engine run gets fresh inputs of the case."""
+    case = runner.build_case(checks.get("engine.step"), family, seed, "cpu")
+    return case, engine_check.reference(**runner.fresh_inputs(case))
+
+
 def _run(family, seed, mutant=None):
     check = checks.get("engine.step")
-    case = runner.build_case(check, family, seed, "cpu")
-    expected = engine_check.reference(**runner.fresh_inputs(case))
+    case, expected = _case_and_reference(family, seed)
     with mutants.applied(mutant and checks.find_mutant(mutant, check)):
         got = engine_check.run_engine(**runner.fresh_inputs(case))
     return case, expected, got
