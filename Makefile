@@ -15,16 +15,22 @@ SANITIZE_ITERS ?= 2
 SANITIZE_ARGS = --iters $(SANITIZE_ITERS) --seed $(SEED) --report $(REPORT)/sanitize --baseline $(REPORT) $(SELECT) \
 	$(if $(FAMILY),--family $(FAMILY))
 
-.PHONY: test stress mutants mutate bench lint env
+.PHONY: test test-quick stress mutants mutate bench lint env
 
 env:
 	@echo $(PY)
 
-# JUnit XML for CI (each registry case's repro line is a property of its test case).
+# JUnit XML for CI (each registry case's repro line is a property of its test case). `test` is the whole suite;
+# `test-quick`, the pull-request subset, leaves out the tests marked slow (3 s or more each on a CPU core) and
+# still replays, traces and kills a planted bug of every check (docs/testing.md). The slow tests are collected
+# first (conftest.py) and worksteal lets an idle worker take queued tests from a busy one.
 # ARGS: pytest arguments, e.g. ARGS="tests/test_block_table.py -k shift" for one kernel's tests (docs/testing.md).
 ARGS ?=
 test:
-	$(PY) -m pytest -n auto -q --junitxml=$(JUNIT) $(ARGS)
+	$(PY) -m pytest -n auto --dist worksteal -q --junitxml=$(JUNIT) $(ARGS)
+
+test-quick:
+	$(PY) -m pytest -n auto --dist worksteal -q -m "not slow" --junitxml=$(JUNIT) $(ARGS)
 
 # One process, one report: the replay, then the kill matrix (even after replay failures: either
 # half fails the target). A bad argument stops it before anything runs (exit 2).

@@ -112,8 +112,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    """The tests marked slow first, each group in its own order: xdist's workers (``--dist worksteal``) start on
+    the long ones and share the short ones at the end, instead of one worker finishing alone on a long tail."""
     from kernels import runtime
 
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if runtime.DEVICE != "cuda":
         skip = pytest.mark.skip(reason="needs a CUDA device; kernels run under the CPU interpreter here")
         for item in items:

@@ -132,6 +132,7 @@ def test_device_cuda_without_a_gpu_is_a_usage_error(capsys):
 
 
 @pytest.mark.skipif(GPU, reason="a GPU is visible: --device cuda is valid here")
+@pytest.mark.slow
 def test_pytest_device_cuda_without_a_gpu_is_a_clean_usage_error():
     done = subprocess.run([sys.executable, "-m", "pytest", "--device", "cuda", "-q", "-p", "no:xdist",
                            "tests/test_compare.py"], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -141,6 +142,7 @@ def test_pytest_device_cuda_without_a_gpu_is_a_clean_usage_error():
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.slow
 def test_make_stress_with_a_bad_iter_stops_at_the_error():
     done = subprocess.run(["make", "stress", "ITER=abc"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHON": sys.executable})
@@ -171,6 +173,7 @@ def test_the_documented_ways_to_run_part_of_the_tests_work():
     assert "--iters N" in doc and "--seed S" in doc
 
 
+@pytest.mark.slow
 def test_a_bad_device_variable_is_a_one_line_usage_error():
     done = cli("list", env={**os.environ, "SPECSAN_DEVICE": "tpu"})
     assert done.returncode == 2 and done.stderr.splitlines() == [
@@ -239,6 +242,7 @@ def _wait_for_results(report, count: int, proc, limit: float = 120) -> None:
 
 
 @pytest.mark.parametrize("how", ["SIGINT to the group", "SIGINT to the main process", "SIGTERM to the group"])
+@pytest.mark.slow
 def test_a_signal_stops_the_run_within_seconds_with_a_summary(tmp_path, how):
     args = ["run", "--check", "block_table.shift", "--iters", "500", "--jobs", "2", "--report", str(tmp_path)]
     if "SIGTERM" in how:
@@ -298,6 +302,7 @@ def _kill_a_busy_worker(proc, limit: float = 60) -> None:
 TRIES = 3
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_case_fails_that_case_only(tmp_path):
     for attempt in range(TRIES):
         report = tmp_path / str(attempt)
@@ -320,6 +325,7 @@ def test_a_worker_killed_mid_case_fails_that_case_only(tmp_path):
     raise AssertionError(f"{TRIES} kills of a running worker all landed between cases")
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_hunt_fails_that_case_only_and_the_hunt_goes_on():
     """Six hunts on two workers (none runs ahead yet): the killed case is one verdict among its hunt's."""
     args = ["mutants", "--check", "rejection.verify", "--check", "rejection.distribution", "--max-iters", "40",
@@ -340,6 +346,7 @@ def test_a_worker_killed_mid_hunt_fails_that_case_only_and_the_hunt_goes_on():
     raise AssertionError(f"{TRIES} kills of a hunting worker all landed between cases")
 
 
+@pytest.mark.slow
 def test_a_case_past_its_deadline_is_killed_and_reported(tmp_path, capsys):
     code = main(["run", "--check", "block_table.unaligned_prefix", "--family", "aligned", "--iters", "1",
                  "--timeout", "1e-9", "--jobs", "1", "--report", str(tmp_path)])
@@ -353,6 +360,7 @@ def test_a_case_past_its_deadline_is_killed_and_reported(tmp_path, capsys):
 # ---------------------------------------------------------------- output for tools and people
 
 
+@pytest.mark.slow
 def test_json_output_is_json_only(tmp_path, capsys):
     done = cli("mutants", "--check", "block_table.unaligned_prefix", "--jobs", "0", "--json")
     rows = json.loads(done.stdout)
@@ -393,6 +401,7 @@ def test_run_with_the_kill_matrix_writes_one_report_with_both_and_heat_maps(tmp_
 
 
 @pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the by-shape hunt below uses the CPU sweep and oracle")
+@pytest.mark.slow
 def test_a_by_shape_repro_line_runs_as_printed_from_the_checkout():
     done = cli("mutants", "--check", "block_table.shift", "--by-shape", "--jobs", "0", "--max-iters", "6", "--json")
     rows = [r for r in json.loads(done.stdout) if r["mutant"] == "no-barrier" and r["status"] == "killed"]
@@ -424,6 +433,7 @@ def test_a_junit_repro_line_under_specsan_mutant_names_the_mutant_and_reruns_as_
     assert rerun.returncode == done.returncode, rerun.stdout + rerun.stderr  # fails (or passes) as the test did
 
 
+@pytest.mark.slow
 def test_importing_triton_first_leaves_the_kernels_working():
     script = ("import triton\n"
               "from stress import runner\n"
@@ -433,6 +443,7 @@ def test_importing_triton_first_leaves_the_kernels_working():
     assert done.stdout.strip() == "pass", done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_a_test_past_its_timeout_is_stopped_with_its_stack(tmp_path):
     (tmp_path / "test_hangs.py").write_text("import time\n\ndef test_hangs():\n    time.sleep(60)\n")
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q",

@@ -138,6 +138,7 @@ CHECK = checks.get("draft_inputs.prepare")
 
 
 @given(family=st.sampled_from(sorted(CHECK.families)), seed=st.integers(0, 2**63 - 1))
+@pytest.mark.slow
 def test_kernel_matches_reference(family, seed):
     from kernels import runtime
 

@@ -1,6 +1,8 @@
 """The spec-decode engine in lockstep with the reference engine: scheduling policy, what each workload
 family exercises, acceptance as an observable, the first-divergence report and near-tie following."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -101,10 +103,17 @@ def test_prefix_cache_hits_full_blocks_and_evicts_in_free_order():
 # ---------------------------------------------------------------- the engine against the reference
 
 
+@functools.cache
+def _case_and_reference(family, seed):
+    """Built once a process: the tests below meet the same (family, seed) with and without a mutant, and in more
+    than one test; the reference never runs under a mutant, and each engine run gets fresh inputs of the case."""
+    case = runner.build_case(checks.get("engine.step"), family, seed, "cpu")
+    return case, engine_check.reference(**runner.fresh_inputs(case))
+
+
 def _run(family, seed, mutant=None):
     check = checks.get("engine.step")
-    case = runner.build_case(check, family, seed, "cpu")
-    expected = engine_check.reference(**runner.fresh_inputs(case))
+    case, expected = _case_and_reference(family, seed)
     with mutants.applied(mutant and checks.find_mutant(mutant, check)):
         got = engine_check.run_engine(**runner.fresh_inputs(case))
     return case, expected, got
@@ -173,6 +182,7 @@ WITNESSES = [
 
 
 @pytest.mark.parametrize("family,mutant", WITNESSES)
+@pytest.mark.slow
 def test_scheduler_families_kill_the_slip_only_their_class_shows(family, mutant):
     for i in range(4):
         case, expected, got = _run(family, runner.case_seed(7, "engine.step", family, i))
@@ -191,6 +201,7 @@ SAMPLED = {"seeded_sampling", "padded_graphs", "dsd_bands", "unaligned_prefix"}
 
 
 @pytest.mark.parametrize("family", sorted(WANTED))
+@pytest.mark.slow
 def test_family_exercises_what_it_names_and_greedy_accepts_every_draft(family):
     seen, drafted_total = set(), 0
     for i in range(3):
@@ -257,6 +268,7 @@ def test_near_ties_follow_the_engine(monkeypatch):
     assert isinstance(tolerated, Tolerated) and "took the engine's" in tolerated.note
 
 
+@pytest.mark.slow
 def test_tp_ranks_agree_on_the_engine_and_diverge_under_the_fix2_mutants():
     """Ranks with different PYTHONHASHSEED and global-RNG state replay one request stream through the whole
     engine: they agree on every record field at every step, and each fix-2 bug splits them at its field."""
@@ -271,6 +283,7 @@ def test_tp_ranks_agree_on_the_engine_and_diverge_under_the_fix2_mutants():
         assert outcome.message.split(" field ")[1].split(":")[0] in first_field[mutant], outcome.message
 
 
+@pytest.mark.slow
 def test_path_column_is_opt_in_and_kills_through_the_whole_step():
     """Without a path budget the matrix hunts only the unit checks; with one, engine.step kills the slot bugs too."""
     from stress import matrix

@@ -107,6 +107,7 @@ def test_a_draft_changed_between_steps_and_a_depth_outside_its_band_are_named(pa
     assert "outside the band" in engine_invariants.draft_findings(config, deep)[0].reason
 
 
+@pytest.mark.slow
 def test_one_request_drafting_nothing_is_named_at_step_0():
     config, records = _records("padded_graphs", 0, "one-request-drafts-nothing")
     found = engine_invariants.first_finding(config, records)
@@ -118,6 +119,7 @@ def test_one_request_drafting_nothing_is_named_at_step_0():
 # ---------------------------------------------------------------- positive controls
 
 
+@pytest.mark.slow
 def test_the_drafts_oracle_kills_its_planted_bug_through_the_runner_in_one_line():
     assert ENGINE.mutant("one-request-drafts-nothing").oracles == {"cpu": "drafts", "cuda": "drafts"}
     task = runner.Task("engine.step", "padded_graphs", runner.case_seed(0, "engine.step", "padded_graphs", 0),
@@ -128,6 +130,7 @@ def test_the_drafts_oracle_kills_its_planted_bug_through_the_runner_in_one_line(
     assert "--mutant one-request-drafts-nothing" in result.repro()
 
 
+@pytest.mark.slow
 def test_the_accounting_oracle_alone_kills_the_miscount_at_the_first_iteration():
     """The lockstep comparison passes it: the miscount changes no recorded field of this case."""
     assert ENGINE.mutant("free-count-per-hit-twice").oracles == {"cpu": "accounting", "cuda": "accounting"}

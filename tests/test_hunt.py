@@ -93,6 +93,7 @@ def test_run_hunt_puts_the_hunt_in_the_same_report(tmp_path):
         assert f"hunt {SHIFT.name} on cpu: not_checked:" in summary and "1 hunt(s) not checked" in summary
 
 
+@pytest.mark.slow
 def test_hunt_in_processes_merges_their_counts_and_reports_a_failure():
     found = hunt.hunt_processes(SHIFT, DEV, 2, seconds=60, mutant="count-by-batch-row", launches_per_case=1,
                                 cases_per_sync=1)

@@ -92,6 +92,7 @@ def _decide(ids: list[str], launches: dict) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_equivalence_filter_controls():
     kernel = mutate_ops._target(WIDEN)
     src, out = torch.arange(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
@@ -181,6 +182,7 @@ def test_a_survivor_killed_by_another_devices_kept_record_says_where_and_still_c
     assert sum(line.startswith("    UNEXPLAINED") for line in lines) == 1 and same.status == "survived"
 
 
+@pytest.mark.slow
 def test_unit_tests_kill_a_fallback_slip_and_not_a_speed_setting():
     """attention.paged's unit tests run the tile fallback on a simulated small device: dropping its last rung
     (positive control) fails them; a stage count, which only changes speed (negative control), passes."""
@@ -217,6 +219,7 @@ def test_a_kernel_rounds_up_with_an_added_divisor():
 
 
 @pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")
+@pytest.mark.slow
 def test_a_known_killable_generated_mutant_is_killed():
     """The whole path (discovery, equivalence, the pool's hunt) on a few mutants of one check."""
     check = checks.get("block_table.gather")
@@ -230,6 +233,7 @@ def test_a_known_killable_generated_mutant_is_killed():
 
 
 @pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")
+@pytest.mark.slow
 def test_a_small_sample_of_a_host_check_is_decided_and_streamed(tmp_path):
     import json
     import time
@@ -252,6 +256,7 @@ def test_a_small_sample_of_a_host_check_is_decided_and_streamed(tmp_path):
 
 
 @pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")
+@pytest.mark.slow
 def test_a_hunt_stopped_by_a_signal_leaves_its_mutants_undecided(monkeypatch, tmp_path):
     """A signal ends every open hunt as "unfinished": those mutants stay pending, never survivors, and the
     stream says the run did not complete."""
@@ -277,6 +282,7 @@ def test_a_hunt_stopped_by_a_signal_leaves_its_mutants_undecided(monkeypatch, tm
 
 
 @pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")
+@pytest.mark.slow
 def test_a_resumed_run_hunts_only_what_the_earlier_run_left_undecided(monkeypatch, tmp_path):
     """A run stopped by a signal, resumed: its decided mutants are taken as they are (and streamed again, so
     the new mutate.jsonl is whole), its undecided ones are hunted, nothing else."""
@@ -498,6 +504,7 @@ def test_a_kill_keeps_its_first_detail_and_where_a_crash_was_raised():
 
 
 @pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")
+@pytest.mark.slow
 def test_hunt_seconds_leaves_the_rest_pending_and_still_judges_the_survivors_found(monkeypatch, tmp_path):
     """Past --hunt-seconds no case starts: the mutants not decided stay pending, the run says it is not complete,
     and the survivors decided before the deadline still meet the second oracles (a time limit never lets them)."""

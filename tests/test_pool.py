@@ -79,6 +79,7 @@ def run_all(items, jobs=2, **kwargs) -> dict:
     return seen
 
 
+@pytest.mark.slow
 def test_spinning_kernel_is_killed_at_its_deadline_and_the_run_goes_on():
     start = time.monotonic()
     seen = run_all(["spin", "a", "b", "c"], timeout=3)
@@ -89,6 +90,7 @@ def test_spinning_kernel_is_killed_at_its_deadline_and_the_run_goes_on():
     assert children() == []  # workers joined and the resource tracker stopped
 
 
+@pytest.mark.slow
 def test_a_dying_worker_is_charged_to_its_own_task_only():
     seen = run_all(["abort", "a", "sigkill", "b", "raise", "c"], jobs=1)
     assert seen["abort"].failure == "died" and "SIGABRT" in seen["abort"].detail
@@ -115,6 +117,7 @@ def test_a_task_for_a_worker_that_died_idle_goes_to_its_replacement():
     assert [(o.item, o.failure, o.value) for o in seen][1] == ("a", "", "a")
 
 
+@pytest.mark.slow
 def test_retired_workers_are_replaced_by_fresh_processes():
     queue, pids = ["pid"] * 3, []
     with pool.Pool(task, 1, retire=lambda value: True) as workers:
@@ -141,6 +144,7 @@ def _dying_initializer(slot):
     os.abort()
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_start_is_an_error_not_a_hang():
     with pytest.raises(pool.PoolError, match="no device for this worker"):
         run_all(["a"], jobs=1, initializer=_failing_initializer)

@@ -146,6 +146,7 @@ def test_refusal_cases_are_neither_sanitized_nor_hammered():
     assert not result.failed and result.cases >= 1
 
 
+@pytest.mark.slow
 def test_trace_and_repro_of_a_refusal_case():
     import os
     import subprocess

@@ -1,16 +1,23 @@
 """Every (check, family) of the registry against its reference, a few seeds each; --iters raises it."""
 
 import pytest
+import slow_cases
 import torch
 
 from kernels import runtime
-from stress import checks, runner
+from stress import checks, refusal, runner
 
 PAIRS = [(c.name, f) for c in checks.REGISTRY for f in c.families]
+# one engine step case takes 3-28 s on a CPU core (each family one case: iteration_share 0.1)
+SLOW = {*slow_cases.every_family_of("engine.step", but={"tight_pools", "refused"}),
+        ("rejection.verify", "huge_vocab"), ("rejection.verify", "agreeing_drafter"),
+        ("sampling.gumbel", "huge_vocab"), ("kv_cache.write", "tile_limit"),
+        ("attention.paged", "many_queries"), ("attention.paged", "big_offsets_caches")}
+PARAMS = slow_cases.marked(PAIRS, SLOW)
 
 
 @pytest.mark.stress
-@pytest.mark.parametrize("check_name,family", PAIRS, ids=[f"{c}-{f}" for c, f in PAIRS])
+@pytest.mark.parametrize("check_name,family", PARAMS)
 def test_family_matches_reference(check_name, family, iters, base_seed, record_property, repro_of):
     check = checks.get(check_name)
     if runtime.DEVICE not in check.devices:
@@ -21,6 +28,27 @@ def test_family_matches_reference(check_name, family, iters, base_seed, record_p
         line = repro_of(result)
         record_property("repro", line)  # in the JUnit XML, to rerun any case from CI's report
         assert result.verdict == "pass", "\n".join([line, *result.details])
+
+
+def test_every_check_keeps_a_quick_case():
+    """``make test-quick`` (``-m "not slow"``) still replays, traces and kills a planted bug of every check that runs
+    on the CPU: a quick subset that checks nothing of a check would pass whatever that check's code does."""
+    import test_mutants
+    import test_trace
+
+    def quick(params, check_name) -> list:
+        return [p.values for p in params if p.values[0] == check_name and not slow_cases.is_slow(p)]
+
+    for check in checks.REGISTRY:
+        if "cpu" not in check.devices:
+            continue
+        replayed = [f for _, f in quick(PARAMS, check.name) if not refusal.is_family(check.families[f])]
+        assert replayed, f"{check.name}: every family that launches is marked slow"
+        if any(c == check.name for c, _ in test_trace.PAIRS):
+            assert quick(test_trace.PARAMS, check.name), f"{check.name}: every traced family is marked slow"
+        if any("cpu" in m.oracles for m in check.mutants):
+            killed = [m for _, m in quick(test_mutants.PARAMS, check.name) if "cpu" in check.mutant(m).oracles]
+            assert killed, f"{check.name}: every planted bug checkable on the CPU is marked slow"
 
 
 def test_every_check_has_families_and_mutants():

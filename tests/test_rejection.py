@@ -305,6 +305,7 @@ def test_launcher_names_the_bad_argument(change, message):
 
 @given(seed=st.integers(0, 2**32 - 1), depth=st.integers(0, 2), vocab=st.integers(1, 24),
        with_draft_logits=st.booleans(), block_v=st.sampled_from([None, 8]))
+@pytest.mark.slow
 def test_kernel_matches_reference(seed, depth, vocab, with_draft_logits, block_v):
     rng = np.random.default_rng(seed)
     batch, num_slots = 2, 3

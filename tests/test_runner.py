@@ -265,6 +265,7 @@ def test_a_hunt_is_decided_by_its_first_kill_in_order_whatever_ran_ahead():
                                  f"{crashed.repro()}"
 
 
+@pytest.mark.slow
 def test_the_kill_matrix_does_not_depend_on_the_number_of_workers():
     gather = [checks.get("block_table.gather")]
     here = matrix.kill_matrix(gather, runtime.DEVICE, max_iters=20, seed=0, jobs=0)
@@ -273,6 +274,7 @@ def test_the_kill_matrix_does_not_depend_on_the_number_of_workers():
            [(k.mutant, k.status, k.iterations, k.repro) for k in pooled]
 
 
+@pytest.mark.slow
 def test_run_streams_jsonl_and_summary(tmp_path):
     done = cli("run", "--iters", "2", "--check", "block_table.shift", "--report", str(tmp_path), "--jobs", "1")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -289,6 +291,7 @@ def test_run_streams_jsonl_and_summary(tmp_path):
     assert "| block_table.shift | overlap | 2 | 0 | 0 |" in (tmp_path / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_repro_of_a_mutant_prints_the_divergence():
     done = cli("repro", "block_table.shift", "slot_vs_row", str(runner.case_seed(0, "block_table.shift",
                                                                                "slot_vs_row", 0)),
@@ -297,6 +300,7 @@ def test_repro_of_a_mutant_prints_the_divergence():
     assert "verdict: fail:divergence" in done.stdout and "from this entry" in done.stdout
 
 
+@pytest.mark.slow
 def test_mutants_command_kills_and_exits_zero():
     done = cli("mutants", "--check", "block_table.gather", "--check", "block_table.unaligned_prefix", "--jobs", "0")
     assert done.returncode == 0, done.stdout + done.stderr

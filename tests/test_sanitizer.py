@@ -184,6 +184,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_a_worker_killed_at_its_deadline_takes_its_sanitizer_along(fake):
     """The pool kills a worker whose case outlives its deadline; the sanitizer it started must not live on."""
     argv_file = fake(sleep=60)

@@ -1,12 +1,15 @@
 """TP determinism: rank processes with different PYTHONHASHSEED and global-RNG state agree on slots,
 seeds and draft inputs at every step, and each fix-2 mutant makes them diverge at a named field."""
 
+import pytest
+
 from kernels import runtime
 from stress import tp
 
 FIRST_FIELD = {"set-order-recycling": ("slot_map", "free_slots"), "global-rng-seeds": ("seeds",)}
 
 
+@pytest.mark.slow
 def test_ranks_agree_and_fix2_mutants_diverge():
     outcomes = tp.run_ranks(2, mutants=(None, *FIRST_FIELD))
     clean = outcomes.pop(None)
@@ -38,6 +41,7 @@ def test_tp_command_runs_production_first_and_judges_each_scenario(monkeypatch, 
     assert "[engine] agrees: m  [UNEXPECTED: must diverge]" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_one_rank_runs_the_production_code_over_its_process_group(capsys):
     """One rank agrees with itself by construction; it still runs the whole path (NCCL on one GPU)."""
     from stress.__main__ import main

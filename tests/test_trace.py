@@ -2,6 +2,7 @@
 registry's own kernels, which must all trace clean."""
 
 import pytest
+import slow_cases
 import torch
 import triton
 import triton.language as tl
@@ -274,9 +275,13 @@ def test_runner_turns_the_no_barrier_mutant_into_fail_race():
 # a refusal family's cases launch no kernel: nothing to trace (stress.refusal)
 PAIRS = [(c.name, f) for c in checks.REGISTRY if "cpu" in c.devices for f, build in c.families.items()
          if not refusal.is_family(build)]
+# an engine step traced takes 5-29 s on a CPU core; mid_prefill_hit, the cheapest, stays quick
+SLOW = {*slow_cases.every_family_of("engine.step", but={"mid_prefill_hit", "refused"}),
+        ("sampling.gumbel", "huge_vocab"), ("kv_cache.write", "tile_limit"), ("rejection.verify", "huge_vocab")}
+PARAMS = slow_cases.marked(PAIRS, SLOW)
 
 
-@pytest.mark.parametrize("check_name,family", PAIRS, ids=[f"{c}-{f}" for c, f in PAIRS])
+@pytest.mark.parametrize("check_name,family", PARAMS)
 def test_registry_traces_clean(check_name, family):
     check = checks.get(check_name)
     for i in range(2):
