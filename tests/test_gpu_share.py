@@ -47,48 +47,44 @@ def test_cases_share_a_gpu_and_a_rerun_waits_for_them_then_runs_before_new_cases
     assert log.index("later in") > log.index("rerun out")
 
 
-def test_a_case_that_runs_out_of_device_memory_runs_again_alone(tmp_path, monkeypatch):
+def _gather_once_short_of_memory(monkeypatch, tmp_path, part: str) -> tuple[list, str]:
+    """block_table.gather whose ``part`` (kernel or reference) runs out of device memory on its first call only,
+    run by a worker holding a share of its GPU; returns the calls made and the check's name."""
     calls = []
+    base = checks.get("block_table.gather")
+    original = getattr(base, part)
 
-    def gather_once_short_of_memory(**kwargs):
+    def once_short_of_memory(**kwargs):
         calls.append(1)
         if len(calls) == 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
-        return base.kernel(**kwargs)
+        return original(**kwargs)
 
-    base = checks.get("block_table.gather")
-    check = dataclasses.replace(base, kernel=gather_once_short_of_memory, repeats={"cpu": 1, "cuda": 1})
+    check = dataclasses.replace(base, repeats={"cpu": 1, "cuda": 1}, **{part: once_short_of_memory})
     monkeypatch.setitem(checks.BY_NAME, check.name, check)
     monkeypatch.setattr(runner, "_SHARE", gpu_share.GpuShare(str(tmp_path), 0))
     if runtime.DEVICE == "cpu":
         monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    result = runner.run_case(runner.Task(check.name, "basic", 1), runtime.DEVICE, trace=False)
+    return calls, check.name
+
+
+def test_a_case_that_runs_out_of_device_memory_runs_again_alone(tmp_path, monkeypatch):
+    calls, name = _gather_once_short_of_memory(monkeypatch, tmp_path, "kernel")
+    result = runner.run_case(runner.Task(name, "basic", 1), runtime.DEVICE, trace=False)
     assert result.verdict == "pass" and len(calls) == 2, result.details
     assert "ran again alone on its GPU" in result.details[-1]
 
     calls.clear()
     monkeypatch.setattr(runner, "_SHARE", None)  # no share (one process): the out-of-memory case is a crash
-    result = runner.run_case(runner.Task(check.name, "basic", 1), runtime.DEVICE, trace=False)
+    result = runner.run_case(runner.Task(name, "basic", 1), runtime.DEVICE, trace=False)
     assert result.verdict == "fail:crash" and "OutOfMemoryError" in result.details[0] and len(calls) == 1
 
 
 def test_a_reference_that_runs_out_of_device_memory_runs_again_alone(tmp_path, monkeypatch):
-    calls = []
-    base = checks.get("block_table.gather")
-
-    def reference_once_short_of_memory(**kwargs):
-        calls.append(1)
-        if len(calls) == 1:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
-        return base.reference(**kwargs)
-
-    check = dataclasses.replace(base, reference=reference_once_short_of_memory)
-    monkeypatch.setitem(checks.BY_NAME, check.name, check)
-    monkeypatch.setattr(runner, "_SHARE", gpu_share.GpuShare(str(tmp_path), 0))
-    if runtime.DEVICE == "cpu":
-        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    result = runner.run_case(runner.Task(check.name, "basic", 1), runtime.DEVICE, trace=False)
+    calls, name = _gather_once_short_of_memory(monkeypatch, tmp_path, "reference")
+    result = runner.run_case(runner.Task(name, "basic", 1), runtime.DEVICE, trace=False)
     assert result.verdict == "pass" and len(calls) == 2, result.details
+    assert "ran again alone on its GPU" in result.details[-1]
 
 
 def test_a_result_says_where_its_time_went():
