@@ -44,9 +44,6 @@ class Guarded:
             fill(self.view, values)
         return torch.stack(counts)
 
-    def damage(self) -> str | None:
-        return damage_text(self.name, self.damage_counts().tolist())
-
 
 def damage_text(name: str, counts: list[int]) -> str | None:
     """What ``Guarded.damage_counts`` found, in words; None when every canary byte is intact."""
