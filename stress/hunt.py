@@ -20,8 +20,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from stress import compare, mutants, refusal, runner
-from stress.types import RETURN, Check, Result
+from stress.core import cases, compare, guards, oracle, refusal, workers
+from stress.core import patches as mutants
+from stress.core.types import FAIL, NOT_CHECKED, RETURN, Check, Result, Verdict, not_checked
+from stress.mutate import operators
 
 
 @dataclass
@@ -38,7 +40,7 @@ class ShapeStats:
 class HuntResult:
     check: str
     device: str
-    verdict: str  # "pass", "fail:divergence", or "not_checked:<why>" when nothing it could catch was found
+    verdict: str  # a Verdict, or not_checked(why) when nothing it could catch was found
     launches: int = 0
     cases: int = 0
     seconds: float = 0.0  # hunting time, warm-up (compiles) excluded
@@ -53,11 +55,11 @@ class HuntResult:
 
     @property
     def failed(self) -> bool:
-        return self.verdict.startswith("fail:")
+        return self.verdict.startswith(FAIL)
 
     @property
     def not_checked(self) -> bool:
-        return self.verdict.startswith("not_checked:")
+        return self.verdict.startswith(NOT_CHECKED)
 
     @property
     def launches_per_s(self) -> float:
@@ -216,7 +218,7 @@ class _Staged:
 def _load(device: str, dev: torch.device):
     if device != "cuda":
         return None
-    from stress.load import MemoryTraffic
+    from stress.core.load import MemoryTraffic
 
     return MemoryTraffic(dev)
 
@@ -232,20 +234,19 @@ def hunt(check: Check, device: str, *, seconds: float, families: list[str] | Non
     With ``by_shape`` each shape is hunted on its own for ``seconds``, until its first failure. On a GPU a
     case's launches are spread over ``streams`` streams.
     """
-    from stress import checks
 
     if (why := supports(check, device)) is not None:
         raise ValueError(f"{check.name}: no hunt support on {device}: {why}; huntable here: "
                          f"{', '.join(huntable(device)) or 'none'}")
-    planted = checks.find_mutant(mutant, check) if mutant else None
+    planted = operators.find(mutant, check) if mutant else None
     fams = [f for f in families or (planted.families if planted and planted.families else check.families)
             if not refusal.is_family(check.families[f])]  # a refusal case launches nothing to hammer
     shapes = [dict(launch)] if launch is not None else (check.sweep(device) if check.sweep else [{}])
-    dev = runner.torch_device(device)
+    dev = guards.torch_device(device)
     result = HuntResult(check.name, device, "pass", mutant=mutant, load=load,
                         shapes={shape_key(s): ShapeStats() for s in shapes})
     with mutants.applied(planted):
-        kernel = runner._current(check.kernel)
+        kernel = oracle._current(check.kernel)
         start = time.perf_counter()
         for shape in shapes:  # compile every shape first, so hunting time is launch time
             _Staged(check, *_fresh(check, fams[0], seed, device, shape), dev, 1).launch(kernel, 0)
@@ -261,7 +262,7 @@ def hunt(check: Check, device: str, *, seconds: float, families: list[str] | Non
         if traffic is not None:
             traffic.drain()
     if not result.failed and (why := blind_spot(device, planted)):
-        result.verdict = f"not_checked:{why}"
+        result.verdict = not_checked(why)
     return result
 
 
@@ -271,8 +272,8 @@ def _sync(device: str) -> None:
 
 
 def _fresh(check: Check, family: str, seed: int, device: str, shape: dict):
-    case = runner.build_case(check, family, seed, device, shape)
-    return case, runner.expected_outputs(check, case)
+    case = cases.build_case(check, family, seed, device, shape)
+    return case, cases.expected_outputs(check, case)
 
 
 def _hunt_group(check, device, dev, kernel, result: HuntResult, shapes, fams, seed, case_seed, seconds,
@@ -282,11 +283,11 @@ def _hunt_group(check, device, dev, kernel, result: HuntResult, shapes, fams, se
     main = torch.cuda.current_stream(dev) if device == "cuda" else None
     pending = []  # (staged case, family, seed, shape key, its bad-launch flags) since the last sync
     start = time.perf_counter()
-    first, cases = (0 if case_seed is not None else result.cases), 0
+    first, done = (0 if case_seed is not None else result.cases), 0
     while True:
-        i = first + cases
+        i = first + done
         family, shape = fams[i % len(fams)], shapes[i % len(shapes)]
-        case_i = case_seed if case_seed is not None else runner.case_seed(seed, check.name, family, i)
+        case_i = case_seed if case_seed is not None else cases.case_seed(seed, check.name, family, i)
         staged = _Staged(check, *_fresh(check, family, case_i, device, shape), dev, launches_per_case)
         if traffic is not None:
             traffic.kick()
@@ -297,7 +298,7 @@ def _hunt_group(check, device, dev, kernel, result: HuntResult, shapes, fams, se
         for s in streams:
             main.wait_stream(s)  # then the comparison
         pending.append((staged, family, case_i, shape_key(shape), staged.bad_launches(launches_per_case)))
-        cases += 1
+        done += 1
         elapsed = time.perf_counter() - start
         if len(pending) < cases_per_sync and elapsed < seconds:
             continue
@@ -310,13 +311,13 @@ def _hunt_group(check, device, dev, kernel, result: HuntResult, shapes, fams, se
             stats = result.shapes[key]
             stats.caught_after_s = stats.seconds
             if result.failure is None:
-                result.verdict, result.failed_launch = "fail:divergence", j
-                result.failure = Result(check.name, family, case_i, device, "fail:divergence",
+                result.verdict, result.failed_launch = Verdict.DIVERGENCE, j
+                result.failure = Result(check.name, family, case_i, device, Verdict.DIVERGENCE,
                                         details=staged.details(check, j), launch=dict(staged.case.launch),
                                         note=staged.case.note, mutant=result.mutant)
             return
         pending = []
-        if elapsed >= seconds and cases >= min_cases:
+        if elapsed >= seconds and done >= min_cases:
             return
 
 
@@ -346,7 +347,7 @@ def _hunt_task(item: tuple, device: str) -> HuntResult:
 
 def _failed_process(name: str, device: str, seed: int, outcome) -> HuntResult:
     """A hunt whose worker hung past its deadline, died or raised: the hunt fails, charged to no case."""
-    verdict = "fail:timeout" if outcome.failure == "timeout" else "fail:crash"
+    verdict = Verdict.TIMEOUT if outcome.failure == "timeout" else Verdict.CRASH
     failed = HuntResult(name, device, verdict)
     failed.failure = Result(name, "hunt", seed, device, verdict,
                             details=(outcome.detail or outcome.failure).splitlines()[-12:])
@@ -376,15 +377,15 @@ def hunt_processes(check: Check, device: str, jobs: int, *, seed: int = 0, **opt
     building cases in Python, so processes add launches until the device is full); merged."""
     from functools import partial
 
-    items = iter([(check.name, {**options, "seed": runner.case_seed(seed, check.name, "hunt process", k)})
+    items = iter([(check.name, {**options, "seed": cases.case_seed(seed, check.name, "hunt process", k)})
                   for k in range(jobs)])
     results = []
 
     def on_outcome(outcome) -> None:
         results.append(_failed_process(check.name, device, seed, outcome) if outcome.failure else outcome.value)
 
-    with runner.worker_pool(partial(_hunt_task, device=device), device, jobs, 0.0) as workers:
-        workers.run(lambda: next(items, None), on_outcome)
+    with workers.worker_pool(partial(_hunt_task, device=device), device, jobs, 0.0) as case_pool:
+        case_pool.run(lambda: next(items, None), on_outcome)
     return merged(results)
 
 
@@ -403,5 +404,5 @@ def run_hunts(checks: list[Check], device: str, seed: int, jobs: int, timeout: f
     def on_outcome(outcome) -> None:
         on_result(_failed_process(outcome.item[0], device, seed, outcome) if outcome.failure else outcome.value)
 
-    with runner.worker_pool(partial(_hunt_task, device=device), device, min(jobs, 1), timeout) as workers:
-        workers.run(lambda: next(items, None), on_outcome)
+    with workers.worker_pool(partial(_hunt_task, device=device), device, min(jobs, 1), timeout) as case_pool:
+        case_pool.run(lambda: next(items, None), on_outcome)

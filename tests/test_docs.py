@@ -49,6 +49,12 @@ def _problem(target: str, section: str | None) -> str | None:
     return None
 
 
+def added_by_the_worked_example() -> set[str]:
+    """The files docs/adding-a-kernel.md adds (its "### <path>" headings): cited there before they exist."""
+    with open(os.path.join(ROOT, "docs", "adding-a-kernel.md"), encoding="utf-8") as f:
+        return set(re.findall(r"^### ((?:kernels|reference|stress|tests|docs)/\S+)$", f.read(), re.MULTILINE))
+
+
 def citations() -> list[tuple[str, int, str, str | None]]:
     """(file, line, cited path from the root, section) for every repository path cited in code, tests and docs,
     and every relative markdown link."""
@@ -56,9 +62,11 @@ def citations() -> list[tuple[str, int, str, str | None]]:
     for path in _tracked("*.py", "*.md", "*.toml", "Makefile", "*.sh"):
         if path == "tests/test_docs.py":  # its own examples of broken citations
             continue
+        example = added_by_the_worked_example() if path == "docs/adding-a-kernel.md" else set()
         for n, line in enumerate(open(os.path.join(ROOT, path), encoding="utf-8"), 1):
             for m in PATH.finditer(line):
-                found.append((path, n, m.group(1), (m.group(2) or "#")[1:] or None))
+                if m.group(1) not in example:
+                    found.append((path, n, m.group(1), (m.group(2) or "#")[1:] or None))
             if path.endswith(".md"):
                 for m in LINK.finditer(line):
                     target = m.group(1)

@@ -1,7 +1,11 @@
 """Helpers the families share: sizes per device, distinct block ids, slot layouts, sentinels, strided views."""
 
+import dataclasses
+
 import numpy as np
 import torch
+
+from stress.core.types import Family
 
 SENTINEL = -7777  # pre-filled where a kernel must not write; it must survive
 BLOCK_SIZES = (1, 3, 16, 64)
@@ -44,7 +48,7 @@ def padded_view(rng: np.random.Generator, t: torch.Tensor) -> torch.Tensor:
     """``t``'s values in a view of the same shape whose outer dimensions skip memory: each inner size is
     padded by 1..3 elements (row padding, so every outer stride grows) and, one time in two, only every
     other outermost row is used. The innermost stride stays 1, as launchers require; 1-D and empty
-    tensors come back as they are. The runner keeps such views (``stress.guards.place``) and watches
+    tensors come back as they are. The runner keeps such views (``stress.core.guards.place``) and watches
     the skipped bytes."""
     if t.dim() < 2 or t.numel() == 0:
         return t
@@ -79,14 +83,13 @@ def one_per_value(family, keyword: str, values, name: str = "") -> dict:
     """``family`` as one family per value of its argument ``keyword``, named ``<name>_<value>`` (``name``: the
     family's function name unless given): a hunt of a
     few cases per family meets every value, not only those its draws would pick. A run gives each an equal
-    share of its iterations (``iteration_share``, read by ``runner.plan``), so together they cost what one
+    share of its iterations (``iteration_share``, read by ``cases.plan``), so together they cost what one
     family drawing the value per case did."""
     def bind(value):
         def build(rng, device, launch):
             return family(rng, device, launch, **{keyword: value})
         build.__doc__ = f"{family.__name__} with {keyword}={value!r}: {family.__doc__}"
-        build.iteration_share = 1 / len(values)
-        return build
+        return Family(build, iteration_share=1 / len(values))
     return {f"{name or family.__name__}_{str(value).replace(' ', '_')}": bind(value) for value in values}
 
 
@@ -96,8 +99,7 @@ def own_launch(*devices: str):
     draws or a caller forces, so a slip in that choice is met by every case rather than by the share of
     draws that happen to leave it alone."""
     def mark(family):
-        family.own_launch_on = devices or ("cpu", "cuda")
-        return family
+        return dataclasses.replace(Family.of(family), own_launch_on=devices or ("cpu", "cuda"))
     return mark
 
 

@@ -1,0 +1,175 @@
+"""Registry entries of attention.paged and attention.prefix_masked: paged draft attention."""
+
+
+import torch
+
+import kernels.attention
+import kernels.block_table
+import kernels.draft_inputs
+import reference.attention
+from stress.checks.common import EVERYWHERE
+from stress.core.compare import within_float32_baseline
+from stress.core.types import Check, Mutant, Patch, Reach
+from stress.families import attention as attention_families
+from stress.families.refusals import (
+    Corruption,
+    emptied,
+    past_bound,
+    qsl_rows,
+    refusal_family,
+    replaced,
+    resized,
+    retyped,
+    rows_short_of,
+    short,
+)
+
+_DI = "kernels.draft_inputs:_prepare_draft_inputs_kernel"
+_BT = "kernels.block_table"
+_ATT = "kernels.attention:_paged_attention_kernel"
+
+
+# ---------------------------------------------------------------- refusals
+
+def _query_tokens(inputs: dict) -> int:
+    return inputs["query"].shape[0]
+
+
+def _attended_rows(inputs: dict) -> torch.Tensor:
+    """The batch rows query_start_loc describes (rows past them are never read)."""
+    return torch.arange(inputs["seq_lens"].numel()) < inputs["query_start_loc"].numel() - 1
+
+
+def _row_capacity(inputs: dict) -> int:
+    """One past the longest sequence a block-table row holds (the bound of seq_lens)."""
+    return inputs["block_table"].shape[1] * inputs["k_cache"].shape[1] + 1
+
+
+def _reached_blocks(inputs: dict) -> torch.Tensor:
+    """The block-table entries a batch row's sequence reaches: its first cdiv(seq_len, block_size) columns."""
+    table, rows = inputs["block_table"], inputs["query_start_loc"].numel() - 1
+    reached = torch.zeros(table.shape, dtype=torch.bool)
+    reached[:rows] = attention_families.reached_columns(inputs["seq_lens"][:rows], table.shape[1],
+                                                        inputs["k_cache"].shape[1])
+    return reached
+
+
+def _unfittable(rng, device, launch):
+    """Decode rows of 130 float32 query heads per KV head at head dim 256: a program holds a whole group (256
+    rows), whose query tile alone (256 KiB) passes a GPU's shared memory (227 KiB on an H200; the H200 asked
+    353 KiB for the launcher's own tiles here)."""
+    return attention_families.attention_case(rng, query_lens=[1, 1],
+                                             seq_lens=[int(rng.integers(1, 40)) for _ in range(2)], kv_heads=1,
+                                             group=130, head_dim=256, block_size=16, dtype=torch.float32,
+                                             causal=bool(rng.integers(2)), note="no tile fits")
+
+
+PAGED_ATTENTION_REFUSALS = refusal_family(attention_families.decode, (
+    retyped("out", torch.float16, torch.float32),
+    retyped("k_cache", torch.float16, torch.float32),
+    *resized("v_cache", 0, (-1, 1), "v_cache one block off k_cache"),
+    *resized("query", 2, (-1, 1), "query one head dim off the caches", refused="k_cache"),
+    emptied({"k_cache": 2, "v_cache": 2}, "caches without KV heads", refused="query"),
+    emptied({"k_cache": 1, "v_cache": 1}, "caches of block size 0", refused="k_cache"),
+    # refused through the block ids, checked as indices (on a GPU only with SPECSAN_CHECK_INDICES=1)
+    emptied({"k_cache": 0, "v_cache": 0}, "caches of no blocks under sequences that reach one", refused="block_table",
+            on_gpu=False),
+    *resized("out", 0, (rows_short_of(_query_tokens),), "out one row short of the queries"),
+    *resized("out", 1, (-1, 1), "out one head off the query"),
+    *short("block_table", qsl_rows, "the batch"),
+    *short("seq_lens", qsl_rows, "the batch"),
+    *replaced("scale", (float("nan"), float("inf"), "0.125", True, None), "scale not a finite float"),
+    past_bound("query_start_loc", lambda i: i["query"].shape[0] + 1, "a query offset past the queries"),
+    past_bound("seq_lens", _row_capacity, "a sequence longer than its block-table row", live=_attended_rows),
+    past_bound("block_table", lambda i: i["k_cache"].shape[0], "a block id a sequence reaches, past the cache",
+               live=_reached_blocks),
+    # well formed, but more than the GPU holds: no program of whole groups fits its shared memory
+    Corruption("query", "130 float32 query heads per KV head at head dim 256", lambda rng, inputs: None,
+               valid=_unfittable, on_cpu=False),
+), "paged_attention")
+
+
+CHECKS = (
+    Check(
+        name="attention.paged",
+        contract="each batch row's queries (its last tokens) attend over its paged KV, causal or not, with GQA; "
+                 "error within twice a float32 baseline's",
+        kernel=kernels.attention.paged_attention,
+        reference=attention_families.judged(reference.attention.paged_attention, ("v_cache",)),
+        families={**attention_families.FAMILIES, "refused": PAGED_ATTENTION_REFUSALS},
+        outputs=("out",),
+        compare=within_float32_baseline,
+        sweep=attention_families.sweep,
+        # the tile fallback on a device smaller than any that runs the families (an H200 fits the earlier rungs)
+        unit_tests=("tests/test_attention.py::test_fitting_tiles_halve_keys_then_rows_down_to_a_group",
+                    "tests/test_attention.py::test_tiles_that_overflow_shared_memory_fall_back"),
+        mutants=(
+            Mutant("causal-off-by-one", "causal queries stop one key short of their own position",
+                   (Patch(_ATT, "(pos[None, :] <= last_key[:, None])", "(pos[None, :] < last_key[:, None])"),),
+                   oracles=EVERYWHERE, families=("edges", "multi_query")),
+            Mutant("non-causal-as-causal", "non-causal (DFlash draft) queries get the causal mask",
+                   (Patch(_ATT, "tl.where(causal != 0,", "tl.where(causal >= 0,"),),
+                   oracles=EVERYWHERE, families=("multi_query",)),
+            Mutant("gqa-head-mapping", "query head h reads KV head h % H_kv instead of h // group",
+                   (Patch(_ATT, "q_head = kv_head * group + rows % group  # query head h reads KV head h // group",
+                          "q_head = rows % group * (num_q_heads // group) + kv_head"),),
+                   oracles=EVERYWHERE, families=("gqa",),
+                   path=Reach(unreachable={"cpu": "the CPU model has one KV head: every query head reads it "
+                                                  "whatever the mapping (the GPU model has two)"})),
+            Mutant("empty-cache-accepted", "the return for a cache of no blocks comes before the index check "
+                   "(pre-fix): sequences that reach a block of an empty cache are accepted and nothing is written",
+                   (Patch("kernels.attention:paged_attention", "    if num_batch_rows == 0 or num_tokens == 0:\n",
+                          "    if num_batch_rows == 0 or num_tokens == 0 or k_cache.numel() == 0:\n"),),
+                   oracles={"cpu": "accepted"}, families=("refused",),
+                   why_not="a GPU launch reads block ids back only with SPECSAN_CHECK_INDICES=1, so its refused "
+                           "cases leave this corruption out"),
+            Mutant("block-size-0-accepted", "a cache of block size 0 is not refused up front (pre-fix): the CPU "
+                   "refuses its sequences through seq_lens, naming the wrong argument; a GPU launch (which reads "
+                   "no index back) compiles BLOCK_SIZE = 0 and returns, accepted",
+                   (Patch("kernels.attention:paged_attention", "    if k_cache.shape[1] == 0:\n", "    if False:\n"),),
+                   oracles={"cpu": "refusal", "cuda": "accepted"}, families=("refused",)),
+            Mutant("own-tiles-only", "the launcher launches its own tiles only (pre-fix): where they overflow the "
+                   "GPU's shared memory (head dim 512 under 16-query drafts, 256 under a group past 128) Triton "
+                   "raises OutOfResources",
+                   (Patch("kernels.attention:paged_attention", "rows_forced=block_m is not None,\n"
+                          "                          keys_forced=block_n is not None)",
+                          "rows_forced=True, keys_forced=True)"),),
+                   oracles={"cuda": "crash"}, families=("overflowing_tiles",),
+                   why_not="the interpreter has no shared-memory limit: every tile fits"),
+            Mutant("no-tile-fits-unnamed", "a shape no tile fits escapes as Triton's OutOfResources instead of a "
+                   "ValueError naming query",
+                   (Patch("kernels.attention:paged_attention",
+                          "            if block_m is not None or block_n is not None:\n", "            if True:\n"),),
+                   oracles={"cuda": "refusal"}, families=("refused",),
+                   why_not="the interpreter has no shared-memory limit, so the refused family leaves this shape "
+                           "out on the CPU"),
+            Mutant("minus-inf-rows-nan", "a query whose every visible key scores -inf divides 0 by 0 (NaN) instead "
+                   "of getting zeros, in one split and in the combine",
+                   (Patch(_ATT, "o = acc / tl.where(l_i > 0, l_i, 1.0)", "o = acc / tl.where(l_i >= 0, l_i, 1.0)"),
+                    Patch("kernels.attention:_combine_splits_kernel", "o = acc / tl.where(l_sum > 0, l_sum, 1.0)",
+                          "o = acc / tl.where(l_sum >= 0, l_sum, 1.0)")),
+                   oracles=EVERYWHERE, families=("infinite_keys", "infinite_keys_split")),
+        ),
+    ),
+    Check(
+        name="attention.prefix_masked",
+        contract="a draft step over a restored prefix attends only to KV the draft computed: never-written KV stays "
+                 "out of sight (fix 4)",
+        kernel=attention_families.prefix_masked_draft,  # drives the production kernels of one draft step
+        reference=attention_families.judged(reference.attention.prefix_masked_draft,
+                                            ("v_cache", "context_value", "query_value")),
+        families=attention_families.PREFIX_FAMILIES,
+        outputs=("out", "k_cache", "v_cache", "block_table"),
+        compare=within_float32_baseline,
+        sweep=attention_families.sweep,
+        mutants=(
+            Mutant("restored-blocks-visible", "fix 4, pre-fix (docs/fixes.md#fix-4): no block-table shift and "
+                                              "seq_lens not "
+                   "shortened, so draft attention reads the restored prefix's never-written KV (NaN)",
+                   (Patch(_DI, "(tl.load(num_cached_tokens_ptr + slot) // block_size) * block_size",
+                          "tl.load(num_cached_tokens_ptr + slot) * 0"),
+                    Patch(f"{_BT}:_shift_rows_kernel", "shift = num_cached // block_size", "shift = num_cached * 0")),
+                   oracles=EVERYWHERE),
+        ),
+    ),
+)

@@ -1,0 +1,193 @@
+"""Registry entries of block_table.gather, block_table.slot_mapping, block_table.shift, block_table.unaligned_prefix."""
+
+
+import torch
+
+import kernels.block_table
+import reference.block_table
+from stress.core.types import RETURN, Check, Mutant, Patch, Reach
+from stress.families import block_table as bt_families
+from stress.families.refusals import (
+    NOT_POSITIVE,
+    as_list,
+    batch_rows,
+    one_dim_more,
+    past_bound,
+    qsl_rows,
+    refusal_family,
+    replaced,
+    resized,
+    retyped,
+    rows_short_of,
+    short,
+)
+
+_BT = "kernels.block_table"
+# gather's refusal bugs, from the whole step's side
+_VALID_IN_THE_ENGINE = Reach(unreachable=dict.fromkeys(
+    ("cpu", "cuda"), "the engine builds every launcher argument itself and always validly: no bad input reaches "
+                     "gather's guards, whose refusal the block_table.gather refused family proves"))
+
+
+# ---------------------------------------------------------------- refusals
+
+GATHER_REFUSALS = refusal_family(bt_families.gather_basic, (
+    *resized("out", 1, (-1, 1), "out one column narrower or wider than persistent"),
+    *short("out", batch_rows, "the batch"),
+    *resized("persistent", 0, (lambda i: 0,), "persistent without slot rows"),
+    past_bound("idx_mapping", lambda i: i["persistent"].shape[0], "a slot past persistent's rows"),
+    retyped("idx_mapping", torch.int64), one_dim_more("out"), as_list("persistent"),
+), "gather_block_tables")
+
+
+SLOT_MAPPING_REFUSALS = refusal_family(bt_families.slots_basic, (
+    *resized("block_table", 0, (rows_short_of(qsl_rows),), "block_table one row short of the batch"),
+    *resized("out", 0, (lambda i: i["positions"].numel() - 1,), "out one entry short of the positions"),
+    past_bound("query_start_loc", lambda i: i["positions"].numel() + 1, "an offset past the tokens"),
+    *replaced("block_size", NOT_POSITIVE, "block_size not a positive int"),
+    retyped("positions", torch.int32),
+), "compute_slot_mappings")
+
+
+SHIFT_REFUSALS = refusal_family(bt_families.shift_slot_vs_row, (
+    *short("block_table", batch_rows, "the batch"),
+    *resized("seq_lens", 0, (rows_short_of(batch_rows),), "seq_lens one entry short of the batch"),
+    past_bound("idx_mapping", lambda i: i["num_cached_tokens"].numel(), "a slot past num_cached_tokens"),
+    *replaced("block_size", NOT_POSITIVE, "block_size not a positive int"),
+    retyped("num_cached_tokens", torch.int64),
+), "shift_block_table_rows")
+
+
+UNALIGNED_PREFIX_REFUSALS = refusal_family(bt_families.prefix_aligned, (
+    *replaced("block_sizes", ((),), "no block sizes"),
+    *replaced("block_sizes", ((16, 0), (-16,), (16.0,), (True,)), "a block size that is not a positive int"),
+    past_bound("idx_mapping", lambda i: i["num_cached_tokens"].numel(), "a slot past num_cached_tokens", on_gpu=True),
+), "has_unaligned_cached_prefix")
+
+
+CHECKS = (
+    Check(
+        name="block_table.gather",
+        contract="out[b] = persistent[idx_mapping[b]] for each batch row b; slot -1 gives null blocks; rows past "
+                 "the batch untouched",
+        kernel=kernels.block_table.gather_block_tables,
+        reference=reference.block_table.gather_block_tables,
+        families={**bt_families.GATHER_FAMILIES, "refused": GATHER_REFUSALS},
+        outputs=("out",),
+        provenance={"out": "persistent"},
+        mutants=(
+            Mutant("gather-by-batch-row", "reads the persistent row of batch row b instead of its slot",
+                   (Patch(f"{_BT}:_gather_rows_kernel", "slot = tl.load(idx_mapping_ptr + batch_row).to(tl.int64)",
+                          "slot = batch_row.to(tl.int64) + tl.load(idx_mapping_ptr + batch_row).to(tl.int64) * 0"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}),
+            Mutant("row-overread", "the column term is dropped from the load mask: lanes past the width read the "
+                   "next row, and past the last row, memory outside the table",
+                   (Patch(f"{_BT}:_gather_rows_kernel", "persistent_stride + cols, mask=live, other=0)",
+                          "persistent_stride + cols)"),),
+                   oracles={"cpu": "oob", "cuda": "memcheck"},
+                   path=Reach(unreachable={"cuda": "the over-read values are never stored, so every output "
+                                                   "matches: only a tracer sees it (the CPU tracer kills it through "
+                                                   "the engine)"})),
+            # positive controls of the refusal verdict (stress.core.refusal): the refused family must kill each
+            Mutant("width-guard-removed", "out's width is not compared with persistent's: a narrower out is "
+                   "accepted and its rows are overrun",
+                   (Patch(f"{_BT}:gather_block_tables", "if out.shape[1] != persistent.shape[1]:", "if False:"),),
+                   oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",),
+                   path=_VALID_IN_THE_ENGINE),
+            Mutant("refusal-names-wrong-argument", "too few out rows is refused, but the error names idx_mapping",
+                   (Patch(f"{_BT}:gather_block_tables", 'raise ValueError(f"out: {out.shape[0]} rows, but idx_mapping',
+                          'raise ValueError(f"idx_mapping: {out.shape[0]} rows of out, but'),),
+                   oracles={"cpu": "refusal", "cuda": "refusal"}, families=("refused",),
+                   path=_VALID_IN_THE_ENGINE),
+            Mutant("written-before-refusal", "out is cleared before persistent is found empty: the refused call "
+                   "has already written",
+                   (Patch(f"{_BT}:gather_block_tables", "    if persistent.shape[0] == 0:\n",
+                          "    if persistent.shape[0] == 0:\n        out.zero_()\n"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("refused",),
+                   path=_VALID_IN_THE_ENGINE),
+        ),
+    ),
+    Check(
+        name="block_table.slot_mapping",
+        contract="out[t] = block_table[b, pos // bs] * bs + pos % bs for token t of batch row b; PAD for null "
+                 "blocks, positions off the row and tokens past the batch",
+        kernel=kernels.block_table.compute_slot_mappings,
+        reference=reference.block_table.compute_slot_mappings,
+        families={**bt_families.SLOT_MAPPING_FAMILIES, "refused": SLOT_MAPPING_REFUSALS},
+        outputs=("out",),
+        mutants=(
+            Mutant("pad-tail-unwritten", "tokens past the batch keep stale slots instead of PAD",
+                   (Patch(f"{_BT}:_slot_mapping_kernel", "mask=tokens < num_out)  # tokens past the batch: PAD",
+                          "mask=live)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",)),
+            Mutant("null-block-writable", "the null block 0 gets a real slot instead of PAD",
+                   (Patch(f"{_BT}:_slot_mapping_kernel", "in_row & (block_id != 0)", "in_row"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"},
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       'the engine allocates a block for every position it maps (target tokens, draft context and '
+                       'query rows), so no slot mapping meets the null block'))),
+        ),
+    ),
+    Check(
+        name="block_table.shift",
+        contract="batch row b shifted left in place by num_cached_tokens[idx_mapping[b]] // bs entries, only the "
+                 "blocks seq_lens[b] needs; race-free (fixes 4, 5)",
+        kernel=kernels.block_table.shift_block_table_rows,
+        reference=reference.block_table.shift_block_table_rows,
+        families={**bt_families.SHIFT_FAMILIES, "refused": SHIFT_REFUSALS},
+        outputs=("block_table",),
+        sweep=bt_families.shift_sweep,
+        provenance={"block_table": "block_table"},
+        hunt_seconds={"cpu": 0.5, "cuda": 4.0},  # in-place and chunked: races between warps (fix 5)
+        mutants=(
+            Mutant("no-barrier", "fix 5 (docs/fixes.md#fix-5): the barrier between a chunk's loads and its stores "
+                                 "is removed",
+                   (Patch(f"{_BT}:_shift_rows_kernel", "tl.debug_barrier()", "pass"),),
+                   oracles={"cpu": "race", "cuda": "divergence"}, families=("overlap", "long_row"),
+                   path=Reach(families=("shared_prefix",), unreachable={
+                       "cuda": "the engine's draft rows (tens of blocks, one default chunk) give the barrier-less copy "
+                               "too little overlap across warps to race visibly; the shift check's chunk x num_warps "
+                               "sweep kills it there, the CPU tracer through the engine"})),
+            Mutant("count-by-batch-row", "fix 4 (docs/fixes.md#fix-4): num_cached_tokens indexed by batch row "
+                                         "instead of slot",
+                   (Patch(f"{_BT}:_shift_rows_kernel", "tl.load(num_cached_tokens_ptr + slot, mask=slot >= 0",
+                          "tl.load(num_cached_tokens_ptr + batch_row, mask=slot >= 0"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"},
+                   path=Reach(families=("shared_prefix",))),
+            Mutant("ignores-seq-lens", "fix 4 (docs/fixes.md#fix-4): copies to the end of the row instead of the "
+                                       "needed blocks",
+                   (Patch(f"{_BT}:_shift_rows_kernel", "n = tl.minimum(width - shift, needed)",
+                          "n = width - shift + needed * 0"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"},
+                   path=Reach(families=("shared_prefix",))),
+            Mutant("seq-len-blocks-int32", "the blocks a seq_len needs are counted in int32: cdiv's + block_size - 1 "
+                   "wraps a seq_len near 2^31 negative and the row is not shifted",
+                   (Patch(f"{_BT}:_shift_rows_kernel", "tl.load(seq_lens_ptr + batch_row).to(tl.int64), block_size)",
+                          "tl.load(seq_lens_ptr + batch_row), block_size)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("extremes",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's seq_lens stay far below 2^31 tokens, where the int32 block count wraps"))),
+        ),
+    ),
+    Check(
+        name="block_table.unaligned_prefix",
+        contract="True iff some live slot's cached count is not a multiple of a block size: the batch must not "
+                 "draft (fix 4)",
+        kernel=kernels.block_table.has_unaligned_cached_prefix,
+        reference=reference.block_table.has_unaligned_cached_prefix,
+        families={**bt_families.PREFIX_FAMILIES, "refused": UNALIGNED_PREFIX_REFUSALS},
+        outputs=(RETURN,),
+        mutants=(
+            Mutant("unaligned-not-refused", "fix 4 (docs/fixes.md#fix-4): a partial restored block is not refused",
+                   (Patch(f"{_BT}:has_unaligned_cached_prefix", "return any(", "return False and any("),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"},
+                   path=Reach(families=("unaligned_prefix",))),
+            Mutant("padded-slot-wraps", "padded rows (slot -1) index the last slot's count",
+                   (Patch(f"{_BT}:has_unaligned_cached_prefix", "slots = slots[slots >= 0]", "pass"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",),
+                   path=Reach(unreachable=dict.fromkeys(
+                       ("cpu", "cuda"), "the engine's idx_mapping holds live batch rows only; no slot -1 reaches the "
+                                        "fail-closed test"))),
+        ),
+    ),
+)

@@ -1,0 +1,133 @@
+"""Registry entries of draft_inputs.prepare: the draft's context, query and sampling rows."""
+
+
+
+import kernels.draft_inputs
+import reference.draft_inputs
+from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE
+from stress.core.types import RETURN, Check, Mutant, Patch, Reach
+from stress.families import draft_inputs as di_families
+from stress.families.common import pick
+from stress.families.refusals import (
+    NOT_POSITIVE,
+    Corruption,
+    batch_rows,
+    past_bound,
+    refusal_family,
+    replaced,
+    resized,
+    short,
+)
+
+_DI = "kernels.draft_inputs:_prepare_draft_inputs_kernel"
+
+
+# ---------------------------------------------------------------- refusals
+
+def _target_rows(inputs: dict) -> int:
+    return int(inputs["target_query_start_loc"][batch_rows(inputs)])
+
+
+def _query_rows(inputs: dict) -> int:
+    """Query rows per request: K (anchor-first) or 1 + K."""
+    k = inputs["num_draft_tokens"]
+    return k if inputs.get("anchor_first") else 1 + k
+
+
+def _anchor_first_without_drafts(rng, inputs):
+    inputs.update(anchor_first=True, num_draft_tokens=0)
+    inputs["draft_tokens"] = inputs["draft_tokens"][:, :0].clone()
+
+
+def _decreasing_offsets(rng, inputs) -> bool:
+    """Two neighbouring target offsets of the batch swapped where they differ: a row of negative length."""
+    starts = inputs["target_query_start_loc"]
+    rows = [b for b in range(batch_rows(inputs)) if starts[b] < starts[b + 1]]
+    if not rows:
+        return False
+    b = int(pick(rng, rows))
+    starts[b], starts[b + 1] = int(starts[b + 1]), int(starts[b])
+    return True
+
+
+PREPARE_REFUSALS = refusal_family(di_families.decode, (
+    *replaced("num_draft_tokens", (-1, 2.0, True), "num_draft_tokens not an int >= 0"),
+    Corruption("num_draft_tokens", "anchor-first with no draft rows", _anchor_first_without_drafts),
+    *replaced("mask_token_id", (1.0, True, None), "mask_token_id not an int"),
+    *replaced("block_size", NOT_POSITIVE, "block_size not a positive int"),
+    *resized("next_prefill_tokens", 0, (-1, 1), "next_prefill_tokens for one slot fewer or more than last_sampled"),
+    *resized("num_cached_tokens", 0, (-1, 1), "num_cached_tokens for one slot fewer or more than last_sampled"),
+    past_bound("idx_mapping", lambda i: i["last_sampled"].numel(), "a live batch row's slot past last_sampled",
+               on_gpu=True),
+    # -1 is a padded row's slot elsewhere (the fail-closed test skips it): a live row must not have it
+    past_bound("idx_mapping", lambda i: -1, "a live batch row's slot -1", on_gpu=True),
+    *short("target_query_start_loc", lambda i: batch_rows(i) + 1, "the batch's offsets"),
+    Corruption("target_query_start_loc", "target offsets that decrease", _decreasing_offsets),
+    *short("target_positions", _target_rows, "the target rows"),
+    *short("num_sampled", batch_rows, "the batch"),
+    *short("num_rejected", batch_rows, "the batch"),
+    *short("block_table", batch_rows, "the batch"),
+    *short("draft_tokens", batch_rows, "the batch"),
+    *short("context_positions", _target_rows, "the target rows"),
+    *short("input_ids", lambda i: batch_rows(i) * _query_rows(i), "the query rows"),
+    *short("sample_indices", lambda i: batch_rows(i) * i["num_draft_tokens"], "the sampled rows"),
+    *short("seq_lens", batch_rows, "the batch"),
+    *short("query_start_loc", lambda i: batch_rows(i) + 1, "the batch's offsets"),
+    *resized("context_slot_mapping", 0, (-1, 1), "context_slot_mapping one entry off context_positions"),
+    *resized("query_slot_mapping", 0, (-1, 1), "query_slot_mapping one entry off input_ids"),
+    *resized("sample_idx_mapping", 0, (-1, 1), "sample_idx_mapping one entry off sample_indices"),
+    *resized("draft_tokens", 1, (-1, 1), "draft_tokens one column off num_draft_tokens"),
+), "prepare_draft_inputs")
+
+
+CHECKS = (
+    Check(
+        name="draft_inputs.prepare",
+        contract="the draft's context, query and sampling rows and seq_lens for the live batch, everything past it "
+                 "inert; a batch with an unaligned cached prefix drafts -1s (fixes 3, 4)",
+        kernel=kernels.draft_inputs.prepare_draft_inputs,
+        reference=reference.draft_inputs.prepare_draft_inputs,
+        families={**di_families.FAMILIES, "refused": PREPARE_REFUSALS},
+        outputs=(RETURN, *reference.draft_inputs.OUTPUTS),
+        sweep=di_families.sweep,
+        mutants=(
+            Mutant("stale-padded-queries", "fix 3, pre-fix (docs/fixes.md#fix-3): padded query rows get PAD slots "
+                                           "but keep stale "
+                   "input ids and positions",
+                   (Patch(_DI, "tl.store(input_ids_ptr + rows, tl.full((BLOCK,), 0, tl.int32), mask=keep)  # cleared "
+                          "query inputs\n            tl.store(positions_ptr + rows, tl.full((BLOCK,), 0, tl.int64), "
+                          "mask=keep)  # (fix 3)", "pass"),),
+                   oracles=EVERYWHERE, families=("padded", "zero_width")),
+            Mutant("seq-lens-keep-cached", "fix 4, pre-fix (docs/fixes.md#fix-4): seq_lens are not shortened by the "
+                                           "cached blocks",
+                   (Patch(_DI, "(tl.load(num_cached_tokens_ptr + slot) // block_size) * block_size",
+                          "tl.load(num_cached_tokens_ptr + slot) * 0"),),
+                   oracles=EVERYWHERE, families=("prefix_cache", "decode"),
+                   path=Reach(families=("shared_prefix",))),
+            Mutant("unaligned-drafts", "fix 4 (docs/fixes.md#fix-4): a batch with a partial cached block is "
+                                       "drafted, not refused",
+                   (Patch("kernels.draft_inputs:prepare_draft_inputs",
+                          "if tables.has_unaligned_cached_prefix(num_cached_tokens, slots, (block_size,)):",
+                          "if False:"),),
+                   oracles=EVERYWHERE, families=("prefix_cache",),
+                   path=Reach(families=("unaligned_prefix",))),
+            Mutant("rejected-keeps-slot", "the rejected suffix keeps its real position and KV slot",
+                   (Patch(_DI, "ctx_valid = lanes < n_valid", "ctx_valid = lanes < n_ctx"),),
+                   oracles=EVERYWHERE, families=("rejected_suffix",),
+                   path=Reach(families=ENGINE_SAMPLED)),
+            Mutant("position-unclamped", "query positions are not clamped to max_model_len - 1",
+                   (Patch(_DI, "tl.minimum(query_pos, max_model_len - 1)", "query_pos + max_model_len * 0"),),
+                   oracles=EVERYWHERE, families=("max_model_len",),
+                   path=Reach(families=("long_context",))),
+            Mutant("sample-slot-is-batch-row", "sampling rows record the batch row instead of the request slot",
+                   (Patch(_DI, "(lanes * 0 + slot).to(tl.int32)", "(lanes * 0 + batch_row).to(tl.int32)"),),
+                   oracles=EVERYWHERE),
+            Mutant("decreasing-offsets-accepted", "target offsets are not checked for order (pre-fix): a row of "
+                   "negative length is accepted",
+                   (Patch("kernels.draft_inputs:prepare_draft_inputs",
+                          '    validate.offsets("target_query_start_loc", target_starts[:num_batch_rows + 1], '
+                          'num_target_rows)\n', ""),),
+                   oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",)),
+        ),
+    ),
+)

@@ -1,0 +1,90 @@
+"""Registry entries of engine.step: whole spec-decode steps against a reference engine."""
+
+
+
+from stress.checks.common import EVERYWHERE
+from stress.checks.graphs import _DRAFT_GRAPHS, GRAPHS_UNCACHED
+from stress.core.types import RETURN, Check, Mutant, Patch
+from stress.families import engine as engine_families
+from stress.families.refusals import (
+    Corruption,
+    refusal_family,
+)
+from stress.oracles import engine as engine_check
+
+_ENGINE = "kernels.spec.engine:Engine"
+
+
+# ---------------------------------------------------------------- refusals
+
+def _one_block_pool(pool: str, blocks: int) -> Corruption:
+    """The engine's ``pool`` (``target_num_blocks`` or ``draft_num_blocks``) of ``blocks`` blocks."""
+    def apply(rng, inputs):
+        config = dict(inputs["config"])
+        config["scheduler"] = {**config["scheduler"], pool: blocks}
+        inputs["config"] = config
+
+    return Corruption("num_blocks", f"{pool} {blocks}: no block besides the null block", apply)
+
+
+ENGINE_REFUSALS = refusal_family(engine_families.shared_prefix, tuple(
+    _one_block_pool(pool, blocks) for pool in ("target_num_blocks", "draft_num_blocks") for blocks in (1, 0)),
+    "the engine's BlockPool")
+
+
+CHECKS = (
+    Check(
+        name="engine.step",
+        contract="the whole spec-decode step, every recorded field against a reference engine after every step, "
+                 "plus the step's own invariants",
+        kernel=engine_check.run_engine,  # drives the production kernels.spec.engine.Engine step by step
+        reference=engine_check.reference,
+        families={**engine_families.FAMILIES, "refused": ENGINE_REFUSALS},
+        outputs=(RETURN,),
+        compare=engine_check.compare,
+        metrics=engine_check.metrics,
+        repeats={"cpu": 1, "cuda": 2},
+        whole_path=True,
+        iteration_share=engine_check.ITERATION_SHARE,
+        # the scheduler alone against the reference's, over 40 workloads of random outcomes: far more shapes of
+        # admission, eviction and preemption than engine cases can afford; the model config's refusals; the
+        # KV guards' own check, which no production run trips
+        unit_tests=("tests/test_engine.py::test_engine_and_reference_schedulers_agree",
+                    "tests/test_engine.py::test_prefix_cache_hits_full_blocks_and_evicts_in_free_order",
+                    "tests/test_engine.py::test_a_model_config_refuses_an_odd_head_dim_naming_it",
+                    "tests/test_engine.py::test_guards_intact_sees_a_write_to_a_guard_or_the_null_block"),
+        not_sanitized="a whole-path check: its kernels are sanitized through their own checks, and its graph "
+                      "families need the caching allocator (" + GRAPHS_UNCACHED + ")",
+        mutants=(
+            Mutant("prefix-blocks-visible", "fix 4, pre-fix (docs/fixes.md#fix-4): no restored counts reach the "
+                                            "draft: seq_lens not "
+                   "shortened, no shift, no fail-closed; the draft reads never-written (NaN) KV",
+                   (Patch(_ENGINE, "torch.from_numpy(self.slots.num_cached_tokens).to(self.device)",
+                          "torch.zeros_like(torch.from_numpy(self.slots.num_cached_tokens)).to(self.device)"),),
+                   oracles=EVERYWHERE, families=("shared_prefix", "preempt_resume", "unaligned_prefix")),
+            Mutant("refused-batch-skips-context-kv", "upstream order: a batch that drafts nothing (refused for an "
+                   "unaligned prefix, or at depth 0) returns before its context KV is written, so later drafts "
+                   "read never-written KV",
+                   (Patch(_ENGINE, "        self.model.write_context_kv(",
+                          "        prepared and self.model.write_context_kv("),),
+                   oracles=EVERYWHERE, families=("unaligned_prefix", "dsd_bands")),
+            # the step's own invariants (stress.oracles.engine_invariants), each killing a slip that no recorded field
+            # shows until a workload happens to make it decide something
+            Mutant("free-count-per-hit-twice", "the target pool's free count for an admission takes two blocks "
+                   "per unreferenced cache hit: admission refuses too early only when it is tight to that block",
+                   (Patch("kernels.spec.scheduler:PrefixCachingPool", "sum(1 for b in hits if self.refs[b] == 0)",
+                          "sum(2 for b in hits if self.refs[b] == 0)"),),
+                   oracles={"cpu": "accounting", "cuda": "accounting"}, families=("preempt_resume",)),
+            Mutant("one-request-drafts-nothing", "a batch of one request runs no draft step through DraftGraphs "
+                   "(the empty-batch test reads num_reqs == 1)",
+                   (Patch(_DRAFT_GRAPHS, "if num_draft_tokens == 0 or num_reqs == 0:",
+                          "if num_draft_tokens == 0 or num_reqs == 1:"),),
+                   oracles={"cpu": "drafts", "cuda": "drafts"}, families=("padded_graphs",)),
+            Mutant("draft-graphs-never-captured", "the engine builds its draft graphs but never captures them: "
+                   "every step dispatched to a FULL graph drafts the same tokens eagerly, without the replay",
+                   (Patch(_ENGINE, "self.graphs.capture()", "self.graphs.clear()"),),
+                   oracles={"cuda": "graphs"}, families=("padded_graphs",),
+                   why_not="CUDA graphs exist only on a GPU: the CPU drafts eagerly, nothing is captured"),
+        ),
+    ),
+)

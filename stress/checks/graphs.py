@@ -1,0 +1,83 @@
+"""Registry entries of graphs.replay and graphs.lifetime: CUDA-graph replay and graph storage lifetime (GPU only)."""
+
+import dataclasses
+
+import reference.spec.draft_step
+import stress.oracles.graph_replay
+from stress.checks.spec import NON_CAUSAL_CLAIMS_FULL
+from stress.core.types import RETURN, Check, Mutant, Patch, Reach
+from stress.families import graph_replay as replay_families
+
+_DRAFT_GRAPHS = "kernels.spec.draft_graphs:DraftGraphs"
+_STEP = "kernels.spec.draft_step:DraftStep"
+_NO_GRAPHS = "CUDA graphs need a GPU: capture, replay and the graph memory pool exist only on a CUDA device"
+_ON_GPU = {"cuda": "divergence"}
+# measured on the H200: with the caching allocator off, capture fails with cudaErrorStreamCaptureInvalidated
+GRAPHS_UNCACHED = ("CUDA graph capture needs the caching allocator's private pool, which "
+                    "PYTORCH_NO_CUDA_MEMORY_CACHING=1 (what makes an out-of-bounds access visible) turns off")
+
+
+def _graph_check(name: str, contract: str, driver, reference_driver, families: dict, judge, mutants: tuple[Mutant, ...],
+                 unit_tests: tuple[str, ...] = ()) -> Check:
+    """A GPU-only check whose ``driver`` (stress.oracles.graph_replay) captures and replays kernels.spec.draft_graphs;
+    each case replays its graphs many times already, so it runs once."""
+    return Check(name=name, contract=contract, kernel=driver, reference=reference_driver, families=families,
+                 outputs=(RETURN,), compare=judge, devices=("cuda",), why_not=_NO_GRAPHS, repeats={"cuda": 1},
+                 mutants=mutants, not_sanitized=GRAPHS_UNCACHED, unit_tests=unit_tests)
+
+
+CHECKS = (
+    _graph_check(
+        "graphs.replay", "a padded CUDA-graph replay of the draft step equals the eager step bit for bit, and the "
+                         "eager step the float64 reference (GPU)",
+        stress.oracles.graph_replay.replay_draft_graphs, reference.spec.draft_step.expected_replay,
+        replay_families.REPLAY_FAMILIES, stress.oracles.graph_replay.judge_replay,
+        (
+            Mutant("replay-skipped", "a graph that does nothing: the dispatched graph is never replayed",
+                   (Patch(_DRAFT_GRAPHS, "graph.replay()", "pass"),), oracles=_ON_GPU, why_not=_NO_GRAPHS,
+                   path=Reach(families=("padded_graphs",), unreachable={
+                       "cpu": "CUDA graphs exist only on a GPU: the CPU drafts eagerly, no replay to skip"})),
+            Mutant("kv-write-not-captured", "the capture misses a kernel: the query rows' K/V write runs eagerly "
+                   "but is left out of the graph",
+                   (Patch(_STEP, "kv_cache.write_kv(", "capturing() or kv_cache.write_kv("),),
+                   oracles=_ON_GPU, why_not=_NO_GRAPHS,
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       'the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step, '
+                       'whose KV write this bug leaves out of the capture'))),
+            Mutant("padded-draft-rows-slot-0", "fix 3, pre-fix (docs/fixes.md#fix-3) in the draft step: padded "
+                                               "sampling rows map to "
+                   "slot 0 and write its logits cache",
+                   (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
+                          "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
+                   oracles=_ON_GPU, families=("padded_graph",), why_not=_NO_GRAPHS,
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       'the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step, '
+                       'whose padded sampling rows this bug maps to slot 0'))),
+            # the spec.backends patch, hunted where its effect shows: host-planned attention captured for
+            # non-causal drafting replays with the lengths of the capture batch
+            dataclasses.replace(NON_CAUSAL_CLAIMS_FULL, oracles=_ON_GPU, families=("non_causal_draft",),
+                                why_not=_NO_GRAPHS),
+        ),
+        # the backends on rows no draft step builds for the host-planned loop: queries without keys, keys
+        # without queries, a single key
+        unit_tests=("tests/test_draft_graphs.py::"
+                    "test_each_backend_attends_like_the_reference_on_rows_without_keys_or_queries",),
+    ),
+    _graph_check(
+        "graphs.lifetime", "a captured graph's backbone output is not handed to a later capture in the shared pool "
+                           "(fix 8, GPU)",
+        stress.oracles.graph_replay.lifetime_experiment, reference.spec.draft_step.expected_lifetime,
+        replay_families.LIFETIME_FAMILIES, stress.oracles.graph_replay.judge_lifetime,
+        (
+            Mutant("backbone-not-retained", "fix 8, pre-fix (docs/fixes.md#fix-8): captured backbone outputs are "
+                                            "not retained, so "
+                   "a later capture in the shared pool is handed their memory",
+                   (Patch(_DRAFT_GRAPHS, "self._captured_backbone_outputs.append(hidden)", "pass"),),
+                   oracles=_ON_GPU, why_not=_NO_GRAPHS,
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine reads a replay's results only from static buffers the graph copies its logits and "
+                       'tokens into, never a backbone output after the replay: an address a later capture reuses '
+                       'changes nothing it reads'))),
+        ),
+    ),
+)

@@ -1,0 +1,91 @@
+"""Registry entries of kv_cache.write: K/V writes through a slot mapping."""
+
+import dataclasses
+
+import torch
+
+from stress.checks.common import ENGINE_SAMPLED
+from stress.core.compare import exact_chunked
+from stress.core.types import Check, Mutant, Patch, Reach
+from stress.families import kv_cache as kv_families
+from stress.families import slots as slot_families
+from stress.families.refusals import (
+    Corruption,
+    past_bound,
+    refusal_family,
+    resized,
+    retyped,
+)
+
+_KV = "kernels.kv_cache:_write_kv_kernel"
+PAD_WRITTEN = Mutant(
+    "pad-written", "PAD tokens (slot -1) are stored: the row before each cache is overwritten",
+    (Patch(_KV, "store = live & (slot >= 0)  # PAD writes nothing", "store = live"),),
+    oracles={"cpu": "oob", "cuda": "oob"}, families=("pad",),
+    path=Reach(families=ENGINE_SAMPLED))
+
+
+# ---------------------------------------------------------------- refusals
+
+def _writing_tokens(inputs: dict) -> torch.Tensor:
+    """The slot_mapping entries that write: a token's (entries past the tokens are ignored), not negative."""
+    slots = inputs["slot_mapping"]
+    return (slots >= 0) & (torch.arange(slots.numel()) < inputs["key"].shape[0])
+
+
+def _slot_0_without_blocks(rng, inputs):
+    """The caches cut to no blocks, every token PAD but one at slot 0: the slot that only the check of every
+    slot >= 0 (PAD aside) refuses, where a check of slots > 0 lets it through."""
+    writing = _writing_tokens(inputs).nonzero().flatten()
+    if writing.numel() == 0:
+        return False
+    slots = torch.where(_writing_tokens(inputs), -1, inputs["slot_mapping"])
+    slots[int(writing[int(rng.integers(writing.numel()))])] = 0
+    inputs["slot_mapping"] = slots
+    inputs["kv_cache"] = inputs["kv_cache"][:, :0].clone()
+    return True
+
+
+WRITE_KV_REFUSALS = refusal_family(kv_families.pad, (
+    retyped("value", torch.float16, torch.float32),
+    *resized("value", 0, (-1, 1), "value one token off key"),
+    *resized("value", 2, (-1, 1), "value one head dim off key"),
+    *resized("kv_cache", 3, (-1, 1), "a cache of one KV head fewer or more than key", refused="k_cache"),
+    *resized("kv_cache", 4, (-1, 1), "a cache one head dim off key", refused="k_cache"),
+    *resized("slot_mapping", 0, (lambda i: i["key"].shape[0] - 1,), "slot_mapping one entry short of the tokens"),
+    retyped("slot_mapping", torch.int32),
+    past_bound("slot_mapping", lambda i: i["kv_cache"].shape[1] * i["kv_cache"].shape[2],
+               "a token's slot past the cache", live=_writing_tokens),
+    Corruption("slot_mapping", "a token's slot 0 in caches of no blocks", _slot_0_without_blocks, on_gpu=False),
+), "write_kv")
+
+
+CHECKS = (
+    Check(
+        name="kv_cache.write",
+        contract="k_cache and v_cache[slot // bs, slot % bs] = key and value[t], bit for bit, for each token whose "
+                 "slot is not PAD",
+        kernel=kv_families.write_kv_pair,  # kernels.kv_cache.write_kv on the halves of one combined cache
+        reference=kv_families.write_kv_pair_reference,
+        families={**kv_families.FAMILIES, "refused": WRITE_KV_REFUSALS},
+        outputs=("kv_cache",),
+        compare=exact_chunked,
+        sweep=kv_families.sweep,
+        mutants=(
+            PAD_WRITTEN,
+            # the same bug with no guard zones: the write before the K cache leaves its allocation
+            dataclasses.replace(PAD_WRITTEN, name="pad-written-memcheck", oracles={"cuda": "memcheck"},
+                                why_not="compute-sanitizer runs on the GPU; the CPU tracer kills pad-written",
+                                path=Reach(families=ENGINE_SAMPLED)),
+            Mutant("int32-offset", "the V-cache row offset is computed in int32: past 2^31 elements it wraps into "
+                   "the K cache below it",
+                   (Patch(_KV, "v_row = block * v_stride_b + offset * v_stride_t",
+                          "v_row = (block * v_stride_b + offset * v_stride_t).to(tl.int32)"),),
+                   oracles={"cuda": "divergence"}, families=("big_cache",),
+                   why_not="needs a cache past 2^31 elements, big_cache's GPU-only size; a CPU-sized cache cannot "
+                           "overflow int32 offsets",
+                           path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                               "the engine's KV caches hold far fewer than 2^31 elements"))),
+        ),
+    ),
+)

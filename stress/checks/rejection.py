@@ -1,0 +1,144 @@
+"""Registry entries of rejection.verify and rejection.distribution: verification of drafted tokens."""
+
+import dataclasses
+
+import kernels.rejection
+import reference.rejection
+from stress.checks.common import ENGINE_SAMPLED
+from stress.core.compare import exact_unless_near_tie
+from stress.core.types import RETURN, Check, Mutant, Patch, Reach
+from stress.families import rejection as rejection_families
+from stress.families.refusals import (
+    emptied,
+    past_bound,
+    refusal_family,
+    resized,
+    rows_short_of,
+)
+from stress.oracles import distribution
+
+_VERIFY = "kernels.rejection:_verify_kernel"
+_ACCEPT_IGNORES_U = Mutant(
+    "accept-ignores-u", "accepts iff p(x) >= q(x): the uniform is dropped from the accept test",
+    (Patch(_VERIFY, "(p_x > uint_to_uniform_float(bits) * q_x)", "(p_x >= q_x)"),),
+    oracles={"cpu": "divergence", "cuda": "divergence"},
+    path=Reach(families=ENGINE_SAMPLED))
+_RESAMPLE_FROM_TARGET = Mutant(
+    "resample-from-target", "resamples from p (rejected draft included) instead of the residual max(p - q, 0)",
+    (Patch(_VERIFY, "bits, draft, p_max, p_sum, q_max, q_sum, vocab,\n                                       "
+                    "HAS_DRAFT_LOGITS, BLOCK_V)",
+           "bits, -1, p_max, p_sum, q_max, q_sum, vocab,\n                                       False, BLOCK_V)"),),
+    oracles={"cpu": "divergence", "cuda": "divergence"},
+    path=Reach(families=ENGINE_SAMPLED))
+
+
+# ---------------------------------------------------------------- refusals
+
+def _requests(inputs: dict) -> int:
+    return inputs["target_logits"].shape[0]
+
+
+VERIFY_REFUSALS = refusal_family(rejection_families.mixed, (
+    emptied({"target_logits": 1, "out_tokens": 1}, "no bonus row (k + 1 = 0 rows)", refused="target_logits"),
+    *resized("draft_tokens", 1, (-1, 1), "draft_tokens one column short or past k"),
+    *resized("draft_tokens", 0, (-1, 1), "draft_tokens one row short or past the requests"),
+    *resized("idx_mapping", 0, (-1, 1), "idx_mapping one entry short or past the requests"),
+    *resized("positions", 0, (-1, 1), "positions one entry short or past the requests"),
+    *resized("seeds", 0, (-1, 1), "seeds for one slot fewer or more than temperature"),
+    *resized("out_tokens", 0, (rows_short_of(_requests),), "out_tokens one row short of the requests"),
+    *resized("out_tokens", 1, (-1, 1), "out_tokens one column short or past k + 1"),
+    *resized("num_sampled", 0, (rows_short_of(_requests),), "num_sampled one entry short of the requests"),
+    *resized("num_rejected", 0, (rows_short_of(_requests),), "num_rejected one entry short of the requests"),
+    *resized("draft_logits", 2, (-1, 1), "draft_logits one vocabulary entry short or past the target's"),
+    past_bound("idx_mapping", lambda i: i["temperature"].numel(), "a slot past temperature"),
+    emptied({"target_logits": 2, "draft_logits": 2}, "a vocabulary of 0", refused="target_logits"),
+), "verify")
+
+
+CHECKS = (
+    Check(
+        name="rejection.verify",
+        contract="greedy or probabilistic verification of k drafts per request: accept iff p(x) > u q(x), resample "
+                 "from max(p - q, 0), bonus token when all are accepted",
+        kernel=kernels.rejection.verify,
+        reference=reference.rejection.verify,
+        families={**rejection_families.FAMILIES, "refused": VERIFY_REFUSALS},
+        outputs=("out_tokens", "num_sampled", "num_rejected"),
+        compare=exact_unless_near_tie,
+        sweep=rejection_families.verify_sweep,
+        mutants=(
+            Mutant("placeholder-accepted", "a -1 draft is tested like a token (as token 0) instead of rejected",
+                   (Patch(_VERIFY, "accepted = valid & (p_x", "accepted = (p_x"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       'the engine schedules real drafts only and verifies each request with exactly its drafts (one '
+                       'launch per draft count): no -1 placeholder is ever verified'))),
+            Mutant("placeholder-resampled-from-residual", "a placeholder step is resampled from max(p - q, 0) with "
+                   "q the draft-logits row of a step the request never drafted, instead of sampled from p",
+                   (Patch(_VERIFY, "if draft < 0:  # no draft at this step", "if False:  # no draft at this step"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",)),
+            _ACCEPT_IGNORES_U,
+            _RESAMPLE_FROM_TARGET,
+            Mutant("accepts-zero-target-probability", "accepts iff p(x) >= u q(x) (pre-fix): a token of target "
+                   "probability 0 passes when its draft probability is 0 too, where upstream's log test rejects it",
+                   (Patch(_VERIFY, "(p_x > uint_to_uniform_float(bits) * q_x)",
+                          "(p_x >= uint_to_uniform_float(bits) * q_x)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("extremes",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's small random models spread logits far less than the ~100 a float32 softmax needs"
+                       ' to give a token probability exactly 0'))),
+            Mutant("padding-counted-as-rejected", "num_rejected (pre-fix) counts a shorter request's trailing "
+                   "placeholders as rejected drafts: k + 1 - num_sampled instead of its own d + 1 - num_sampled",
+                   (Patch(_VERIFY, "tl.where(live, own_drafts + 1 - sampled, 0)",
+                          "tl.where(live, num_drafts + 1 - sampled, 0)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       'the engine verifies each request with exactly its drafts (one launch per draft count): no '
+                       "padding placeholder follows a request's drafts"))),
+            Mutant("step-offset-int32", "the draft step is an int32 counter: step * the target's step stride "
+                   "wraps past 2^31 elements and the bonus row is read 8 GB before the logits",
+                   (Patch(_VERIFY, "step = b.to(tl.int64) * 0", "step = b * 0"),),
+                   oracles={"cuda": "crash"}, families=("big_offsets_steps",),
+                   why_not="needs a view past 2^31 elements, big_offsets_steps' GPU-only size; on the CPU its rows "
+                           "are a few thousand elements apart",
+                           path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                               'the engine verifies contiguous logits of a small vocabulary: no step offset nears '
+                               '2^31 elements'))),
+            Mutant("shared-drafts-row-stride-one", "draft_tokens' row stride passed as max(1, stride) (pre-fix): "
+                   "one draft row expanded to the batch (stride 0) is read at rows 1, 2, ... elements apart",
+                   (Patch("kernels.rejection:verify", "draft_tokens.stride(0), idx_mapping",
+                          "max(1, draft_tokens.stride(0)), idx_mapping"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("shared_drafts",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's draft tokens are a contiguous [requests, depth] buffer, never one row expanded "
+                       'over the batch (stride 0)'))),
+            Mutant("seed-by-row", "the Philox seed is read by batch row instead of request slot",
+                   (Patch(_VERIFY, "tl.load(seeds_ptr + slot,", "tl.load(seeds_ptr + b,"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",),
+                   path=Reach(families=ENGINE_SAMPLED)),
+            Mutant("empty-residual-token-0", "an empty residual (p <= q at every token) resamples token 0, the "
+                   "argmax of an all -inf row (pre-fix, as upstream), instead of Gumbel-max over the target row",
+                   (Patch("kernels.rejection:_gumbel_argmax", 'tl.max(best_scores, 0) > float("-inf"), token,',
+                          "True, token,"),
+                    Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("empty_residual", "extremes")),
+        ),
+    ),
+    Check(
+        name="rejection.distribution",
+        contract="the tokens verification emits follow the target distribution (chi-square over many trials)",
+        kernel=distribution.verify_trials,
+        reference=distribution.expected_distribution,
+        families=rejection_families.DISTRIBUTION_FAMILIES,
+        outputs=(RETURN,),
+        compare=distribution.judge,
+        sweep=rejection_families.verify_sweep,
+        mutants=(_ACCEPT_IGNORES_U, _RESAMPLE_FROM_TARGET,
+                 # the same bug hunted at a 128k vocabulary only: the positive control of that chi-square
+                 dataclasses.replace(_ACCEPT_IGNORES_U, name="accept-ignores-u-128k", families=("long_vocab",),
+                                     oracles={"cuda": "divergence"},
+                                     why_not="long_vocab is a greedy smoke version on the CPU (no uniform to drop); "
+                                             "target_distribution kills accept-ignores-u here",
+                                             path=Reach(families=ENGINE_SAMPLED))),
+    ),
+)

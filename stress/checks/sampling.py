@@ -1,0 +1,95 @@
+"""Registry entries of sampling.gumbel: Gumbel-max sampling with per-request seeds."""
+
+
+import torch
+
+import kernels.sampling
+import reference.sampling
+from stress.checks.common import ENGINE_SAMPLED
+from stress.core.compare import exact_unless_near_tie
+from stress.core.types import RETURN, Check, Mutant, Patch, Reach
+from stress.families import sampling as sampling_families
+from stress.families.refusals import (
+    Corruption,
+    emptied,
+    past_bound,
+    refusal_family,
+    replaced,
+    resized,
+)
+
+_SAMPLING = "kernels.sampling:_gumbel_sample_kernel"
+
+
+# ---------------------------------------------------------------- refusals
+
+def _live_rows(inputs: dict) -> torch.Tensor:
+    return inputs["idx_mapping"] >= 0
+
+
+def _slot_0_column_past_cache(rng, inputs):
+    """A live row moved to slot 0 (the edge of the live-row mask, ``idx_mapping >= 0``; the row that held it
+    takes the row's old slot) with its cache column at the cache's depth."""
+    idx, cols = inputs["idx_mapping"].clone(), inputs["cache_cols"].clone()
+    live = (idx >= 0).nonzero().flatten()
+    if live.numel() == 0:
+        return False
+    row = int(live[int(rng.integers(live.numel()))])
+    idx[idx == 0] = idx[row]
+    idx[row] = 0
+    cols[row] = inputs["logits_cache"].shape[1]
+    inputs.update(idx_mapping=idx, cache_cols=cols)
+
+
+GUMBEL_REFUSALS = refusal_family(sampling_families.mixed, (
+    *resized("idx_mapping", 0, (-1, 1), "idx_mapping one entry short of or past the logits rows"),
+    *resized("positions", 0, (-1, 1), "positions one entry short of or past the logits rows"),
+    *resized("seeds", 0, (-1, 1), "seeds for one slot fewer or more than temperature"),
+    *replaced("cache_cols", (None,), "logits_cache without cache_cols", refused="logits_cache"),
+    *resized("logits_cache", 0, (-1, 1), "logits_cache for one slot fewer or more than temperature"),
+    *resized("logits_cache", 2, (-1, 1), "logits_cache one vocabulary entry short or past the logits"),
+    *resized("cache_cols", 0, (-1, 1), "cache_cols one entry short of or past the logits rows"),
+    past_bound("idx_mapping", lambda i: i["temperature"].numel(), "a slot past temperature"),
+    past_bound("cache_cols", lambda i: i["logits_cache"].shape[1], "a live row's cache column past the cache",
+               live=_live_rows),
+    Corruption("cache_cols", "the cache column of slot 0's row past the cache", _slot_0_column_past_cache,
+               on_gpu=False),
+    emptied({"logits": 1, "logits_cache": 2}, "a vocabulary of 0", refused="logits"),
+), "gumbel_sample")
+
+
+CHECKS = (
+    Check(
+        name="sampling.gumbel",
+        contract="one Gumbel-max token per row keyed by (seeds[slot], position), greedy at temperature 0; slot -1 "
+                 "rows inert; raw logits cached per (slot, column) (fix 3)",
+        kernel=kernels.sampling.gumbel_sample,
+        reference=reference.sampling.gumbel_sample,
+        families={**sampling_families.FAMILIES, "refused": GUMBEL_REFUSALS},
+        outputs=(RETURN, "logits_cache"),
+        compare=exact_unless_near_tie,
+        sweep=sampling_families.sampling_sweep,
+        mutants=(
+            Mutant("padded-rows-slot-0", "fix 3 (docs/fixes.md#fix-3): padded rows map to slot 0 and write its "
+                                         "cached logits",
+                   (Patch(_SAMPLING, "slot = tl.load(idx_mapping_ptr + row)",
+                          "slot = tl.maximum(tl.load(idx_mapping_ptr + row), 0)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",),
+                   path=Reach(families=ENGINE_SAMPLED)),
+            Mutant("draft-noise-unsalted", "noise keys (docs/contracts/sampling.md#noise-keys): drafting reuses the "
+                                           "verifier's noise stream (no +2^30)",
+                   (Patch(_SAMPLING, "tl.load(positions_ptr + row) + pos_salt", "tl.load(positions_ptr + row)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",),
+                   path=Reach(families=ENGINE_SAMPLED)),
+            Mutant("cache-after-temperature", "the logits cache stores scaled logits instead of the raw ones",
+                   (Patch(_SAMPLING, "tl.store(cache_row_ptr + tokens, logits,",
+                          "tl.store(cache_row_ptr + tokens, logits / tl.where(temp > 0, temp, 1.0),"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",),
+                   path=Reach(families=ENGINE_SAMPLED)),
+            Mutant("temperature-by-row", "temperature read by batch row instead of request slot",
+                   (Patch(_SAMPLING, "tl.load(temperature_ptr + slot,", "tl.load(temperature_ptr + row,"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",),
+                   path=Reach(families=ENGINE_SAMPLED)),
+        ),
+    ),
+)

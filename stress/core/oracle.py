@@ -1,0 +1,241 @@
+"""The oracle of one case: build it, run the kernel on guarded copies against its reference, trace it on the
+CPU, judge a refusal case's refusals. Never raises: a crash is a verdict."""
+
+import os
+import signal
+import time
+import traceback
+from contextlib import contextmanager
+
+import torch
+
+from stress.core import refusal
+from stress.core.cases import Task, build_case, expected_outputs
+from stress.core.guards import fresh_inputs, guarded, settle, torch_device
+from stress.core.types import PASS, RETURN, Case, Check, Result, Verdict, not_checked
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+SUITE_ERROR = Verdict.SUITE_ERROR
+
+
+class SuiteError(Exception):
+    """specsan's own code (the reference, a comparator, a metric) raised on a case. The case fails as
+    ``SUITE_ERROR``, which no oracle counts as a kill: a comparator that crashes on every divergence must not
+    read as the kernel crashing, nor hide a planted bug as a survivor with a stray ``fail:crash``."""
+
+
+@contextmanager
+def own_code(what: str):
+    try:
+        yield
+    except CaseTimeout:
+        raise
+    except Exception as exc:
+        raise SuiteError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _fatal(exc: BaseException) -> bool:
+    """A CUDA error poisons the process's context: later cases there would all crash."""
+    text = f"{type(exc).__name__}: {exc}"
+    return "CUDA error" in text or "AcceleratorError" in text or "illegal memory access" in text
+
+
+HEAP_DAMAGE = ("corrupt", "double free", "free(): ", "malloc", "bad_alloc")  # glibc's and the C++ runtime's words
+
+
+def _memory_verdict(result: Result) -> bool:
+    """Out of bounds, or a crash that reads as heap damage: the interpreter runs kernels on host copies, so a
+    stray write may have landed in this process's heap, and later cases here would fail for reasons of their own."""
+    damaged = result.verdict == Verdict.CRASH and any(w in line for line in result.details for w in HEAP_DAMAGE)
+    return result.verdict == Verdict.OOB or damaged
+
+
+def interpreter_gap(check: Check, case: Case, device: str) -> str | None:
+    """Why the CPU interpreter cannot judge this case, or None: a bfloat16 ``tl.dot`` (``Check.bf16_dot``) is
+    computed on the operands' bit patterns there, so its output would diverge whatever the kernel's logic."""
+    bf16 = [k for k, v in case.inputs.items() if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16]
+    if device == "cpu" and check.bf16_dot and bf16:
+        return (f"bfloat16 tl.dot under the Triton interpreter ({', '.join(bf16)}): it multiplies the raw bit "
+                "patterns (triton-lang/triton#11584); judge it on a GPU")
+    return None
+
+
+def differential(check: Check, case: Case, expected: dict, device: str, load=None,
+                 metrics: dict | None = None) -> tuple[str, list[str]]:
+    """Run the kernel ``repeats`` times on guarded copies; compare each run with the reference.
+
+    ``metrics``, when given, receives the check's metrics of the last run."""
+    from stress.core import compare
+
+    compare_fn = check.compare or compare.exact
+    dev = torch_device(device)
+    tensors = {k: v for k, v in case.inputs.items() if isinstance(v, torch.Tensor)}
+    notes = []  # what a comparator tolerated (and says so) in a passing case
+    unjudged = []  # outputs a comparator could not judge: the case is not_checked
+    for repeat in range(check.repeats.get(device, 1)):
+        # the last repeat's guarded copies go before new ones are made (a view past 2^31 elements is GBs)
+        placed = args = returned = outputs = None
+        placed, args = guarded(case.inputs, dev)
+        if load is not None:
+            load.kick()
+        returned = _current(check.kernel)(**args, **case.launch)
+        tag = f"repeat {repeat}: " if repeat else ""
+        # an optional output the case leaves out (None) is neither written nor compared
+        outputs = {name: returned if name == RETURN else placed[name].view for name in check.outputs
+                   if name == RETURN or name in placed}
+        read_only = {name: placed[name].view for name in tensors if name not in check.outputs}
+        damage, host = settle(placed, {**{f"in:{k}": v for k, v in read_only.items()}, **outputs})
+        if damage:
+            return Verdict.OOB, [tag + d for d in damage]
+        outputs = {name: host[name] for name in outputs}
+        lines, verdict = [], ""
+        if metrics is not None and check.metrics:
+            with own_code(f"{check.name}'s metrics"):
+                metrics.update(check.metrics(expected, outputs))
+        for name, got in outputs.items():
+            with own_code(f"the comparison of {name}"):
+                found = compare_fn(name, expected[name], got)
+            if isinstance(found, compare.Unjudged):
+                unjudged += [tag + line for line in found.lines()]
+            elif isinstance(found, compare.Tolerated):
+                notes += [tag + line for line in found.lines()]
+            elif found is not None:
+                source = tensors.get(check.provenance.get(name, ""))
+                lines += found.lines(source)
+                verdict = verdict or found.verdict
+        for name in read_only:
+            if found := compare.unchanged(name, tensors[name], host[f"in:{name}"]):
+                lines += found.lines()
+                verdict = verdict or found.verdict
+        if lines:
+            return f"fail:{verdict}", [tag + line for line in lines]
+    if unjudged:
+        return "not_checked:near ties", unjudged + notes
+    return PASS, notes
+
+
+def trace_case(check: Check, case: Case, seed: int, permute: str = "auto"):
+    """Run the kernel once on plain clones of the inputs under ``stress.core.tracer.tracing``."""
+    from stress.core import tracer as trace
+
+    inputs = fresh_inputs(case)
+    unwritten = []
+    for name, mask in case.unwritten.items():
+        if not isinstance(inputs.get(name), torch.Tensor):
+            raise ValueError(f"unwritten: {name!r} is not a tensor input of {check.name}")
+        unwritten.append((inputs[name], mask))
+    with trace.tracing(unwritten, seed=seed, permute=permute,
+                       expected_order_dependence=check.expected_order_dependence) as recording:
+        _current(check.kernel)(**inputs, **case.launch)
+    return recording
+
+
+def traced(check: Check, case: Case, seed: int) -> tuple[str, list[str]]:
+    """Rerun the kernel on fresh copies under the CPU tracer: races, out-of-bounds, uninit reads.
+
+    Plain clones (no guard zones) give every input its own storage, so a lane that leaves its
+    tensor lands outside every storage and is reported as out-of-bounds.
+    """
+    recording = trace_case(check, case, seed)
+    verdict = recording.verdict
+    if verdict == PASS:  # benign findings (duplicate stores) stay in the details
+        benign = [(r.kernel, f) for r in recording.reports for f in r.duplicate_stores]
+        return PASS, [f"{kernel}: {line}" for kernel, f in benign for line in f.lines()]
+    return verdict, [line for r in recording.reports if r.verdict != PASS for line in r.lines()]
+
+
+def _current(fn):
+    """The function as its module holds it now, so an applied mutant's replacement is the one called."""
+    import sys
+
+    return getattr(sys.modules.get(fn.__module__), fn.__name__, fn)
+
+
+_LOAD = None
+
+
+def _background_load(device: str):
+    global _LOAD
+    if device == "cuda" and _LOAD is None and os.environ.get("SPECSAN_NO_LOAD") != "1":
+        from stress.core.load import BackgroundLoad
+        _LOAD = BackgroundLoad(torch.device("cuda", torch.cuda.current_device()))
+    return _LOAD
+
+
+@contextmanager
+def _phase(result: Result, name: str):
+    """Adds the seconds the block took to ``result.phases[name]`` (also when it raises)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        result.phases[name] = round(result.phases.get(name, 0.0) + time.perf_counter() - start, 4)
+
+
+def judge_task(task: Task, device: str, timeout: float, trace: bool) -> tuple[Result, bool]:
+    """``run_case``'s work: the Result, and whether the case ran out of device memory."""
+    from stress import checks
+    from stress.core import patches as mutants
+
+    out_of_memory = False
+    result = Result(task.check, task.family, task.seed, device, PASS, launch=dict(task.launch or ()),
+                    mutant=task.mutant, timeout=timeout, trace=trace)
+    start = time.perf_counter()
+    if timeout:
+        signal.signal(signal.SIGALRM, _on_alarm)
+    try:
+        if timeout:  # armed inside the try: a deadline shorter than the next bytecode is still a verdict
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+        check = checks.get(task.check)
+        mutant = task.patched or (checks.find_mutant(task.mutant, check) if task.mutant else None)
+        if device not in check.devices:
+            result.verdict = f"not_checked:{check.why_not or f'{check.name} does not run on {device}'}"
+            return result, out_of_memory
+        with _phase(result, "build"):
+            case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
+        result.launch, result.note = case.launch, case.note
+        if gap := interpreter_gap(check, case, device):
+            result.verdict = not_checked(gap)
+            return result, out_of_memory
+        if case.refused:  # bad input the launcher must refuse: no reference output, nothing to trace
+            with mutants.applied(mutant), _phase(result, "judge"):
+                result.verdict, result.details = refusal.judge_all(check, case, device, _current(check.kernel))
+            return result, out_of_memory
+        with own_code("the reference"), _phase(result, "reference"):
+            expected = expected_outputs(check, case)
+        with mutants.applied(mutant):
+            with _phase(result, "judge"):
+                result.verdict, result.details = differential(check, case, expected, device,
+                                                              _background_load(device), result.metrics)
+            if trace and device == "cpu" and result.verdict == PASS:
+                with _phase(result, "trace"):
+                    result.verdict, result.details = traced(check, case, task.seed)
+    except CaseTimeout:
+        result.verdict, result.details = Verdict.TIMEOUT, [f"case ran past {timeout:g} s"]
+    except SuiteError as exc:
+        out_of_memory = isinstance(exc.__cause__, torch.OutOfMemoryError)  # the reference's copies on the GPU
+        result.verdict = SUITE_ERROR
+        result.details = [f"specsan's own code failed: {exc}",
+                          *"".join(traceback.format_exception(exc.__cause__)).splitlines()[-12:]]
+    except Exception as exc:  # noqa: BLE001 - a crashing case is a verdict, not the end of the run
+        result.verdict = Verdict.CRASH
+        result.details = traceback.format_exception_only(exc)[-1:] + traceback.format_exc().splitlines()[-12:]
+        result.fatal = _fatal(exc)
+        out_of_memory = isinstance(exc, torch.OutOfMemoryError)
+    finally:
+        if timeout:
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            except CaseTimeout:  # the deadline passed just as the case ended: it did end
+                pass
+        result.fatal = result.fatal or _memory_verdict(result)
+        result.seconds = round(time.perf_counter() - start, 4)
+    return result, out_of_memory
+
+
+def _on_alarm(signum, frame):
+    raise CaseTimeout()

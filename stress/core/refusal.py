@@ -1,0 +1,84 @@
+"""The refusal verdict: a case the launcher must refuse (``Case.refused``), judged without a reference output.
+
+Launchers word every refusal ``"<argument>: <what is wrong and the fix>"`` (``kernels/validate.py`` and the
+launchers' own guards), so the rule is exact: the ``ValueError``'s message must begin with the refused
+argument's name followed by a colon. A refusal must come before any write, so every tensor input (outputs
+included) sits in guard zones and must come back unchanged.
+
+- ``pass``: ``ValueError`` naming the argument, guard zones intact, every input unchanged;
+- ``fail:accepted``: nothing was raised (the bad input went through);
+- ``fail:oob`` / ``fail:divergence``: it raised, but wrote past a tensor / changed an input before raising;
+- ``fail:refusal``: it raised, but another exception type or a message that does not name the argument.
+"""
+
+import traceback
+
+from stress.core.guards import fresh_inputs, guarded, settle, torch_device
+from stress.core.types import PASS, Case, Check, Family, Verdict
+
+VERDICTS = (Verdict.ACCEPTED, Verdict.REFUSAL)  # the verdicts only refusal cases give
+
+
+def is_family(family) -> bool:
+    """Whether ``family`` builds refusal cases (``stress.families.refusals.refusal_family``): they launch no
+    kernel, so there is nothing to trace, hammer or sanitize."""
+    return Family.of(family).refuses
+
+
+def names(message: str, argument: str) -> bool:
+    """Whether an error message names ``argument`` the way launchers do: ``"argument: ..."``."""
+    return message.startswith(f"{argument}:")
+
+
+def check_reference(check: Check, case: Case) -> None:
+    """A reference that validates (refuses with a ValueError naming one of the case's arguments) must name the
+    same argument; one that does not validate (it raises nothing, or fails some other way on the bad input)
+    leaves the family's ``refused`` the contract. A disagreement is a defect of the family, not of the kernel:
+    it raises (the case is ``fail:crash``)."""
+    try:
+        check.reference(**fresh_inputs(case))
+    except ValueError as exc:
+        if any(names(str(exc), arg) for arg in case.inputs) and not names(str(exc), case.refused):
+            raise RuntimeError(f"refusal case: the family expects a refusal naming {case.refused!r}, but the "
+                               f"reference refuses with {exc}") from exc
+    except Exception:  # noqa: BLE001 - a reference that does not validate may fail any way on bad input
+        pass
+
+
+def judge_all(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
+    """``case`` and its ``more_refusals`` in turn (each checked against the reference first): the first that
+    fails decides, its details led by the corruption it was."""
+    passed = []
+    for refusal in (case, *case.more_refusals):
+        check_reference(check, refusal)
+        verdict, details = judge(check, refusal, device, kernel)
+        if verdict != PASS:
+            return verdict, [f"refusal case: {refusal.note}", *details]
+        passed += details
+    return PASS, passed
+
+
+def judge(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
+    """Call ``kernel`` once on guarded copies of the case's inputs and judge the refusal."""
+    from stress.core import compare
+
+    placed, args = guarded(case.inputs, torch_device(device))
+    raised = None
+    try:
+        kernel(**args, **case.launch)
+    except Exception as exc:  # noqa: BLE001 - which exception it is, is the verdict
+        raised = exc
+    damage, host = settle(placed, {name: g.view for name, g in placed.items()})
+    want = f"a ValueError naming {case.refused!r} ({case.note or 'bad input'})"
+    if raised is None:
+        return Verdict.ACCEPTED, [f"expected {want}; the call returned without raising"]
+    said = traceback.format_exception_only(raised)[-1].strip()
+    if damage:
+        return Verdict.OOB, [f"written past a tensor before raising {said}", *damage]
+    changed = [line for name in placed
+               if (found := compare.unchanged(name, case.inputs[name], host[name])) for line in found.lines()]
+    if changed:
+        return Verdict.DIVERGENCE, [f"written before raising {said}", *changed]
+    if not isinstance(raised, ValueError) or not names(str(raised), case.refused):
+        return Verdict.REFUSAL, [f"expected {want}; raised {said}"]
+    return PASS, [f"refused: {raised}"]

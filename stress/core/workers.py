@@ -1,0 +1,174 @@
+"""Worker processes: each judges cases (``stress.core.oracle``) on its share of the cores and of its GPU;
+``execute`` streams a run's verdicts back as they finish."""
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from stress.core import gpus, interrupts, pool
+from stress.core.cases import Task
+from stress.core.gpu_share import GpuShare
+from stress.core.oracle import judge_task
+from stress.core.types import Result, Verdict
+
+
+def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) -> Result:
+    """Build, run and judge one case. Never raises: a crash is a verdict.
+
+    On the CPU a case that matches its reference is also traced (``trace=False`` skips it). A task
+    with a ``tool`` is the sanitizer driver's (``stress.sanitize.runner.run_task``). A refusal case
+    (``Case.refused``) is judged by ``stress.core.refusal`` instead of against the reference. A pool worker
+    on a GPU holds its GPU shared while the case runs, and runs a case that ran out of device memory
+    again, alone on the GPU (``stress.core.gpu_share``).
+    """
+    if _SHARE is None:
+        return _judged_and_released(task, device, timeout, trace)[0]
+    waited = time.perf_counter()
+    with _SHARE.shared():
+        waited = time.perf_counter() - waited
+        result, out_of_memory = _judged_and_released(task, device, timeout, trace)
+    if out_of_memory:
+        waited = time.perf_counter()
+        with _SHARE.alone():
+            waited = time.perf_counter() - waited
+            torch.cuda.empty_cache()
+            result, _ = _judged_and_released(task, device, timeout, trace)
+        result.details.append("ran again alone on its GPU: it ran out of device memory beside other workers' cases")
+    result.phases["gpu_wait"] = round(waited, 4)
+    return result
+
+
+KEEP_CACHED_BYTES = 16 << 30  # the most device memory a worker keeps cached between cases
+
+
+_SHARE: GpuShare | None = None  # this pool worker's share of its GPU
+
+
+_keep_cached = KEEP_CACHED_BYTES
+
+
+def _judged_and_released(task: Task, device: str, timeout: float, trace: bool) -> tuple[Result, bool]:
+    """``judge_task``, then the device memory this worker keeps cached trimmed (the case's tensors are gone)."""
+    try:
+        return judge_task(task, device, timeout, trace)
+    finally:
+        _release_device_memory(device)
+
+
+def _release_device_memory(device: str) -> None:
+    """A case past 2^31 elements (``kv_cache.write``'s big_cache) leaves tens of GB in this process's
+    allocator cache; the workers sharing the GPU need them back. Smaller caches are kept."""
+    if device == "cuda" and torch.cuda.memory_reserved() > _keep_cached:
+        torch.cuda.empty_cache()
+
+
+def _init_worker(slot: int, device: str, threads: int, locks: str = "", jobs: int = 1) -> None:
+    """Set a pool worker up: device, its share of the cores, its GPU (slot modulo the GPUs), its share of
+    that GPU (``locks``: the lock folder of ``stress.core.gpu_share``) and of the GPU's memory kept cached."""
+    global _SHARE, _keep_cached
+    os.environ["SPECSAN_DEVICE"] = device
+    torch.set_num_threads(threads)  # workers split the cores instead of each taking them all
+    if device == "cuda":
+        count = gpus.count()
+        gpu = gpus.gpu_of(slot, count)
+        torch.cuda.set_device(gpu)
+        _SHARE = GpuShare(locks, gpu) if locks else None
+        sharing = -(-jobs // max(1, count))
+        _keep_cached = min(KEEP_CACHED_BYTES, torch.cuda.get_device_properties(gpu).total_memory // (2 * sharing))
+    import stress.checks  # noqa: F401  - define every kernel once, up front
+
+
+_LOCKS: tempfile.TemporaryDirectory | None = None  # the lock files of this process's GPU worker pools
+
+
+def _lock_folder(device: str) -> str:
+    global _LOCKS
+    if device != "cuda":
+        return ""
+    if _LOCKS is None:
+        _LOCKS = tempfile.TemporaryDirectory(prefix="specsan-gpus-")
+    return _LOCKS.name
+
+
+def worker_pool(fn, device: str, jobs: int, timeout: float) -> pool.Pool:
+    """The pool ``run`` and ``mutants`` share: a case past ``timeout`` is killed with its worker,
+    a dead worker is charged to its case, a fatal result (CUDA error, memory verdict) gets its worker replaced."""
+    return pool.Pool(fn, jobs, initializer=_init_worker,
+                     initargs=(device, worker_threads(jobs), _lock_folder(device), jobs),
+                     timeout=timeout if jobs else 0.0, retire=lambda result: result.fatal)
+
+
+def case_runner(device: str, jobs: int, timeout: float, trace: bool, judge: Callable[..., Result] = run_case):
+    """``judge`` (``run_case``, or a driver's variant of it) for a pool: in this process (jobs == 0) the
+    deadline is an alarm signal, in workers the pool's watchdog enforces it."""
+    return partial(judge, device=device, timeout=timeout if jobs == 0 else 0, trace=trace)
+
+
+def result_of(outcome: pool.Outcome, device: str, timeout: float, trace: bool) -> Result:
+    """The case's Result, also when its worker was killed at the deadline or died under it."""
+    task = outcome.item
+    result = outcome.value
+    if outcome.failure:
+        result = Result(task.check, task.family, task.seed, device, Verdict.CRASH, mutant=task.mutant,
+                        launch=dict(task.launch or ()), seconds=round(outcome.seconds, 4))
+        if outcome.failure == "timeout":
+            result.verdict, result.details = Verdict.TIMEOUT, [f"case ran past {timeout:g} s; its worker was killed"]
+        elif outcome.failure == "died":
+            result.details = [f"the case killed its worker: {outcome.detail}"]
+        else:
+            result.details = outcome.detail.splitlines()[-12:]
+    result.timeout, result.trace = timeout, trace
+    result.gpu = _gpu_of(outcome, device)
+    return result
+
+
+def _gpu_of(outcome: pool.Outcome, device: str) -> int | None:
+    """The GPU the case ran on: its worker slot's (``_init_worker``), or this process's current one."""
+    if device != "cuda":
+        return None
+    if outcome.slot is None:
+        return torch.cuda.current_device()
+    return gpus.gpu_of(outcome.slot, gpus.count())
+
+
+def default_jobs(device: str) -> int:
+    """CPU: one worker per core. GPU: one worker per core, up to 16 per GPU, and always a multiple of the GPUs
+    so each gets the same share. A GPU case's own device work is microseconds; its time goes to the host side
+    (building inputs, the float64 reference, comparison, Triton compiles of new launch shapes), which the
+    workers split. They wait for the GPU once per repeat (``stress.core.guards.settle``), so sharing it costs little."""
+    cores = gpus.cores()
+    if device == "cuda":
+        count = max(1, gpus.count())
+        return count * max(1, min(16, cores // count))
+    return cores
+
+
+def worker_threads(jobs: int) -> int:
+    """Torch CPU threads per worker: the cores divided among the workers."""
+    return max(1, gpus.cores() // max(1, jobs))
+
+
+def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Result], None],
+            timeout: float = 0, trace: bool = True, on_abandoned: Callable[[list[Task]], None] | None = None,
+            judge: Callable[..., Result] = run_case) -> None:
+    """Run every task, calling ``on_result`` as each finishes (in completion order).
+
+    ``jobs == 0`` runs in this process. Otherwise ``stress.core.pool`` workers run the cases: a case
+    past ``timeout`` is ``fail:timeout`` and one that kills its worker ``fail:crash``, each
+    charged to that case alone while the run goes on. When a signal stops the run
+    (``stress.core.interrupts``), ``on_abandoned`` gets the cases that were running. ``judge`` judges
+    one task (``run_case`` by default).
+    """
+    pending = iter(tasks)
+    with worker_pool(case_runner(device, jobs, timeout, trace, judge), device, jobs, timeout) as workers:
+        try:
+            workers.run(lambda: next(pending, None),
+                        lambda outcome: on_result(result_of(outcome, device, timeout, trace)))
+        except interrupts.Interrupted:
+            if on_abandoned is not None:
+                on_abandoned(workers.abandoned)
+            raise
