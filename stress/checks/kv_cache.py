@@ -8,7 +8,6 @@ from stress.checks.common import ENGINE_SAMPLED
 from stress.core.compare import exact_chunked
 from stress.core.types import Check, Mutant, Patch, Reach
 from stress.families import kv_cache as kv_families
-from stress.families import slots as slot_families
 from stress.families.refusals import (
     Corruption,
     past_bound,
