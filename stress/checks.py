@@ -532,6 +532,16 @@ ATTENTION_CHECKS = (
                     Patch("kernels.attention:_combine_splits_kernel", "o = acc / tl.where(l_sum > 0, l_sum, 1.0)",
                           "o = acc / tl.where(l_sum >= 0, l_sum, 1.0)")),
                    oracles=_EVERYWHERE, families=("infinite_keys", "infinite_keys_split")),
+            Mutant("nan-score-masked", "a NaN score is masked like a key out of sight (no weight) instead of making "
+                   "its row NaN",
+                   (Patch(_ATT, 's = tl.where(visible, s, float("-inf"))',
+                          's = tl.where(visible & (s == s), s, float("-inf"))'),),
+                   oracles=_EVERYWHERE, families=("nonfinite_keys", "nonfinite_keys_split")),
+            Mutant("combine-drops-nan-partial", "the combine skips a split whose sum is NaN (it tests l > 0, not "
+                   "l != 0): a NaN or +inf score in one split no longer reaches the output",
+                   (Patch("kernels.attention:_combine_splits_kernel", "seen = live & (l_s != 0)",
+                          "seen = live & (l_s > 0)"),),
+                   oracles=_EVERYWHERE, families=("nonfinite_keys_split",)),
         ),
     ),
     Check(
