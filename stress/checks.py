@@ -229,6 +229,12 @@ SAMPLING_CHECKS = (
             Mutant("temperature-by-row", "temperature read by batch row instead of request slot",
                    (Patch(_SAMPLING, "tl.load(temperature_ptr + slot,", "tl.load(temperature_ptr + row,"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",)),
+            Mutant("subnormal-temperature-greedy", "temperatures below the smallest normal float32 are flushed to 0, "
+                   "as a flush-to-zero build does: one ulp above 0 turns greedy instead of sampling",
+                   (Patch(_SAMPLING, "temp = tl.load(temperature_ptr + slot, mask=live, other=0.0)",
+                          "temp = tl.load(temperature_ptr + slot, mask=live, other=0.0)\n"
+                          "    temp = tl.where(temp < 1.1754944e-38, 0.0, temp)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("greedy_threshold",)),
         ),
     ),
 )
@@ -321,6 +327,13 @@ REJECTION_CHECKS = (
                           "True, token,"),
                     Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("empty_residual", "extremes")),
+            Mutant("verify-subnormal-temperature-greedy", "temperatures below the smallest normal float32 are "
+                   "flushed to 0, as a flush-to-zero build does: one ulp above 0 verifies greedily instead of "
+                   "sampling",
+                   (Patch(_VERIFY, "temp = tl.load(temperature_ptr + slot, mask=live, other=0.0)",
+                          "temp = tl.load(temperature_ptr + slot, mask=live, other=0.0)\n"
+                          "    temp = tl.where(temp < 1.1754944e-38, 0.0, temp)"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("greedy_threshold",)),
         ),
     ),
     Check(
