@@ -50,6 +50,11 @@ UNREACHABLE: dict[str, dict[str, str]] = {
                                 "wraps",
         "step-offset-int32": "the engine verifies contiguous logits of a small vocabulary: no step offset nears 2^31 "
                              "elements",
+        **dict.fromkeys(("nan-score-masked", "combine-drops-nan-partial"),
+                        "the engine's models give finite queries and keys of moderate size: no score is NaN or "
+                        "infinite"),
+        **dict.fromkeys(("subnormal-temperature-greedy", "verify-subnormal-temperature-greedy"),
+                        "the engine's requests sample at temperatures of 0 or 0.7 to 2, never a subnormal one"),
         "accepts-zero-target-probability": "the engine's small random models spread logits far less than the ~100 "
                                            "a float32 softmax needs to give a token probability exactly 0",
         "padding-counted-as-rejected": "the engine verifies each request with exactly its drafts (one launch per "
