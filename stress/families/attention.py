@@ -455,7 +455,8 @@ def split_ranges(case: Case, launch: dict, device: str) -> list[list[tuple[int, 
     keys, splits = shape["block_n"], shape["kv_splits"]
     ranges = []
     for length in inputs["seq_lens"][:len(starts) - 1].tolist():
-        per_split = -(-(-(-length // keys)) // splits) * keys
+        tiles = -(-length // keys)
+        per_split = -(-tiles // splits) * keys  # whole tiles per split, as the kernel divides them
         ranges.append([(lo, min(lo + per_split, length)) for lo in range(0, length, per_split)] if length else [])
     return ranges
 
