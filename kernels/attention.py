@@ -9,7 +9,8 @@ addresses. Causal: it sees key positions up to its own. Non-causal: every query 
 Only those positions are read, through ``block_table[b, pos // block_size]``: never a block past
 them, never a slot of another block. A request with no query or no key writes and reads nothing.
 A query whose every visible key scores -inf (a key holding -inf, or an infinite query) gets zeros, as
-FlashAttention does: no key carries weight. A NaN score, or +inf, makes its row NaN.
+FlashAttention does: no key carries weight. A NaN score, or +inf, makes its row NaN, in one KV split or
+across several. Scores are float32: a query-key product past its range is +-inf.
 
 Work split: one program per (batch row, KV head, KV split). Its rows are the query heads of one
 GQA group for a chunk of queries, so each key and value is loaded once for the whole group. With

@@ -9,6 +9,8 @@ import torch
 from reference.block_table import PAD, kv_slot, shift_block_table_rows
 from reference.kv_cache import write_kv
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
 
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, scale: float, causal: bool,
            precision: torch.dtype = torch.float64) -> torch.Tensor:
@@ -16,8 +18,10 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, sca
 
     Query head h reads KV head ``h // (H_q / H_kv)``. Causal: query i sees keys ``j <= L - Q + i``.
     A query that sees no key, or whose every visible key scores -inf, gets zeros: no key carries any
-    weight (FlashAttention's convention; the softmax of an all -inf row is 0/0). Returns ``[Q, H_q, D]``
-    in ``precision``.
+    weight (FlashAttention's convention; the softmax of an all -inf row is 0/0). A visible NaN or +inf
+    score makes the query's row NaN (softmax's NaN, and +inf - +inf). Scores are float32 quantities: a
+    query-key product past float32's range is infinite, as a float32 accumulator makes it; keys out of
+    sight carry no weight whatever they score. Returns ``[Q, H_q, D]`` in ``precision``.
     """
     num_queries, num_q_heads, dim = query.shape
     length, num_kv_heads, _ = keys.shape
@@ -30,7 +34,9 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, sca
     if causal:
         visible = torch.arange(length)[None, :] <= (length - num_queries + torch.arange(num_queries))[:, None]
     visible = visible.repeat(group, 1)  # row g * Q + i is query i
-    scores = (q @ k.transpose(1, 2) * scale).masked_fill(~visible, float("-inf"))
+    products = q @ k.transpose(1, 2)
+    products = torch.where(products.abs() > FLOAT32_MAX, products.sign() * float("inf"), products)
+    scores = (products * scale).masked_fill(~visible, float("-inf"))
     weightless = (scores == float("-inf")).all(-1, keepdim=True)  # no visible key, or -inf scores only
     weights = torch.softmax(scores, dim=-1).masked_fill(weightless, 0.0)
     out = weights @ v  # [H_kv, group * Q, D]

@@ -110,6 +110,62 @@ def test_keys_that_score_minus_inf_carry_no_weight(launch):
 
 
 @pytest.mark.parametrize("launch", LAUNCHES)
+@pytest.mark.parametrize("key,poisons", [(float("nan"), True), (float("inf"), True), (1e38, True),
+                                         (-1e38, False)])
+def test_a_nan_or_infinite_score_poisons_exactly_the_queries_that_see_it(launch, key, poisons):
+    """Key 30 of 37 holds ``key`` in dim 0, the queries 4 there: NaN, +inf and 1e38 (4e38 overflows float32, a
+    +inf score) make the rows of the causal queries that see key 30 NaN, through one split or the combine of
+    several; -1e38 scores -inf and carries no weight. Queries before position 30 stay finite either way, and
+    the reference agrees element for element."""
+    length, d = 37, 8
+    gen = torch.Generator().manual_seed(3)
+    keys, queries = torch.randn(length, 1, d, generator=gen), torch.randn(9, 2, d, generator=gen)
+    keys[30, 0, 0], queries[..., 0] = key, 4.0
+    inputs = one_request(keys, torch.randn(length, 1, d, generator=gen), queries, causal=True)
+    out = attend_on_device(inputs, **launch)
+    first_seeing = 30 - (length - 9)  # query i sits at position L - 9 + i
+    assert not out[:first_seeing].isnan().any()
+    assert out[first_seeing:9].isnan().all() if poisons else not out.isnan().any()
+    want = ratt.paged_attention(**inputs)[:9].float()
+    assert torch.equal(want.isnan(), out[:9].isnan())
+    assert torch.allclose(want.nan_to_num(), out[:9].nan_to_num(), atol=1e-5)
+
+
+def test_a_nan_partial_dropped_by_the_combine_is_caught():
+    """The planted combine-drops-nan-partial turns the +inf row finite over several splits: the check's oracle
+    must fail it: a NaN reference element is matched exactly, never bounded."""
+    check = checks.get("attention.paged")
+    keys = torch.randn(37, 1, 8, generator=torch.Generator().manual_seed(4))
+    keys[3, 0, 0] = float("inf")
+    queries = torch.ones(2, 1, 8)
+    inputs = one_request(keys, torch.randn(37, 1, 8, generator=torch.Generator().manual_seed(5)), queries,
+                         causal=False)
+    expected = check.reference(**inputs)
+    assert expected.value[:2].isnan().all()
+    assert isinstance(compare.within_float32_baseline("out", expected, attend_on_device(inputs, **LAUNCHES[2])),
+                      compare.Tolerated)
+    with mutants.applied(check.mutant("combine-drops-nan-partial")):
+        got = attend_on_device(inputs, **LAUNCHES[2])
+    assert not got[:2].isnan().any()
+    assert isinstance(compare.within_float32_baseline("out", expected, got), compare.Divergence)
+
+
+def test_split_families_plant_across_several_splits_and_head_dims_reach_every_path():
+    """The split family's rows span two or more KV splits on the CPU (the combine runs), the one-split family's
+    one; the head-dim families meet every (head-dim tile, tile filled) class from 16 to 512."""
+    check = checks.get("attention.paged")
+    for seed in range(4):
+        for family, many in (("nonfinite_keys_split", True), ("nonfinite_keys", False)):
+            case = cases.build_case(check, family, seed, "cpu")
+            counts = [len(parts) for parts in families.split_ranges(case, case.launch, "cpu")]
+            assert (min(counts) >= 2) if many else (max(counts) == 1), (family, seed, counts)
+    classes = {(max(16, 1 << max(0, d - 1).bit_length()), d == max(16, 1 << max(0, d - 1).bit_length()))
+               for d in families.PATH_HEAD_DIMS}
+    assert classes == {(tile, filled) for tile in (16, 32, 64, 128, 256, 512) for filled in (False, True)}
+    assert {f"head_dim_{d}" for d in families.PATH_HEAD_DIMS} <= set(check.families)
+
+
+@pytest.mark.parametrize("launch", LAUNCHES)
 def test_reads_nothing_past_seq_len(launch):
     """Positions past seq_len hold NaN (the rest of the last block, and the spare blocks): never read."""
     gen = torch.Generator().manual_seed(4)

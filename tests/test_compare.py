@@ -67,3 +67,16 @@ def test_floats_compare_bit_for_bit():
                              "  x[1]: expected nan (bits 0x7fc00000), got nan (bits 0x7fc00001)"]
     assert compare.exact("x", torch.tensor([float("nan")], dtype=torch.float64),
                          torch.tensor([float("nan")], dtype=torch.float64)) is None
+
+
+def test_a_nan_or_infinite_reference_is_matched_exactly_not_bounded():
+    """A NaN row in the reference (a NaN score) sets no bound: before, its NaN baseline error made the bound NaN
+    and every element passed. A finite element beside it is still judged against the finite baseline."""
+    want = torch.tensor([float("nan"), float("inf"), 1.0], dtype=torch.float64)
+    expected = compare.Float64Expected(value=want, baseline=torch.tensor([float("nan"), float("inf"), 1.0]),
+                                       computed=torch.ones(3, dtype=torch.bool), floor=0.0)
+    assert isinstance(compare.within_float32_baseline("o", expected, torch.tensor([float("nan"), float("inf"), 1.0])),
+                      Tolerated)
+    for got in ([0.5, float("inf"), 1.0], [float("nan"), float("-inf"), 1.0], [float("nan"), float("inf"), 1.5]):
+        found = compare.within_float32_baseline("o", expected, torch.tensor(got))
+        assert isinstance(found, Divergence) and found.total == 1, got

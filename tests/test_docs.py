@@ -104,14 +104,20 @@ def test_the_citation_check_sees_a_missing_file_and_a_missing_section():
     assert FOREIGN.search("(spec fix 5)") and FOREIGN.search("spec 2.7 padding") and not FOREIGN.search("fix 5")
 
 
+def check_section(check) -> str:
+    """The text of ``check``'s section (from its ``## name`` heading to the next) on its contract page."""
+    page = check.docs.partition("#")[0]
+    text = open(os.path.join(ROOT, page), encoding="utf-8").read()
+    body = text[text.index(f"## {check.name}\n"):]
+    return body[:body.find("\n## ", 1)] if "\n## " in body[1:] else body
+
+
 @pytest.mark.parametrize("check", checks.REGISTRY, ids=lambda c: c.name)
 def test_every_check_has_a_contract_line_and_a_section_naming_its_families_and_planted_bugs(check):
     assert check.contract and "\n" not in check.contract
     page, _, section = check.docs.partition("#")
     assert _problem(page, section) is None, check.docs
-    text = open(os.path.join(ROOT, page), encoding="utf-8").read()
-    body = text[text.index(f"## {check.name}\n"):]
-    body = body[:body.find("\n## ", 1)] if "\n## " in body[1:] else body
+    body = check_section(check)
     assert check.contract in " ".join(body.split()), f"{page} does not state {check.name}'s contract line"
     missing = [f"family {f}" for f in check.families if f"`{f}`" not in body]
     missing += [f"planted bug {m.name}" for m in check.mutants if f"`{m.name}`" not in body]
@@ -127,3 +133,49 @@ def test_the_fixes_page_names_every_planted_bug_it_says_guards_a_fix():
         assert f"fix-{n}" in anchors("docs/fixes.md")
     cited = {m.name for c in checks.REGISTRY for m in c.mutants if "docs/fixes.md" in m.description}
     assert cited <= named, f"planted bugs citing docs/fixes.md that it does not name: {sorted(cited - named)}"
+
+
+PROMISES = "**Promises and the families that test them.**"
+KERNEL_PAGES = {f"docs/contracts/{name}.md" for name in
+                ("attention", "block_table", "draft_inputs", "kv_cache", "rejection", "sampling")}
+ORACLES = {"divergence", "oob", "race", "uninit", "refusal", "accepted", "crash"}  # verdicts, docs/verdicts.md
+UNTESTED = "—"
+
+
+def promise_problems(body: str, families) -> list[str]:
+    """What is wrong with the promise table of a check's section ``body``: missing, a row naming a family the
+    check does not register or an oracle the suite does not have, or a row that names no family without
+    marking the promise untested."""
+    if PROMISES not in body:
+        return ["no promise table"]
+    rows = []
+    for line in body[body.index(PROMISES):].splitlines()[1:]:
+        if line.startswith("| ") and not line.startswith(("| promise |", "|---")):
+            rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+        elif rows and not line.startswith("|"):
+            break
+    problems = [] if rows else ["an empty promise table"]
+    for promise, named, oracles in rows:
+        names = re.findall(r"`([^`]+)`", named)
+        problems += [f"{promise}: family {n} is not registered" for n in names if n not in families]
+        problems += [f"{promise}: oracle {o} is unknown" for o in re.findall(r"`([^`]+)`", oracles) if o not in ORACLES]
+        if not names and not named.startswith(UNTESTED):
+            problems.append(f"{promise}: names no family and is not marked untested")
+    return problems
+
+
+@pytest.mark.parametrize("check", [c for c in checks.REGISTRY if c.docs.partition("#")[0] in KERNEL_PAGES],
+                         ids=lambda c: c.name)
+def test_every_kernel_check_maps_its_promises_to_families_it_registers(check):
+    problems = promise_problems(check_section(check), check.families)
+    assert not problems, f"{check.docs}: " + "; ".join(problems)
+
+
+def test_the_promise_check_sees_a_missing_table_an_unknown_family_and_an_unmarked_row():
+    table = (f"{PROMISES} why\n\n| promise | families | oracle |\n|---|---|---|\n"
+             "| a | `known` | `divergence` |\n| b | `ghost` | `divergence` |\n| c | prose only | — |\n"
+             "| d | — (a unit test) | `telepathy` |\n\n**Families.**\n\n| `ghost` | not a promise row |\n")
+    assert promise_problems(table, {"known"}) == ["b: family ghost is not registered",
+                                                  "c: names no family and is not marked untested",
+                                                  "d: oracle telepathy is unknown"]
+    assert promise_problems("## x\n", {"known"}) == ["no promise table"]

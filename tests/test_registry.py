@@ -13,7 +13,8 @@ PAIRS = [(c.name, f) for c in checks.REGISTRY for f in c.families]
 SLOW = {*slow_cases.every_family_of("engine.step", but={"tight_pools", "refused"}),
         ("rejection.verify", "huge_vocab"), ("rejection.verify", "agreeing_drafter"),
         ("sampling.gumbel", "huge_vocab"), ("kv_cache.write", "tile_limit"),
-        ("attention.paged", "many_queries"), ("attention.paged", "big_offsets_caches")}
+        ("attention.paged", "many_queries"), ("attention.paged", "big_offsets_caches"),
+        ("attention.paged", "head_dim_257"), ("attention.paged", "head_dim_512")}
 PARAMS = slow_cases.marked(PAIRS, SLOW)
 
 

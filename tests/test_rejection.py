@@ -54,6 +54,30 @@ def test_greedy_accepts_while_draft_is_argmax():
     assert _verify(target, [[5, 4]], temps=[0.0]) == [[[2, -1, -1]], [1], [2]]
 
 
+ULP = 2.0**-149  # the smallest float32 subnormal: one ulp either side of the greedy threshold
+
+
+@pytest.mark.parametrize("temp", [0.0, -0.0, -ULP, NAN])
+def test_greedy_threshold_accepts_only_the_lowest_tied_maximum(temp):
+    """Temperatures not > 0 verify greedily: of the tied maxima (tokens 1 and 3) only the lowest is the argmax."""
+    target = [[[1, 2, 0, 2], [1, 2, 0, 2]]]
+    assert _verify(target, [[3]], temps=[temp]) == [[[1, -1]], [1], [1]]
+    assert _verify(target, [[1]], temps=[temp]) == [[[1, 1]], [2], [0]]
+
+
+def test_one_ulp_above_zero_samples_among_the_positive_logits():
+    """One ulp above 0 samples: every positive logit is +inf and shares all mass (p = 1/3 each). Accepted or not,
+    the emitted tokens end in 0 (the lowest of the +inf ties: the resample without 3, or the bonus), never the
+    greedy [1, -1]; the reference agrees over many keys."""
+    target = torch.tensor([[[1.0, 2, 0, 2], [1, 2, 0, 2]]]).repeat(8, 1, 1)
+    tokens, sampled, rejected = _verify(target, [[3]] * 8, temps=[ULP] * 8, positions=list(range(8)))
+    assert all(row in ([3, 0], [0, -1]) for row in tokens) and [3, 0] in tokens and [0, -1] in tokens
+    want = ref.verify(target, torch.full((8, 1), 3), torch.arange(8, dtype=torch.int32), torch.full((8,), ULP),
+                      torch.full((8,), 11), torch.arange(8), torch.full((8, 2), SENTINEL),
+                      torch.full((8,), SENTINEL, dtype=torch.int32), torch.full((8,), SENTINEL, dtype=torch.int32))
+    assert tokens == want[0].value.tolist() and sampled == want[1].value.tolist()
+
+
 def test_placeholder_draft_token_rejected():
     """-1 never matches in greedy mode and never passes the accept test when sampling."""
     target = _spikes(0, 3)[None]

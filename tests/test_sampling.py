@@ -40,6 +40,30 @@ def test_greedy_ties_and_nonfinite():
     assert _sample(rows, slots=list(range(6)), temps=[0.0] * 6) == [1, 0, 0, 1, 1, 0]
 
 
+ULP = 2.0**-149  # the smallest float32 subnormal: one ulp either side of the greedy threshold
+
+
+@pytest.mark.parametrize("temp,token", [(0.0, 1), (-0.0, 1), (-ULP, 1), (NAN, 1), (ULP, 0)])
+def test_greedy_threshold_with_a_tied_maximum(temp, token):
+    """Temperatures not > 0 are greedy: the lowest of the tied maxima (token 1). One ulp above 0 samples: every
+    positive logit divided by it is +inf, those tie whatever the noise, and the lowest (token 0) wins."""
+    assert _sample([[1, 2, 0, 2]], slots=[0], temps=[temp]) == [token]
+    want, near_tie = ref.gumbel_sample(torch.tensor([[1.0, 2, 0, 2]]), torch.tensor([0], dtype=torch.int32),
+                                       torch.tensor([temp]), torch.tensor([7]), torch.tensor([3]))[0]
+    assert want.tolist() == [token] and not near_tie.any()
+
+
+def test_one_ulp_above_zero_draws_among_the_tied_zeros():
+    """A row whose maximum 0 is tied: one ulp above 0 keeps the zeros finite (0 / ulp = 0) and the others -inf, so
+    the noise picks among the zeros, the token the reference draws, and over many keys not always the lowest."""
+    logits = torch.tensor([[-1.0, 0, -2, 0, 0, -3]] * 16)
+    positions = list(range(16))
+    got = _sample(logits, slots=list(range(16)), temps=[ULP] * 16, positions=positions)
+    want = ref.gumbel_sample(logits, torch.arange(16, dtype=torch.int32), torch.full((16,), ULP),
+                             torch.full((16,), 7), torch.tensor(positions))[0]
+    assert got == want.value.tolist() and set(got) == {1, 3, 4}
+
+
 def test_sampled_rows_follow_the_noise_key():
     """A huge spike wins whatever the noise; without one, the token is the reference's."""
     assert _sample([[0, 0, 0, 80]], slots=[0], temps=[1.0]) == [3]

@@ -27,6 +27,9 @@ from stress.families.refusals import (
 _DI = "kernels.draft_inputs:_prepare_draft_inputs_kernel"
 _BT = "kernels.block_table"
 _ATT = "kernels.attention:_paged_attention_kernel"
+# non-finite scores, from the whole step's side
+_FINITE_IN_THE_ENGINE = Reach(unreachable=dict.fromkeys(
+    ("cpu", "cuda"), "the engine's models give finite queries and keys of moderate size: no score is NaN or infinite"))
 
 
 # ---------------------------------------------------------------- refusals
@@ -149,6 +152,16 @@ CHECKS = (
                     Patch("kernels.attention:_combine_splits_kernel", "o = acc / tl.where(l_sum > 0, l_sum, 1.0)",
                           "o = acc / tl.where(l_sum >= 0, l_sum, 1.0)")),
                    oracles=EVERYWHERE, families=("infinite_keys", "infinite_keys_split")),
+            Mutant("nan-score-masked", "a NaN score is masked like a key out of sight (no weight) instead of making "
+                   "its row NaN",
+                   (Patch(_ATT, 's = tl.where(visible, s, float("-inf"))',
+                          's = tl.where(visible & (s == s), s, float("-inf"))'),),
+                   oracles=EVERYWHERE, families=("nonfinite_keys", "nonfinite_keys_split"), path=_FINITE_IN_THE_ENGINE),
+            Mutant("combine-drops-nan-partial", "the combine skips a split whose sum is NaN (it tests l > 0, not "
+                   "l != 0): a NaN or +inf score in one split no longer reaches the output",
+                   (Patch("kernels.attention:_combine_splits_kernel", "seen = live & (l_s != 0)",
+                          "seen = live & (l_s > 0)"),),
+                   oracles=EVERYWHERE, families=("nonfinite_keys_split",), path=_FINITE_IN_THE_ENGINE),
         ),
     ),
     Check(

@@ -1,6 +1,11 @@
-"""What several registry entries share: the oracle map of a bug every device sees as a divergence."""
+"""What several registry entries share."""
+
+from stress.core.types import Reach
 
 EVERYWHERE = {"cpu": "divergence", "cuda": "divergence"}
 # engine.step's families with temperatures > 0 (seeds, noise, rejections, the logits cache): the path column
 # hunts the sampling and verification bugs there first
 ENGINE_SAMPLED = ("seeded_sampling", "padded_graphs")
+# a flush-to-zero slip in sampling or verification, from the whole step's side
+SUBNORMAL_TEMPERATURES_UNREACHABLE = Reach(unreachable=dict.fromkeys(
+    ("cpu", "cuda"), "the engine's requests sample at temperatures of 0 or 0.7 to 2, never a subnormal one"))

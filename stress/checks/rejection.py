@@ -4,7 +4,7 @@ import dataclasses
 
 import kernels.rejection
 import reference.rejection
-from stress.checks.common import ENGINE_SAMPLED
+from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE, SUBNORMAL_TEMPERATURES_UNREACHABLE
 from stress.core.compare import exact_unless_near_tie
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import rejection as rejection_families
@@ -122,6 +122,13 @@ CHECKS = (
                           "True, token,"),
                     Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("empty_residual", "extremes")),
+            Mutant("verify-subnormal-temperature-greedy", "temperatures below the smallest normal float32 are "
+                   "flushed to 0, as a flush-to-zero build does: one ulp above 0 verifies greedily instead of "
+                   "sampling",
+                   (Patch(_VERIFY, "temp = tl.load(temperature_ptr + slot, mask=live, other=0.0)",
+                          "temp = tl.load(temperature_ptr + slot, mask=live, other=0.0)\n"
+                          "    temp = tl.where(temp < 1.1754944e-38, 0.0, temp)"),),
+                   oracles=EVERYWHERE, families=("greedy_threshold",), path=SUBNORMAL_TEMPERATURES_UNREACHABLE),
         ),
     ),
     Check(

@@ -5,7 +5,7 @@ import torch
 
 import kernels.sampling
 import reference.sampling
-from stress.checks.common import ENGINE_SAMPLED
+from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE, SUBNORMAL_TEMPERATURES_UNREACHABLE
 from stress.core.compare import exact_unless_near_tie
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import sampling as sampling_families
@@ -90,6 +90,12 @@ CHECKS = (
                    (Patch(_SAMPLING, "tl.load(temperature_ptr + slot,", "tl.load(temperature_ptr + row,"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",),
                    path=Reach(families=ENGINE_SAMPLED)),
+            Mutant("subnormal-temperature-greedy", "temperatures below the smallest normal float32 are flushed to 0, "
+                   "as a flush-to-zero build does: one ulp above 0 turns greedy instead of sampling",
+                   (Patch(_SAMPLING, "temp = tl.load(temperature_ptr + slot, mask=live, other=0.0)",
+                          "temp = tl.load(temperature_ptr + slot, mask=live, other=0.0)\n"
+                          "    temp = tl.where(temp < 1.1754944e-38, 0.0, temp)"),),
+                   oracles=EVERYWHERE, families=("greedy_threshold",), path=SUBNORMAL_TEMPERATURES_UNREACHABLE),
         ),
     ),
 )

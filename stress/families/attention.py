@@ -9,7 +9,7 @@ only by the one-element cache, whose only block it is.
 import numpy as np
 import torch
 
-from kernels.attention import paged_attention
+from kernels.attention import launch_shape, paged_attention
 from kernels.block_table import shift_block_table_rows
 from kernels.draft_inputs import prepare_draft_inputs
 from kernels.kv_cache import write_kv
@@ -436,6 +436,143 @@ def empty_inputs(rng, device, launch):
     return case
 
 
+# ---------------------------------------------------------------- non-finite scores through every split path
+
+NONFINITE_KINDS = ("nan", "+inf", "overflow", "masked split", "dominant split", "equal maxima")
+OVERFLOWING_KEY = 1e38  # times a query of at least 4 in head dim 0: past float32's range (bf16 and fp32 hold it)
+
+
+def split_ranges(case: Case, launch: dict, device: str) -> list[list[tuple[int, int]]]:
+    """Per batch row, the key positions ``[lo, hi)`` each KV split reads under ``launch`` (splits with no key
+    left out), by the launcher's own tile rules: a split holds whole key tiles."""
+    inputs = case.inputs
+    num_tokens, num_q_heads, head_dim = inputs["query"].shape
+    _, block_size, kv_heads, _ = inputs["k_cache"].shape
+    starts = inputs["query_start_loc"].tolist()
+    shape = launch_shape(num_tokens, len(starts) - 1, kv_heads, num_q_heads // kv_heads, head_dim,
+                         inputs["block_table"].shape[1] * block_size, inputs["query"].dtype, torch.device(device),
+                         **launch)
+    keys, splits = shape["block_n"], shape["kv_splits"]
+    ranges = []
+    for length in inputs["seq_lens"][:len(starts) - 1].tolist():
+        tiles = -(-length // keys)
+        per_split = -(-tiles // splits) * keys  # whole tiles per split, as the kernel divides them
+        ranges.append([(lo, min(lo + per_split, length)) for lo in range(0, length, per_split)] if length else [])
+    return ranges
+
+
+def _set_keys(case: Case, batch_row: int, positions, value=None, add=None) -> None:
+    """Head dim 0 of every KV head's key at ``positions`` of ``batch_row``: set to ``value`` or raised by ``add``."""
+    k_cache = case.inputs["k_cache"]
+    positions = torch.as_tensor(positions, dtype=torch.int64).flatten()
+    blocks = case.inputs["block_table"][batch_row].long()[positions // k_cache.shape[1]]
+    slots = positions % k_cache.shape[1]
+    if add is not None:
+        k_cache[blocks, slots, :, 0] += add
+    else:
+        k_cache[blocks, slots, :, 0] = value
+
+
+def _plant(rng, case: Case, batch_row: int, kind: str, parts: list[tuple[int, int]]) -> str:
+    """Plants one ``kind`` of non-finite (or dominating) key in ``batch_row``'s splits ``parts``; returns a note."""
+    length = parts[-1][1]
+    dtype = case.inputs["k_cache"].dtype
+    at = int(rng.integers(length))
+    if kind in ("nan", "+inf"):
+        _set_keys(case, batch_row, [at], float("nan") if kind == "nan" else float("inf"))
+        return f"{kind} at {at}"
+    if kind == "overflow":  # a finite key whose score is past float32's range: +-inf by the product alone
+        sign = pick(rng, (1.0, -1.0))
+        big_key = OVERFLOWING_KEY if dtype != torch.float16 else float("inf")  # fp16 holds no such key
+        _set_keys(case, batch_row, [at], sign * big_key)
+        return f"{'+' if sign > 0 else '-'}{big_key:g} at {at}"
+    lo, hi = parts[int(rng.integers(len(parts)))]
+    if kind == "masked split":  # every key of one split scores -inf: the split saw no weight
+        _set_keys(case, batch_row, range(lo, hi), float("-inf"))
+        return f"-inf on [{lo}, {hi})"
+    if kind == "dominant split":  # its maximum far above the others': their weights underflow to 0
+        _set_keys(case, batch_row, range(lo, hi), add=1000.0)
+        outside = [p for p in range(length) if not lo <= p < hi] or [at]
+        poison = pick(rng, (float("nan"), float("inf"), float("-inf")))
+        where = outside[int(rng.integers(len(outside)))]
+        _set_keys(case, batch_row, [where], poison)
+        return f"[{lo}, {hi}) dominates, {poison} at {where}"
+    # equal maxima: the same key, above every other, once in each split
+    k_cache, table = case.inputs["k_cache"], case.inputs["block_table"][batch_row].long()
+    bs = k_cache.shape[1]
+    chosen = [int(rng.integers(a, b)) for a, b in parts]
+    keys = torch.stack([k_cache[table[p // bs], p % bs] for p in range(length)])
+    top = keys[chosen[0]].clone()
+    top[:, 0] = keys[..., 0].max() + 8
+    for p in chosen:
+        k_cache[table[p // bs], p % bs] = top
+    poison = pick(rng, (None, float("nan"), float("-inf")))
+    if poison is not None:
+        _set_keys(case, batch_row, [at], poison)
+    return f"equal maxima at {chosen}" + (f", {poison} at {at}" if poison is not None else "")
+
+
+def nonfinite_case(rng, device, launch, *, split: bool) -> Case:
+    """NaN, +-inf and float32-overflowing keys where queries see them, one ``NONFINITE_KINDS`` per batch row;
+    every query positive in head dim 0, so a key's sign there gives its score's. One split (tables shorter
+    than two key tiles) or several (tables of 512 tokens, 2048 on the GPU, and sequences across them)."""
+    shape = _shape(rng, device, dtypes=DTYPES)
+    if split:
+        rows = int(rng.integers(1, 3))
+        shape["kv_heads"] = 1 if rows == 2 else int(rng.integers(1, 3))
+        capacity = 2048 if big(device) else 512
+        query_lens = [int(rng.integers(1, 4)) for _ in range(rows)]
+        seq_lens = [int(rng.integers(max(q, capacity // 8), capacity // 2 + 1)) for q in query_lens]
+    else:
+        rows, capacity = _batch(rng, device), 0
+        query_lens = [int(rng.integers(1, 4)) for _ in range(rows)]
+        seq_lens = _requests(rng, device, query_lens, 30)
+    case = attention_case(rng, query_lens=query_lens, seq_lens=seq_lens, causal=bool(rng.integers(2)),
+                          min_width=capacity // shape["block_size"], **shape)
+    width = max(-(-max(seq_lens) // shape["block_size"]), capacity // shape["block_size"])
+    case.inputs["block_table"] = case.inputs["block_table"][:, :width].contiguous()
+    query = case.inputs["query"]
+    query[..., 0] = query[..., 0].abs() + 4
+    notes = []
+    for batch_row, parts in enumerate(split_ranges(case, launch, device)):
+        kind = pick(rng, NONFINITE_KINDS)
+        notes.append(f"row {batch_row} over {len(parts)} split(s): {_plant(rng, case, batch_row, kind, parts)}")
+    case.note += "; " + "; ".join(notes)
+    return case
+
+
+@own_launch()
+def nonfinite_keys(rng, device, launch):
+    """NaN, +inf, and keys whose score overflows float32 (a +inf score: the row is NaN; -inf: no weight),
+    visible to some queries of a causal row and not others; a row all -inf (zeros); a key far above the rest
+    beside a NaN or infinite one; equal maxima. The launcher's own shape: tables under two key tiles take one
+    KV split, so the kernel normalizes and writes each row itself."""
+    return nonfinite_case(rng, device, launch, split=False)
+
+
+def nonfinite_keys_split(rng, device, launch):
+    """``nonfinite_keys`` over several KV splits (2 to 4 on the CPU, up to 16 on the GPU), planted by where the
+    splits fall: a NaN or +inf partial the combine must carry to the output, a split whose keys all score -inf
+    (skipped), a split that dominates while another holds NaN (a weight of 0 times NaN is NaN), equal maxima
+    across splits."""
+    return nonfinite_case(rng, device, launch, split=True)
+
+
+# Head dims that change the kernel's path: the head-dim tile (16 to 512), whether the head dim fills it (no
+# mask along it), the combine's programs per head (tile / 32), the fp32 key tile narrowed at 128 and up.
+PATH_HEAD_DIMS = (1, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512)
+
+
+def head_dim(rng, device, launch, dim):
+    """Every head dim class: the powers of two from 16 to 512 (the tile filled, no mask along it) and one past
+    each (the tile half empty, masked), and 1; fp16, bf16 or fp32, one split or several."""
+    query_lens = [int(rng.integers(1, 5)) for _ in range(_batch(rng, device, 2, 4))]
+    shape = {**_shape(rng, device, dtypes=DTYPES), "head_dim": dim}
+    return attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens,
+                                                                         600 if big(device) else 40),
+                          causal=bool(rng.integers(2)), note=f"head dim {dim}", **shape)
+
+
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
             "dtypes": dtypes, "chunks": chunks, "widest_tiles": widest_tiles,
             "overflowing_tiles": overflowing_tiles, "wide_groups": wide_groups, "float32": float32,
@@ -443,6 +580,8 @@ FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long"
             "empty": empty_inputs, "no_keys": no_keys, "one_element": one_element, "many_queries": many_queries,
             "wide_table": wide_table, "infinite_keys": infinite_keys,
             "infinite_keys_split": infinite_keys_split,
+            "nonfinite_keys": nonfinite_keys, "nonfinite_keys_split": nonfinite_keys_split,
+            **one_per_value(head_dim, "dim", PATH_HEAD_DIMS),
             **one_per_value(big_offsets, "layout", ("query", "out", "block_table", "caches")),
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
             # the launcher asks K and V for the same strides)

@@ -26,7 +26,9 @@ from stress.families.sampling import (
     random_logits,
     seeds,
     temperatures,
+    threshold_temperatures,
     tie_at_tile_edges,
+    tied_integer_logits,
     tile_vocab,
 )
 
@@ -390,12 +392,29 @@ def empty_residual(rng, device, launch):
     return case
 
 
+def greedy_threshold(rng, device, launch):
+    """Temperatures at the greedy threshold (0, -0, NaN, one ulp below 0: greedy; one ulp above: sampled, every
+    positive logit +inf and sharing all mass) over integer target and draft logits whose row maximum two or
+    three tokens share exactly: greedy accepts only the lowest tied token, a sampled step any positive one."""
+    b = int(rng.integers(1, 9 if big(device) else 4))
+    k, v = int(rng.integers(1, 4)), int(rng.integers(2, 4096 if big(device) else 32))
+    target = tied_integer_logits(rng, (b, k + 1, v))
+    case = _case(rng, batch=b, depth=k, vocab=v, target=target, draft_logits=bool(rng.integers(2)),
+                 note=f"vocab {v}, threshold temperatures")
+    inputs = case.inputs
+    inputs["temperature"] = threshold_temperatures(rng, inputs["temperature"].numel(), int(inputs["idx_mapping"][0]))
+    if "draft_logits" in inputs:
+        inputs["draft_logits"] = tied_integer_logits(rng, tuple(inputs["draft_logits"].shape))
+    return case
+
+
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
             "extremes": extremes, "tiles": tiles, "tiny_vocab": tiny_vocab,
             "shared_drafts": shared_drafts, "rejected_drafts": rejected_drafts, "agreeing_drafter": agreeing_drafter,
             "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder,
             "empty_residual": empty_residual,
+            "greedy_threshold": greedy_threshold,
             **one_per_value(big_offsets, "layout", ("steps", "target_logits", "draft_tokens", "out_tokens",
                                                            "draft_logits"))}
 

@@ -245,8 +245,49 @@ def big_offsets(rng, device, launch, layout):
     return case
 
 
+# The greedy threshold: a temperature samples iff it is > 0. Exactly at it (0 and -0), one ulp below and one
+# above (the smallest subnormals; a build that flushes subnormals to zero makes the one above greedy), and NaN.
+THRESHOLD_TEMPERATURES = (0.0, -0.0, 2.0**-149, -(2.0**-149), float("nan"))
+ULP_ABOVE_ZERO = 2.0**-149
+
+
+def tied_integer_logits(rng, shape) -> torch.Tensor:
+    """Integer logits in [-3, top] whose maximum ``top`` (0, 1 or 2 per row) is shared exactly by two or three
+    tokens of each row. Divided by the subnormal temperature, every positive logit is +inf (a tie of all of
+    them: the lowest wins, which is not the greedy argmax when a smaller positive one comes first), a
+    0 stays 0 (a Gumbel draw among the zeros when the top is 0), a negative one is -inf."""
+    vocab = shape[-1]
+    logits = rng.integers(-3, 3, shape)
+    for row in logits.reshape(-1, vocab):
+        top = int(rng.integers(0, 3))
+        np.minimum(row, top, out=row)
+        row[rng.choice(vocab, min(vocab, int(rng.integers(2, 4))), replace=False)] = top
+    return torch.from_numpy(logits.astype(np.float32))
+
+
+def threshold_temperatures(rng, num_slots: int, sampled_slot: int) -> torch.Tensor:
+    """Per slot one of ``THRESHOLD_TEMPERATURES``; ``sampled_slot`` (a live one) one ulp above 0."""
+    temps = torch.tensor([pick(rng, THRESHOLD_TEMPERATURES) for _ in range(num_slots)], dtype=torch.float32)
+    temps[sampled_slot] = ULP_ABOVE_ZERO
+    return temps
+
+
+def greedy_threshold(rng, device, launch):
+    """Temperatures at the greedy threshold: 0, -0, NaN (greedy: the lowest tied argmax) and one ulp either side
+    of 0 (below: greedy; above: sampled, every positive logit +inf), over integer logits whose row maximum two
+    or three tokens share exactly."""
+    rows = int(rng.integers(1, 9 if big(device) else 4))
+    vocab = int(rng.integers(2, 4096 if big(device) else 48))
+    case = _case(rng, rows=rows, vocab=vocab, logits=tied_integer_logits(rng, (rows, vocab)),
+                 note=f"{rows} rows, vocab {vocab}, threshold temperatures")
+    inputs = case.inputs
+    inputs["temperature"] = threshold_temperatures(rng, inputs["temperature"].numel(), int(inputs["idx_mapping"][0]))
+    return case
+
+
 FAMILIES = {"mixed": mixed, "padded": padded, "zero_width": zero_width, "nonfinite": nonfinite,
             "long_vocab": long_vocab, "ties": ties, "layouts": laid_out(padded, "logits", "logits_cache"),
             "extremes": extremes, "tiles": tiles, "no_cache": no_cache,
             "tiny_vocab": tiny_vocab, "every_slot": every_slot, "huge_vocab": huge_vocab,
+            "greedy_threshold": greedy_threshold,
             **one_per_value(big_offsets, "layout", ("logits", "logits_cache", "cache columns"))}
