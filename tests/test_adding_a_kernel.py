@@ -59,6 +59,7 @@ def test_the_worked_example_runs_as_printed(tmp_path):
     mutants = _run(["-m", "stress", "mutants", "--check", "seq_lens.advance", "--report", str(tmp_path / "m")], copy)
     assert mutants.returncode == 0, mutants.stdout[-2000:] + mutants.stderr[-2000:]
     assert "2 of 2 checkable mutants killed" in mutants.stdout + mutants.stderr
-    tests = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "tests/test_seq_lens.py",
-                  "tests/test_docs.py", "tests/test_layers.py"], copy)
+    its_tests = [path for path in example_files() if path.startswith("tests/")]
+    tests = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *its_tests,
+                  os.path.join("tests", "test_docs.py"), os.path.join("tests", "test_layers.py")], copy)
     assert tests.returncode == 0, tests.stdout[-3000:]
