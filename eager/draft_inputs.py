@@ -13,18 +13,20 @@ from eager.block_table import PAD, batch_rows_of, kv_slot
 from kernels import block_table as tables
 from kernels import validate
 
+_I32, _I64 = torch.int32, torch.int64
+# the tensor arguments and their dtypes, in the order the launcher looks for errors
+TENSORS = {"idx_mapping": _I32, "target_query_start_loc": _I32, "target_positions": _I64, "num_sampled": _I32,
+           "num_rejected": _I32, "last_sampled": _I64, "next_prefill_tokens": _I32, "num_cached_tokens": _I32,
+           "block_table": _I32, "context_positions": _I64, "context_slot_mapping": _I64, "input_ids": _I32,
+           "positions": _I64, "query_slot_mapping": _I64, "sample_indices": _I64, "sample_pos": _I64,
+           "sample_idx_mapping": _I32, "query_start_loc": _I32, "seq_lens": _I32, "draft_tokens": _I64}
+
 
 def _checked(args: dict, block_size, num_draft_tokens, anchor_first, mask_token_id, max_model_len) -> None:
     """The launcher's refusals, in its order (``args``: the tensor arguments by name)."""
-    i32, i64 = torch.int32, torch.int64
-    dtypes = {"idx_mapping": i32, "target_query_start_loc": i32, "target_positions": i64, "num_sampled": i32,
-              "num_rejected": i32, "last_sampled": i64, "next_prefill_tokens": i32, "num_cached_tokens": i32,
-              "block_table": i32, "context_positions": i64, "context_slot_mapping": i64, "input_ids": i32,
-              "positions": i64, "query_slot_mapping": i64, "sample_indices": i64, "sample_pos": i64,
-              "sample_idx_mapping": i32, "query_start_loc": i32, "seq_lens": i32, "draft_tokens": i64}
-    for name, dtype in dtypes.items():
+    for name, dtype in TENSORS.items():
         validate.tensor(name, args[name], dtype=dtype, ndim=2 if name in ("block_table", "draft_tokens") else 1)
-    validate.same_device(**{name: args[name] for name in dtypes})
+    validate.same_device(**{name: args[name] for name in TENSORS})
     validate.positive_int("block_size", block_size)
     validate.positive_int("max_model_len", max_model_len)
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
@@ -74,7 +76,7 @@ def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_position
                          draft_tokens) -> bool:
     """Prepare the draft inputs of the live batch and clear every buffer past it; False if refused (then only
     ``draft_tokens[:B] = -1`` is written). Arguments as ``kernels.draft_inputs.prepare_draft_inputs``."""
-    args = {name: value for name, value in locals().items() if isinstance(value, torch.Tensor)}
+    args = {name: value for name, value in locals().items() if name in TENSORS}
     _checked(args, block_size, num_draft_tokens, anchor_first, mask_token_id, max_model_len)
     num_batch_rows, k = idx_mapping.numel(), num_draft_tokens
     q = k if anchor_first else 1 + k
