@@ -116,6 +116,12 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"seconds per {what} case before it is killed as fail:timeout; 0 = none "
                              f"(default: {DEFAULT_TIMEOUT:g})")
 
+    def implementations(sp):
+        sp.add_argument("--impl", action="append", default=[], metavar="CHECK=MODULE:FUNCTION[@CHOICE,...]",
+                        help="judge this implementation in place of CHECK's production launcher, in every worker "
+                             "and repro line; @ declares choices of the check's contract profile (list --impl "
+                             "shows them); repeatable, one per check")
+
     def matrix(sp):
         sp.add_argument("--max-iters", type=_count(1), default=200,
                         help="cases per mutant before it counts as survived (default: 200)")
@@ -145,6 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--kill-matrix", action="store_true", help="then run the kill matrix into the same report")
     matrix(run)
     run.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
+    implementations(run)
 
     repro = sub.add_parser("repro", help="rerun one case and print its first divergences")
     common(repro, seed=False)
@@ -162,6 +169,7 @@ def _parser() -> argparse.ArgumentParser:
     repro.add_argument("--sanitizer", choices=("memcheck", "initcheck", "synccheck"),
                        help="run the case in its own process under this compute-sanitizer tool (GPU only) "
                             "(default: the differential run)")
+    implementations(repro)
 
     tr = sub.add_parser("trace", help="trace kernel launches on the CPU (a check's cases, or your own kernel with "
                                       "--kernel): races, out-of-bounds, uninit, order dependence")
@@ -184,6 +192,8 @@ def _parser() -> argparse.ArgumentParser:
 
     lst = sub.add_parser("list", help="show checks, families and mutants")
     lst.add_argument("--json", action="store_true", help="print JSON on stdout and nothing else")
+    lst.add_argument("--impl", action="store_true", help="what an implementation registered against each check "
+                     "must accept and write, and the choices of its contract profile")
 
     mut = sub.add_parser("mutants", help="run each planted bug through its check: the kill matrix")
     common(mut)
@@ -195,6 +205,7 @@ def _parser() -> argparse.ArgumentParser:
     mut.add_argument("--json", action="store_true", help="print the matrix as JSON on stdout and nothing else")
     mut.add_argument("--report", help="also write results.jsonl, mutants.json, summary.md and the heat map to DIR, "
                                       "cleared of an earlier run's files (default: no report)")
+    implementations(mut)
 
     san = sub.add_parser("sanitize", help="replay cases under NVIDIA compute-sanitizer on the GPU, each in its own "
                                           "process: out-of-bounds, uninitialized reads, barrier misuse")
@@ -214,6 +225,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="a `run` report folder: the summary then gives the slowdown per case against its replay "
                           "of the same checks and families (default: none)")
     pool(san, "sanitized", jobs="one per CPU core: each case is a process of its own")
+    implementations(san)
 
     hunt = sub.add_parser("hunt", help="launch one check's kernel back to back on device-resident cases, checked "
                                        "on the device in batches, until the first failure or the time is up")
@@ -244,6 +256,7 @@ def _parser() -> argparse.ArgumentParser:
     hunt.add_argument("--jobs", type=_count(1), default=1,
                       help="hunt in this many processes at once, each with its own cases (default: 1)")
     hunt.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
+    implementations(hunt)
 
     mt = sub.add_parser("mutate", help="generate mutants of each check's production code and hunt them: the "
                                        "mutation score per check")
@@ -532,7 +545,8 @@ def cmd_run(args) -> int:
     selected = _selected(args)
     tasks = cases.plan(selected, args.family, args.iters, args.seed, args.mutant)
     jobs = workers.default_jobs(device) if args.jobs is None else args.jobs
-    header = {"device": device, "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
+    header = {**_impl_header(), "device": device,
+              "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
               "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix, "hunt": args.hunt,
               **({"hunts": len(hunt.planned(selected, device))} if args.hunt else {}),
               **({"mutant": args.mutant} if args.mutant else {}),
@@ -683,9 +697,55 @@ def _trace_own(args) -> int:
     return 0 if recording.verdict == "pass" else 1
 
 
+def _register_implementations(values: list[str] | None) -> None:
+    """``--impl`` values checked (the check exists, the target imports, its choices are the check's) and handed
+    to every process this run starts. A list without values leaves an inherited registration in place."""
+    if not values or isinstance(values, bool):
+        return
+    from stress import checks
+    from stress.core import impl
+
+    registrations = [impl.parse(v) for v in values]
+    seen = set()
+    for registration in registrations:
+        if registration.check in seen:
+            raise UsageError("--impl", f"{registration.check} is registered twice", "give one --impl per check")
+        seen.add(registration.check)
+        impl.validated(registration, impl.launcher_check(checks.get(registration.check), checks.REGISTRY))
+    impl.register(registrations)
+
+
+def _impl_header() -> dict:
+    """The implementations a report judged, for its header (absent when only the suite's own were)."""
+    from stress.core import impl
+
+    registered = impl.registered()
+    return {"impl": [r.spec() for r in registered.values()]} if registered else {}
+
+
+def _impl_lines(check) -> list[str]:
+    """What ``--impl CHECK=...`` must provide for ``check``: the launcher's signature and outputs, its choices."""
+    import inspect
+
+    from stress.core import impl
+
+    if (why := impl.why_not_registrable(check)) is not None:
+        return [f"  --impl: not registrable: {why}"]
+    lines = [f"  --impl {check.name}=module:function  where function{inspect.signature(check.kernel)}",
+             f"    writes {', '.join(check.outputs)} in place (or returns it: Implementation.layout places a returned"
+             " value); launch knobs it does not accept are not passed"]
+    lines += [f"    @{name}: {choice.doc}" for name, choice in check.choices.items()]
+    return lines
+
+
 def cmd_list(args) -> int:
     from stress import checks
 
+    if args.impl:
+        for c in checks.REGISTRY:
+            print(c.name)
+            print("\n".join(_impl_lines(c)))
+        return 0
     if args.json:
         print(json.dumps([{"check": c.name, "contract": c.contract, "docs": c.docs, "families": list(c.families),
                            "devices": list(c.devices),
@@ -709,7 +769,8 @@ def cmd_mutants(args) -> int:
 
     selected = _checks(args.check)
     jobs = workers.default_jobs(device) if args.jobs is None else args.jobs
-    header = {"device": device, "max_iters": args.max_iters, "seed": args.seed, "jobs": jobs, "timeout": args.timeout,
+    header = {**_impl_header(), "device": device,
+              "max_iters": args.max_iters, "seed": args.seed, "jobs": jobs, "timeout": args.timeout,
               "by_shape": args.by_shape, "started": time.strftime("%Y-%m-%d %H:%M:%S"), **_gpu_header(device, jobs)}
     report = _open_report(args.report, header)
 
@@ -745,7 +806,8 @@ def cmd_sanitize(args) -> int:
     tasks = cases.plan(selected, args.family, args.iters, args.seed, args.mutant, tool=args.tool)
     jobs = sanitizer.default_jobs() if args.jobs is None else args.jobs
     outcome = []  # the tool's Gate, once its control has run
-    header = {"device": device, "tool": args.tool, "iters": args.iters, "seed": args.seed, "cases": len(tasks),
+    header = {**_impl_header(), "device": device,
+              "tool": args.tool, "iters": args.iters, "seed": args.seed, "cases": len(tasks),
               "jobs": jobs, **_gpu_header(device, jobs), "timeout": args.timeout,
               **({"mutant": args.mutant} if args.mutant else {}), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     report = _open_report(args.report, header)
@@ -936,6 +998,7 @@ def main(argv=None) -> int:
     with interrupts.handled():
         try:
             args = _parser().parse_args(argv)
+            _register_implementations(getattr(args, "impl", None))
             return COMMANDS[args.command](args)
         except UsageError as exc:
             _log(f"specsan: {exc}")

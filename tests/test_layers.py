@@ -21,7 +21,8 @@ LAYERS = (
     ("stress.oracles", "stress.families"),  # how one check's cases are built and judged
     ("stress.checks",),  # the registry entries
     ("stress.core",),  # registry-driven: case building, the oracle, workers
-    ("stress.hunt", "stress.mutate", "stress.sanitize", "stress.trace", "stress.tp", "stress.bench", "stress.report"),
+    ("stress.hunt", "stress.mutate", "stress.sanitize", "stress.trace", "stress.tp", "stress.bench", "stress.report",
+     "stress.gate"),
     ("stress.__main__",),  # the command line
 )
 

@@ -15,13 +15,14 @@ ORDER = ("block_table", "draft_inputs", "slots", "sampling", "rejection", "spec"
          "engine")
 
 
-def _entry_modules() -> list[str]:
-    found = {m.name for m in pkgutil.iter_modules(__path__) if m.name != "common"}
-    return [name for name in ORDER if name in found] + sorted(found - set(ORDER))
+def _entry_modules() -> list:
+    found = {m.name for m in pkgutil.iter_modules(__path__)}
+    modules = [importlib.import_module(f"{__name__}.{name}")
+               for name in [n for n in ORDER if n in found] + sorted(found - set(ORDER))]
+    return [module for module in modules if hasattr(module, "CHECKS")]
 
 
-REGISTRY: tuple[Check, ...] = tuple(check for name in _entry_modules()
-                                    for check in importlib.import_module(f"{__name__}.{name}").CHECKS)
+REGISTRY: tuple[Check, ...] = tuple(check for module in _entry_modules() for check in module.CHECKS)
 BY_NAME = {check.name: check for check in REGISTRY}
 if len(BY_NAME) != len(REGISTRY):
     raise ValueError(f"checks: two entries share a name: {sorted(c.name for c in REGISTRY)}")

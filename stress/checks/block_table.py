@@ -5,6 +5,7 @@ import torch
 
 import kernels.block_table
 import reference.block_table
+from stress.checks.profiles import NO_PADDED_ROWS
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import block_table as bt_families
 from stress.families.refusals import (
@@ -70,6 +71,7 @@ CHECKS = (
         name="block_table.gather",
         contract="out[b] = persistent[idx_mapping[b]] for each batch row b; slot -1 gives null blocks; rows past "
                  "the batch untouched",
+        choices={"no-padded-rows": NO_PADDED_ROWS},
         kernel=kernels.block_table.gather_block_tables,
         reference=reference.block_table.gather_block_tables,
         families={**bt_families.GATHER_FAMILIES, "refused": GATHER_REFUSALS},
@@ -132,6 +134,7 @@ CHECKS = (
         name="block_table.shift",
         contract="batch row b shifted left in place by num_cached_tokens[idx_mapping[b]] // bs entries, only the "
                  "blocks seq_lens[b] needs; race-free (fixes 4, 5)",
+        choices={"no-padded-rows": NO_PADDED_ROWS},
         kernel=kernels.block_table.shift_block_table_rows,
         reference=reference.block_table.shift_block_table_rows,
         families={**bt_families.SHIFT_FAMILIES, "refused": SHIFT_REFUSALS},

@@ -5,6 +5,14 @@ import dataclasses
 import kernels.rejection
 import reference.rejection
 from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE, SUBNORMAL_TEMPERATURES_UNREACHABLE
+from stress.checks.profiles import (
+    DRAFTS_IN_VOCAB,
+    FINITE_LOGITS,
+    NO_DRAFT_LOGITS,
+    NO_PADDED_ROWS,
+    NO_PLACEHOLDER_DRAFTS,
+    TEMPERATURE_FLOOR,
+)
 from stress.core.compare import exact_unless_near_tie
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import rejection as rejection_families
@@ -60,6 +68,10 @@ CHECKS = (
         name="rejection.verify",
         contract="greedy or probabilistic verification of k drafts per request: accept iff p(x) > u q(x), resample "
                  "from max(p - q, 0), bonus token when all are accepted",
+        choices={"no-padded-rows": NO_PADDED_ROWS, "temperature-floor": TEMPERATURE_FLOOR,
+                 "finite-logits": FINITE_LOGITS,
+                 "no-placeholder-drafts": NO_PLACEHOLDER_DRAFTS, "drafts-in-vocab": DRAFTS_IN_VOCAB,
+                 "no-draft-logits": NO_DRAFT_LOGITS},
         kernel=kernels.rejection.verify,
         reference=reference.rejection.verify,
         families={**rejection_families.FAMILIES, "refused": VERIFY_REFUSALS},

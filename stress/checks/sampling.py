@@ -6,6 +6,13 @@ import torch
 import kernels.sampling
 import reference.sampling
 from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE, SUBNORMAL_TEMPERATURES_UNREACHABLE
+from stress.checks.profiles import (
+    CACHE_AFTER_TEMPERATURE,
+    FINITE_LOGITS,
+    NO_LOGITS_CACHE,
+    NO_PADDED_ROWS,
+    TEMPERATURE_FLOOR,
+)
 from stress.core.compare import exact_unless_near_tie
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import sampling as sampling_families
@@ -63,6 +70,9 @@ CHECKS = (
         name="sampling.gumbel",
         contract="one Gumbel-max token per row keyed by (seeds[slot], position), greedy at temperature 0; slot -1 "
                  "rows inert; raw logits cached per (slot, column) (fix 3)",
+        choices={"no-padded-rows": NO_PADDED_ROWS, "temperature-floor": TEMPERATURE_FLOOR,
+                 "finite-logits": FINITE_LOGITS,
+                 "no-logits-cache": NO_LOGITS_CACHE, "cache-after-temperature": CACHE_AFTER_TEMPERATURE},
         kernel=kernels.sampling.gumbel_sample,
         reference=reference.sampling.gumbel_sample,
         families={**sampling_families.FAMILIES, "refused": GUMBEL_REFUSALS},

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
-from stress.core import refusal
+from stress.core import impl, refusal
 from stress.core.cases import Task, build_case, expected_outputs
 from stress.core.guards import fresh_inputs, guarded, settle, torch_device
 from stress.core.types import PASS, RETURN, Case, Check, Result, Verdict, not_checked
@@ -54,14 +54,37 @@ def _memory_verdict(result: Result) -> bool:
     return result.verdict == Verdict.OOB or damaged
 
 
-def interpreter_gap(check: Check, case: Case, device: str) -> str | None:
-    """Why the CPU interpreter cannot judge this case, or None: a bfloat16 ``tl.dot`` (``Check.bf16_dot``) is
-    computed on the operands' bit patterns there, so its output would diverge whatever the kernel's logic."""
+def interpreter_gap(check: Check, case: Case, device: str, foreign_triton: bool = False) -> str | None:
+    """Why the CPU interpreter cannot judge this case, or None: a bfloat16 ``tl.dot`` is computed on the operands'
+    bit patterns there, so its output would diverge whatever the kernel's logic. The suite's own kernels say
+    whether they have one (``Check.bf16_dot``); a registered implementation written in Triton
+    (``foreign_triton``) may, and its bfloat16 cases are left to a GPU."""
     bf16 = [k for k, v in case.inputs.items() if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16]
-    if device == "cpu" and check.bf16_dot and bf16:
+    if device == "cpu" and (check.bf16_dot or foreign_triton) and bf16:
         return (f"bfloat16 tl.dot under the Triton interpreter ({', '.join(bf16)}): it multiplies the raw bit "
                 "patterns (triton-lang/triton#11584); judge it on a GPU")
     return None
+
+
+def _judged_case(check: Check, case: Case, seed: int, device: str, trace: bool, result: Result,
+                 mutant) -> tuple[str, list[str]]:
+    """A built case judged: its refusals, or the kernel (under ``mutant``) against the reference, then traced on
+    the CPU. A registered implementation (``stress.core.impl``) stands in for the launcher throughout."""
+    from stress import checks
+    from stress.core import patches
+
+    if case.refused:  # bad input the launcher must refuse: no reference output, nothing to trace
+        with impl.installed(checks.BY_NAME), patches.applied(mutant), _phase(result, "judge"):
+            return refusal.judge_all(check, case, device, _current(check.kernel))
+    with own_code("the reference"), _phase(result, "reference"), impl.reference_stream(check):
+        expected = impl.expected_under_profile(check, case, expected_outputs(check, case))
+    with impl.installed(checks.BY_NAME), patches.applied(mutant):
+        with _phase(result, "judge"):
+            verdict, details = differential(check, case, expected, device, _background_load(device), result.metrics)
+        if trace and device == "cpu" and verdict == PASS:
+            with _phase(result, "trace"):
+                verdict, details = traced(check, case, seed)
+    return verdict, details
 
 
 def differential(check: Check, case: Case, expected: dict, device: str, load=None,
@@ -142,6 +165,8 @@ def traced(check: Check, case: Case, seed: int) -> tuple[str, list[str]]:
     """
     recording = trace_case(check, case, seed)
     verdict = recording.verdict
+    if verdict == PASS and not recording.reports and impl.of_check(check):
+        return PASS, ["the CPU tracer saw no Triton launch (the implementation launched none): nothing traced"]
     if verdict == PASS:  # benign findings (duplicate stores) stay in the details
         benign = [(r.kernel, f) for r in recording.reports for f in r.duplicate_stores]
         return PASS, [f"{kernel}: {line}" for kernel, f in benign for line in f.lines()]
@@ -179,7 +204,6 @@ def _phase(result: Result, name: str):
 def judge_task(task: Task, device: str, timeout: float, trace: bool) -> tuple[Result, bool]:
     """``run_case``'s work: the Result, and whether the case ran out of device memory."""
     from stress import checks
-    from stress.core import patches as mutants
 
     out_of_memory = False
     result = Result(task.check, task.family, task.seed, device, PASS, launch=dict(task.launch or ()),
@@ -195,25 +219,16 @@ def judge_task(task: Task, device: str, timeout: float, trace: bool) -> tuple[Re
         if device not in check.devices:
             result.verdict = f"not_checked:{check.why_not or f'{check.name} does not run on {device}'}"
             return result, out_of_memory
+        registered = impl.of_check(check)
+        result.impl = registered[0].spec() if registered else None
         with _phase(result, "build"):
             case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
         result.launch, result.note = case.launch, case.note
-        if gap := interpreter_gap(check, case, device):
-            result.verdict = not_checked(gap)
+        foreign_triton = registered is not None and impl.written_in_triton(registered[1])
+        if why := interpreter_gap(check, case, device, foreign_triton) or impl.outside_profile(check, case):
+            result.verdict = not_checked(why)
             return result, out_of_memory
-        if case.refused:  # bad input the launcher must refuse: no reference output, nothing to trace
-            with mutants.applied(mutant), _phase(result, "judge"):
-                result.verdict, result.details = refusal.judge_all(check, case, device, _current(check.kernel))
-            return result, out_of_memory
-        with own_code("the reference"), _phase(result, "reference"):
-            expected = expected_outputs(check, case)
-        with mutants.applied(mutant):
-            with _phase(result, "judge"):
-                result.verdict, result.details = differential(check, case, expected, device,
-                                                              _background_load(device), result.metrics)
-            if trace and device == "cpu" and result.verdict == PASS:
-                with _phase(result, "trace"):
-                    result.verdict, result.details = traced(check, case, task.seed)
+        result.verdict, result.details = _judged_case(check, case, task.seed, device, trace, result, mutant)
     except CaseTimeout:
         result.verdict, result.details = Verdict.TIMEOUT, [f"case ran past {timeout:g} s"]
     except SuiteError as exc:

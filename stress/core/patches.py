@@ -105,6 +105,20 @@ def applied(mutant: Mutant | None):
                 _set(holder, name, original)
 
 
+@contextmanager
+def swapped(original, replacement):
+    """``replacement`` in place of ``original`` for the duration, under every name the project imported it by
+    (a registered implementation in place of a production launcher); always restored."""
+    saved = [(holder, name) for holder, name in _aliases(original)]
+    try:
+        for holder, name in saved:
+            _set(holder, name, replacement)
+        yield
+    finally:
+        for holder, name in reversed(saved):
+            _set(holder, name, original)
+
+
 def validate(mutant: Mutant) -> None:
     """Build every patch now, so a stale mutant fails loudly before any run. Built as ``applied`` builds them,
     each after the ones before it are swapped in: a kernel rebuilt after a mutated helper (a build is cached)

@@ -112,6 +112,20 @@ class Family:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """A documented way an implementation may differ from a check's contract by design (``--impl ...@choice``).
+
+    ``outside(case)``: why a case exercises what the choice leaves out (it is then ``not_checked`` with that
+    reason), else None. ``expect(case, expected)``: the expected outputs under the choice, where it defines
+    them differently. ``doc``: the choice in one line, as ``list --impl`` prints it.
+    """
+
+    doc: str
+    outside: Callable[[Case], str | None] | None = None
+    expect: Callable[[Case, dict], dict] | None = None
+
+
+@dataclass(frozen=True)
 class Patch:
     """Replace ``old`` (which must occur exactly once) by ``new`` in the source of ``target``."""
 
@@ -200,6 +214,10 @@ class Check:
     # `stress mutate` runs them against each mutant that survives every family (SPECSAN_MUTANT, see conftest.py)
     unit_tests: tuple[str, ...] = ()
     contract: str = ""  # one line: what the check holds the code to (in full: the page `docs` names)
+    choices: dict[str, Choice] = field(default_factory=dict)  # the contract profile an implementation may declare
+    # the production launcher an implementation registered against this check stands in for, where ``kernel`` is
+    # the suite's adapter over it (None: ``kernel`` itself, when it is a launcher of kernels/)
+    launcher: Callable | None = None
 
     @property
     def docs(self) -> str:
@@ -241,6 +259,7 @@ class Result:
     gpu: int | None = None  # the CUDA device index the case ran on (None on the CPU)
     tool: str | None = None  # the compute-sanitizer tool the case ran under (stress.sanitize.runner), if any
     phases: dict[str, float] = field(default_factory=dict)  # seconds: build, reference, judge, trace, gpu_wait
+    impl: str | None = None  # the --impl registration judged in place of the production launcher (its spec)
 
     @property
     def failed(self) -> bool:
@@ -263,4 +282,6 @@ class Result:
             line += " --no-trace"
         if self.tool:
             line += f" --sanitizer {self.tool}"
+        if self.impl:
+            line += f" --impl {self.impl}"
         return line

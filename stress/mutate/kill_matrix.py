@@ -10,7 +10,7 @@ result is still its first killing iteration in order, whatever ran in parallel.
 import time
 from dataclasses import dataclass, field
 
-from stress.core import interrupts, workers
+from stress.core import impl, interrupts, workers
 from stress.core import patches as planted
 from stress.core.cases import Task, case_seed
 from stress.core.types import FAIL, Check, Mutant, Result, Verdict
@@ -234,6 +234,9 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
                 rows.append(Kill(check.name, mutant.name, device, "-", "not_checked", reason=mutant.why_not))
                 continue
             if oracle in sanitizer.TOOLS and (reason := _sanitizer_blind(oracle, device, blind)):
+                rows.append(Kill(check.name, mutant.name, device, oracle, "not_checked", reason=reason))
+                continue
+            if reason := impl.replaces(mutant, checks):
                 rows.append(Kill(check.name, mutant.name, device, oracle, "not_checked", reason=reason))
                 continue
             try:

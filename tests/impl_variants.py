@@ -1,0 +1,54 @@
+"""Implementations that differ from a check's contract only by a choice an engine may declare, or by their random
+stream: each must pass once it declares the choice (or its stream), and fail while it does not
+(``tests/test_impl.py``)."""
+
+import types
+
+import torch
+
+from eager import attention, sampling
+from reference import philox
+from stress.core.impl import Implementation
+
+SALT = 0x5EED
+
+
+def _salted_randint(seed, offset):
+    return philox.randint(torch.as_tensor(seed, dtype=torch.int64) ^ SALT, offset)
+
+
+# Philox keyed by the seed xor a constant: another engine's stream, same interface as reference/philox.py
+SALTED_STREAM = types.SimpleNamespace(randint=_salted_randint, rand=philox.rand, uniform=philox.uniform)
+
+
+def gumbel_with_salted_stream(logits, idx_mapping, temperature, seeds, positions, *, draft=False, logits_cache=None,
+                              cache_cols=None):
+    """The eager Gumbel sampler drawing from ``SALTED_STREAM`` instead of the suite's stream."""
+    saved = sampling.philox
+    sampling.philox = SALTED_STREAM
+    try:
+        return sampling.gumbel_sample(logits, idx_mapping, temperature, seeds, positions, draft=draft,
+                                      logits_cache=logits_cache, cache_cols=cache_cols)
+    finally:
+        sampling.philox = saved
+
+
+SALTED_GUMBEL = Implementation(gumbel_with_salted_stream, stream=SALTED_STREAM)
+
+
+def gumbel_caching_after_temperature(logits, idx_mapping, temperature, seeds, positions, *, draft=False,
+                                     logits_cache=None, cache_cols=None):
+    """The eager Gumbel sampler whose logits cache holds logits divided by the temperature (sampled rows)."""
+    tokens = sampling.gumbel_sample(logits, idx_mapping, temperature, seeds, positions, draft=draft,
+                                    logits_cache=logits_cache, cache_cols=cache_cols)
+    if logits_cache is not None:
+        for row, slot in enumerate(idx_mapping.tolist()):
+            if slot >= 0 and float(temperature[slot]) > 0:
+                logits_cache[slot, int(cache_cols[row])] = logits[row] / temperature[slot]
+    return tokens
+
+
+def always_causal(query, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, scale, causal, out):
+    """Eager paged attention that attends causally whatever it is asked."""
+    attention.paged_attention(query, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
+                              causal=True, out=out)

@@ -1,0 +1,112 @@
+"""Judging an implementation the suite did not write (``--impl``, ``stress.gate``): it reaches every worker and
+every repro line, a planted contract violation is failed, and one that differs only by a declared choice or by
+its declared random stream passes."""
+
+import json
+
+import eager_violations
+import impl_variants
+import pytest
+
+from eager import block_table
+from stress import checks, gate
+from stress.__main__ import main
+from stress.core import impl
+
+VIOLATIONS = {v.check: v for v in eager_violations.VIOLATIONS}
+
+
+def _verdicts(results) -> set[str]:
+    return {str(r.verdict).split(":")[0] for r in results}
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("sampling.gumbel", "is not CHECK=module:function"),
+    ("sampling.gumbel=eager.sampling", "is not CHECK=module:function"),
+    ("nosuch.check=eager.sampling:gumbel_sample", "check 'nosuch.check' is not registered"),
+    ("sampling.gumbel=eager.nosuch:gumbel_sample", "cannot be imported"),
+    ("sampling.gumbel=eager.sampling:gumbel_sample@no-such-choice", "has no choice 'no-such-choice'"),
+    ("rejection.distribution=eager.rejection:verify", "is a driver"),
+])
+def test_a_bad_registration_is_a_usage_error_naming_impl(bad, says, capsys):
+    assert main(["run", "--check", "block_table.gather", "--iters", "1", "--jobs", "0", "--impl", bad]) == 2
+    err = capsys.readouterr().err
+    assert says in err and ("--impl" in err or "check" in err), err
+
+
+def test_run_judges_the_implementation_in_every_worker_and_its_repro_line_reruns_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(impl.ENV, "")  # undone after the test: main() registers the implementation in os.environ
+    violation = VIOLATIONS["block_table.gather"]
+    spec = f"block_table.gather=eager_violations:{violation.call.__name__}"
+    code = main(["run", "--check", "block_table.gather", "--family", "padded", "--family", "basic", "--iters", "3",
+                 "--jobs", "2", "--impl", spec, "--report", str(tmp_path)])
+    lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    cases = [line for line in lines if "check" in line]
+    assert code == 1 and lines[0]["run"]["impl"] == [spec]
+    assert {c["impl"] for c in cases} == {spec}
+    failed = [c for c in cases if c["verdict"].startswith("fail:")]
+    assert failed and {c["family"] for c in failed} == {"padded"}  # the broken clause: rows past the batch
+    assert all(c["verdict"] == "pass" for c in cases if c["family"] == "basic")
+    repro = next(line for line in (tmp_path / "summary.md").read_text().splitlines() if "--impl" in line)
+    args = repro[repro.index("./specsan repro ") + len("./specsan "):].strip("` ").split()
+    rerun = next(c for c in failed if str(c["seed"]) == args[3])
+    monkeypatch.setenv(impl.ENV, "")
+    capsys.readouterr()
+    assert main(args) == 1
+    assert f"verdict: {rerun['verdict']}" in capsys.readouterr().out
+    assert impl.registered()["block_table.gather"].spec() == spec  # the repro line registered it again
+
+
+def _registered_against(violation) -> str:
+    """The check whose production launcher the violation's eager function is the twin of."""
+    module = violation.launcher.__module__.split(".")[-1]
+    return next(c.name for c in checks.REGISTRY if (launcher := impl.launcher_of(c)) is not None
+                and launcher.__name__ == violation.launcher.__name__ and launcher.__module__ == f"kernels.{module}")
+
+
+@pytest.mark.parametrize("check", sorted(VIOLATIONS))
+def test_a_planted_contract_violation_is_failed_through_the_gate(check):
+    violation = VIOLATIONS[check]
+    iters = 3 if violation.reaches is None else 12  # few cases of some families reach the clause (sampled rows)
+    results = gate.judge(check, violation.call, iters=iters, families=list(violation.families),
+                         against=_registered_against(violation))
+    assert any(r.failed for r in results), [r.verdict for r in results]
+
+
+def test_a_choice_declared_narrows_the_cases_and_the_rest_pass():
+    undeclared = gate.judge("attention.paged", impl_variants.always_causal, iters=8, families=["multi_query"])
+    assert any(r.failed for r in undeclared)
+    declared = gate.judge("attention.paged", impl.Implementation(impl_variants.always_causal, profile=("causal-only",)),
+                          iters=8, families=["multi_query"])
+    assert _verdicts(declared) == {"pass", "not_checked"}
+    assert all("outside the implementation's profile (causal-only" in r.verdict for r in declared if r.not_checked)
+
+
+def test_a_choice_declared_maps_the_expected_outputs():
+    cached = ["mixed", "padded"]
+    assert any(r.failed for r in gate.judge("sampling.gumbel", impl_variants.gumbel_caching_after_temperature,
+                                            iters=2, families=cached))
+    declared = impl.Implementation(impl_variants.gumbel_caching_after_temperature,
+                                   profile=("cache-after-temperature",))
+    assert _verdicts(gate.judge("sampling.gumbel", declared, iters=2, families=cached)) == {"pass"}
+
+
+def test_a_declared_random_stream_is_the_one_the_reference_draws_from():
+    sampled = ["mixed"]
+    bare = impl.Implementation(impl_variants.gumbel_with_salted_stream)
+    assert any(r.failed for r in gate.judge("sampling.gumbel", bare, iters=3, families=sampled))
+    assert _verdicts(gate.judge("sampling.gumbel", impl_variants.SALTED_GUMBEL, iters=3, families=sampled)) == {"pass"}
+
+
+def test_the_production_launcher_is_back_after_a_judged_implementation():
+    gate.judge("block_table.gather", block_table.gather_block_tables, iters=1, families=["basic"])
+    assert impl.registered() == {} and checks.get("sampling.gumbel").kernel.__module__ == "kernels.sampling"
+    import kernels.block_table
+    assert kernels.block_table.gather_block_tables.__module__ == "kernels.block_table"
+
+
+def test_list_impl_says_what_an_implementation_must_accept(capsys):
+    assert main(["list", "--impl"]) == 0
+    out = capsys.readouterr().out
+    assert "--impl sampling.gumbel=module:function  where function(logits" in out
+    assert "@temperature-floor:" in out and "not registrable" in out
