@@ -65,9 +65,9 @@ UNREACHABLE["gqa-head-mapping"] = {"cpu": "the CPU model has one KV head: every 
 UNREACHABLE["replay-skipped"] = {"cpu": "CUDA graphs exist only on a GPU: the CPU drafts eagerly, no replay to skip"}
 UNREACHABLE["row-overread"] = {"cuda": "the over-read values are never stored, so every output matches: only a tracer "
                                        "sees it (the CPU tracer kills it through the engine)"}
-UNREACHABLE["no-barrier"] = {"cuda": "the engine's draft rows (tens of blocks, one default chunk) gave the "
-                                     "barrier-less copy no cross-warp race in 10 H200 cases; the shift check's chunk x "
-                                     "num_warps sweep kills it there, the CPU tracer through the engine"}
+UNREACHABLE["no-barrier"] = {"cuda": "the engine's draft rows (tens of blocks, one default chunk) seldom give the "
+                                     "barrier-less copy a cross-warp race (none in 10 GPU cases); the shift check's "
+                                     "chunk x num_warps sweep kills it there, the CPU tracer through the engine"}
 # The engine families that reach a planted bug of another check (its path hunt tries them first).
 _SAMPLED = ("seeded_sampling", "padded_graphs")  # temperatures > 0: seeds, noise, rejections, the logits cache
 PATH_FAMILIES: dict[str, tuple[str, ...]] = {

@@ -41,8 +41,8 @@ def test_mutant_patches_restore_the_production_code():
 
 def test_a_module_first_imported_under_a_mutant_gets_the_production_object_back(monkeypatch):
     """A check imports its production module lazily (the engine's), so its first import may happen while
-    another module's mutant is applied, copying the mutant with ``from ... import``: every later case in that
-    process ran the mutant (the H200 mutate run's false kills of engine mutants by a models mutant's crash)."""
+    another module's mutant is applied, copying the mutant with ``from ... import``: unless restored, every
+    later case in that process would run the mutant (a models mutant's crash would then kill engine mutants)."""
     import sys
     import types
 

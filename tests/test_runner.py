@@ -41,7 +41,7 @@ def test_a_family_that_owns_its_launch_runs_the_launchers_own_shape_on_its_devic
     assert runner.build_case(verify, "tiles", 0, "cpu", forced).launch == forced  # a family that owns none
     assert runner.build_case(attention, "wide_groups", 0, "cpu", {"block_n": 16}).launch == {}
     assert attention.families["wide_groups"].own_launch_on == ("cpu",)
-    # a forced 16 x 8 x 8192 tile at one warp kept ptxas past the 300 s deadline on the H200
+    # its own tiles only: a forced 16 x 8 x 8192 tile at one warp keeps ptxas past the 300 s deadline on an H200
     assert checks.get("kv_cache.write").families["wide_heads"].own_launch_on == ("cpu", "cuda")
 
 
@@ -210,8 +210,9 @@ def test_scribbling_on_a_read_only_input_is_a_divergence():
 
 
 def test_a_crash_in_the_suites_own_comparison_is_a_suite_error_that_kills_nothing(monkeypatch):
-    """A comparator that raises on a divergence (the graph judges' AttributeError on the H200) is specsan's bug:
-    it must not read as the kernel crashing, and no oracle, not even a whole-path hunt's ANY, counts it."""
+    """A comparator that raises on a divergence (here an AttributeError, as a judge reading a missing field
+    raises) is specsan's bug: it must not read as the kernel crashing, and no oracle, not even a whole-path
+    hunt's ANY, counts it."""
     def broken_compare(name, expected, got):
         raise AttributeError("'Findings' object has no attribute 'verdict'")
 
@@ -318,10 +319,10 @@ def test_mutants_command_kills_and_exits_zero():
 
 
 def test_the_launchers_own_shape_runs_in_a_third_of_the_cases_of_a_wide_sweep():
-    """Production runs the launcher's own tile choice; over the H200's 13-shape sweeps a uniform draw gave it 1
-    case in 13, so its heuristic's slips survived there. Every forced shape is still drawn, a seed whose uniform
-    draw was the default still draws it (older repro lines without --launch hold), and sweeps of up to 3 shapes
-    draw exactly as a uniform draw does."""
+    """Production runs the launcher's own tile choice, which a uniform draw over a 13-shape sweep would give 1
+    case in 13. Every forced shape is still drawn, a seed whose uniform draw is the default draws it (a repro
+    line without --launch names the same shape), and sweeps of up to 3 shapes draw exactly as a uniform draw
+    does."""
     import numpy as np
 
     wide = [{}] + [{"block_t": t} for t in range(12)]
