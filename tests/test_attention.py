@@ -7,16 +7,14 @@ import torch
 
 import kernels.attention as katt
 import reference.attention as ratt
-from kernels import runtime
 from stress import checks, compare, mutants, runner
 from stress.families import attention as families
 
-DEV = runtime.device()
 SENTINEL = -7777.0
 
 
-def attend_on_device(inputs: dict, **launch) -> torch.Tensor:
-    on_dev = {k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+def attend_on_device(device: torch.device, inputs: dict, **launch) -> torch.Tensor:
+    on_dev = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     katt.paged_attention(**on_dev, **launch)
     return on_dev["out"].cpu()
 
@@ -42,39 +40,39 @@ LAUNCHES = [{}, {"block_n": 16, "kv_splits": 2}, {"block_m": 32, "block_n": 16, 
 
 
 @pytest.mark.parametrize("launch", LAUNCHES)
-def test_equal_keys_average_the_visible_values(launch):
+def test_equal_keys_average_the_visible_values(launch, device):
     """All scores equal: each query gets the mean of the values it sees (prefix means when causal)."""
     length, d = 21, 8
     values = torch.arange(length, dtype=torch.float32)[:, None, None].expand(length, 1, d).contiguous()
     inputs = one_request(torch.zeros(length, 1, d), values, torch.ones(3, 2, d), causal=True)
-    out = attend_on_device(inputs, **launch)
+    out = attend_on_device(device, inputs, **launch)
     for i in range(3):
         last = length - 3 + i  # query i is at position L - Q + i and sees keys 0..last
         assert torch.allclose(out[i], torch.full((2, d), last / 2), atol=1e-5)
     assert (out[3] == SENTINEL).all()  # past the batch: untouched
     inputs["causal"] = False
-    out = attend_on_device(inputs, **launch)
+    out = attend_on_device(device, inputs, **launch)
     assert torch.allclose(out[:3], torch.full((3, 2, d), (length - 1) / 2), atol=1e-5)
 
 
 @pytest.mark.parametrize("launch", LAUNCHES)
-def test_one_hot_keys_pick_their_value(launch):
+def test_one_hot_keys_pick_their_value(launch, device):
     """Query 0 matches key 39 only, query 1 key 37 only. Non-causal: each returns its key's value. Causal:
     query 0 (position 38) cannot see key 39 and averages keys 0..38; query 1 (position 39) still sees 37."""
     length, d = 40, 64
     keys = torch.eye(d)[:length, None, :] * 30
     values = torch.randn(length, 1, d, generator=torch.Generator().manual_seed(1))
     inputs = one_request(keys, values, torch.eye(d)[[39, 37], None, :].clone(), causal=False)
-    out = attend_on_device(inputs, **launch)
+    out = attend_on_device(device, inputs, **launch)
     assert torch.allclose(out[0, 0], values[39, 0], atol=1e-4) and torch.allclose(out[1, 0], values[37, 0], atol=1e-4)
     inputs["causal"] = True
-    out = attend_on_device(inputs, **launch)
+    out = attend_on_device(device, inputs, **launch)
     assert torch.allclose(out[0, 0], values[:39, 0].mean(0), atol=1e-4)
     assert torch.allclose(out[1, 0], values[37, 0], atol=1e-4)
 
 
 @pytest.mark.parametrize("launch", LAUNCHES)
-def test_poison_in_a_visible_slot_reaches_the_output(launch):
+def test_poison_in_a_visible_slot_reaches_the_output(launch, device):
     """A NaN key or value the request may read shows as NaN in its rows, through the split combine too."""
     length, d = 37, 8
     gen = torch.Generator().manual_seed(2)
@@ -83,11 +81,11 @@ def test_poison_in_a_visible_slot_reaches_the_output(launch):
                              torch.randn(2, 1, d, generator=gen), causal=False)
         block = int(inputs["block_table"][0, 0])
         inputs[which][block, 1] = float("nan")  # position 1
-        assert attend_on_device(inputs, **launch)[:2].isnan().all()
+        assert attend_on_device(device, inputs, **launch)[:2].isnan().all()
 
 
 @pytest.mark.parametrize("launch", LAUNCHES)
-def test_keys_that_score_minus_inf_carry_no_weight(launch):
+def test_keys_that_score_minus_inf_carry_no_weight(launch, device):
     """Keys 0..9 hold -inf in dim 0 and the queries are positive there. Causal, query 0 (position 9) sees only
     those keys and gets zeros, like a query that sees no key; query 1 (position 10) sees key 10 as its only
     finite score and returns its value exactly; non-causal, both return the mean of keys 10..19's values (every
@@ -97,38 +95,38 @@ def test_keys_that_score_minus_inf_carry_no_weight(launch):
     keys[:10, 0, 0] = float("-inf")
     values = torch.randn(length, 1, d, generator=torch.Generator().manual_seed(5))
     inputs = one_request(keys, values, torch.ones(2, 1, d), causal=True, seq_len=11)
-    out = attend_on_device(inputs, **launch)
+    out = attend_on_device(device, inputs, **launch)
     assert (out[0] == 0).all()
     assert torch.allclose(out[1, 0], values[10, 0], atol=1e-6)
     assert torch.allclose(ratt.paged_attention(**inputs)[:2].float(), out[:2], atol=1e-6)
     inputs["causal"], inputs["seq_lens"][0] = False, length
-    out = attend_on_device(inputs, **launch)
+    out = attend_on_device(device, inputs, **launch)
     assert torch.allclose(out[:2, 0], values[10:, 0].mean(0).expand(2, d), atol=1e-5)
     assert torch.allclose(ratt.paged_attention(**inputs)[:2].float(), out[:2], atol=1e-5)
 
 
 @pytest.mark.parametrize("launch", LAUNCHES)
-def test_reads_nothing_past_seq_len(launch):
+def test_reads_nothing_past_seq_len(launch, device):
     """Positions past seq_len hold NaN (the rest of the last block, and the spare blocks): never read."""
     gen = torch.Generator().manual_seed(4)
     inputs = one_request(torch.randn(30, 1, 8, generator=gen), torch.randn(30, 1, 8, generator=gen),
                          torch.randn(4, 2, 8, generator=gen), causal=True, seq_len=23)
     pos = torch.arange(23, 30)
     inputs["k_cache"][inputs["block_table"][0, pos // 4].long(), pos % 4] = float("nan")
-    out = attend_on_device(inputs, **launch)
+    out = attend_on_device(device, inputs, **launch)
     assert not out.isnan().any()
     assert torch.allclose(out.double(), ratt.paged_attention(**inputs), atol=1e-5)
 
 
-def test_empty_requests_write_nothing():
+def test_empty_requests_write_nothing(device):
     """seq_len 0 with queries, and queries 0 with keys: their out rows stay as they were."""
     gen = torch.Generator().manual_seed(6)
     inputs = one_request(torch.randn(9, 1, 8, generator=gen), torch.randn(9, 1, 8, generator=gen),
                          torch.randn(2, 1, 8, generator=gen), causal=False, seq_len=0)
-    assert (attend_on_device(inputs) == SENTINEL).all()
+    assert (attend_on_device(device, inputs) == SENTINEL).all()
     inputs["seq_lens"][0] = 9
     inputs["query_start_loc"] = torch.tensor([0, 0, 0], dtype=torch.int32)
-    assert (attend_on_device(inputs, kv_splits=3) == SENTINEL).all()
+    assert (attend_on_device(device, inputs, kv_splits=3) == SENTINEL).all()
 
 
 def _args(**changes):
@@ -148,17 +146,17 @@ def _args(**changes):
     ({"v_cache": torch.zeros(4, 4, 1, 8).transpose(0, 1).contiguous().transpose(0, 1)}, "v_cache: shape .* strides"),
     ({"scale": float("inf")}, "scale"),
 ])
-def test_bad_arguments_name_the_argument(changes, needle):
+def test_bad_arguments_name_the_argument(changes, needle, device):
     with pytest.raises(ValueError, match=needle):
-        attend_on_device(_args(**changes))
+        attend_on_device(device, _args(**changes))
 
 
 @pytest.mark.parametrize("knob,needle", [({"block_n": 8}, "block_n"), ({"block_m": 1}, "block_m"),
                                          ({"kv_splits": 0}, "kv_splits"), ({"num_warps": 3}, "num_warps"),
                                          ({"num_stages": 0}, "num_stages")])
-def test_bad_knobs_name_the_knob(knob, needle):
+def test_bad_knobs_name_the_knob(knob, needle, device):
     with pytest.raises(ValueError, match=needle):
-        attend_on_device(_args(), **knob)
+        attend_on_device(device, _args(), **knob)
 
 
 def test_launch_shape_follows_shapes_only(monkeypatch):
@@ -195,16 +193,16 @@ def _padded_case():
     return case, runner.expected_outputs(checks.get("attention.paged"), case)["out"]
 
 
-def test_oracle_passes_the_kernel_and_logs_the_ratio():
+def test_oracle_passes_the_kernel_and_logs_the_ratio(device):
     case, expected = _judged_case()
-    got = attend_on_device(runner.fresh_inputs(case))
+    got = attend_on_device(device, runner.fresh_inputs(case))
     found = compare.within_float32_baseline("out", expected, got)
     assert isinstance(found, compare.Tolerated) and "the float32 baseline's" in found.lines()[0]
 
 
-def test_oracle_fails_an_error_beyond_the_allowance():
+def test_oracle_fails_an_error_beyond_the_allowance(device):
     case, expected = _judged_case()
-    got = attend_on_device(runner.fresh_inputs(case))
+    got = attend_on_device(device, runner.fresh_inputs(case))
     baseline_error = float((expected.baseline.double() - expected.value).abs()[expected.computed].max())
     allowed = 2 * baseline_error + expected.floor
     row = int(expected.computed.any(-1).any(-1).nonzero()[0])
@@ -217,10 +215,10 @@ def test_oracle_fails_an_error_beyond_the_allowance():
     assert isinstance(compare.within_float32_baseline("out", expected, poisoned), compare.Divergence)
 
 
-def test_oracle_holds_untouched_rows_bit_for_bit():
+def test_oracle_holds_untouched_rows_bit_for_bit(device):
     case, expected = _padded_case()
     assert torch.equal(expected.computed.any(-1).any(-1), torch.tensor([True] * 3 + [False] * 4))
-    got = attend_on_device(runner.fresh_inputs(case))
+    got = attend_on_device(device, runner.fresh_inputs(case))
     assert isinstance(compare.within_float32_baseline("out", expected, got), compare.Tolerated)
     got[5, 0, 0] = 0.0  # what a stray write of an attention output would leave there
     assert isinstance(compare.within_float32_baseline("out", expected, got), compare.Divergence)
@@ -238,26 +236,26 @@ def _prefix_case(seed):
     raise AssertionError("no restored prefix in 50 seeds")
 
 
-def _draft_step(case):
-    inputs = {k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in runner.fresh_inputs(case).items()}
+def _draft_step(case, device):
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in runner.fresh_inputs(case).items()}
     families.prefix_masked_draft(**inputs)
     return inputs["out"].cpu()
 
 
-def test_draft_step_hides_the_restored_prefix():
+def test_draft_step_hides_the_restored_prefix(device):
     check, case = _prefix_case(21)
-    out = _draft_step(case)
+    out = _draft_step(case, device)
     expected = runner.expected_outputs(check, case)["out"]
     assert not out.isnan().any()
     assert isinstance(compare.within_float32_baseline("out", expected, out), compare.Tolerated)
 
 
-def test_restored_blocks_left_visible_surface_as_poison():
+def test_restored_blocks_left_visible_surface_as_poison(device):
     """The pre-fix form of fix 4 (docs/fixes.md#fix-4): no shift and full seq_lens make the draft read
     never-written KV."""
     check, case = _prefix_case(21)
     with mutants.applied(check.mutant("restored-blocks-visible")):
-        out = _draft_step(case)
+        out = _draft_step(case, device)
     restored_rows = []
     q = case.inputs["num_draft_tokens"] + (0 if case.inputs["anchor_first"] else 1)
     for batch_row, slot in enumerate(case.inputs["idx_mapping"].tolist()):
@@ -293,18 +291,18 @@ def test_reference_attends_exactly_the_computed_tokens():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-def test_graph_replay_with_new_lengths_and_tables(causal):
+def test_graph_replay_with_new_lengths_and_tables(causal, device):
     """Captured at one step, replayed with other seq_lens, query_start_loc and block tables."""
     gen = torch.Generator().manual_seed(12)
     rng = np.random.default_rng(12)
     batch, kv_heads, group, d, bs, width = 4, 2, 4, 64, 16, 64
-    cache_k = torch.randn(batch * width + 1, bs, kv_heads, d, generator=gen).to(torch.bfloat16).to(DEV)
-    cache_v = torch.randn(batch * width + 1, bs, kv_heads, d, generator=gen).to(torch.bfloat16).to(DEV)
-    query = torch.randn(batch * 8, kv_heads * group, d, generator=gen).to(torch.bfloat16).to(DEV)
-    static = {"table": torch.zeros(batch, width, dtype=torch.int32, device=DEV),
-              "seq_lens": torch.zeros(batch, dtype=torch.int32, device=DEV),
-              "qsl": torch.zeros(batch + 1, dtype=torch.int32, device=DEV),
-              "out": torch.zeros(batch * 8, kv_heads * group, d, dtype=torch.bfloat16, device=DEV)}
+    cache_k = torch.randn(batch * width + 1, bs, kv_heads, d, generator=gen).to(torch.bfloat16).to(device)
+    cache_v = torch.randn(batch * width + 1, bs, kv_heads, d, generator=gen).to(torch.bfloat16).to(device)
+    query = torch.randn(batch * 8, kv_heads * group, d, generator=gen).to(torch.bfloat16).to(device)
+    static = {"table": torch.zeros(batch, width, dtype=torch.int32, device=device),
+              "seq_lens": torch.zeros(batch, dtype=torch.int32, device=device),
+              "qsl": torch.zeros(batch + 1, dtype=torch.int32, device=device),
+              "out": torch.zeros(batch * 8, kv_heads * group, d, dtype=torch.bfloat16, device=device)}
 
     def launch():
         katt.paged_attention(query, cache_k, cache_v, static["table"], static["seq_lens"], static["qsl"],
@@ -343,7 +341,7 @@ def test_fitting_tiles_halve_keys_then_rows_down_to_a_group():
     assert katt.fitting_tiles(own, 3, rows_forced=True, keys_forced=True) == [(128, 64)]
 
 
-def test_tiles_that_overflow_shared_memory_fall_back(monkeypatch):
+def test_tiles_that_overflow_shared_memory_fall_back(monkeypatch, device):
     """A device whose shared memory holds no key tile wider than 16 and no program of more than 16 rows (Triton
     raises OutOfResources at the launch): the launcher walks its tiles down until one fits and returns the
     reference's attention; a forced key tile that does not fit is the caller's, and its error propagates."""
@@ -361,15 +359,15 @@ def test_tiles_that_overflow_shared_memory_fall_back(monkeypatch):
     gen = torch.Generator().manual_seed(6)
     inputs = one_request(torch.randn(9, 1, 8, generator=gen), torch.randn(9, 1, 8, generator=gen),
                          torch.randn(3, 2, 8, generator=gen), causal=True)
-    out = attend_on_device(inputs)  # own tiles: 16 rows (3 queries of 2 heads over 2 batch rows), 32 fp32 keys
+    out = attend_on_device(device, inputs)  # own tiles: 16 rows (3 queries of 2 heads over 2 batch rows), 32 fp32 keys
     assert tried == [(16, 32), (16, 16)]
     torch.testing.assert_close(out[:3].double(), ratt.paged_attention(**inputs)[:3], atol=1e-5, rtol=0)
     assert (out[3] == SENTINEL).all()
     tried.clear()
     with pytest.raises(OutOfResources):
-        attend_on_device(inputs, block_n=32)
+        attend_on_device(device, inputs, block_n=32)
     assert tried == [(16, 32)]
     tried.clear()
     with pytest.raises(OutOfResources):
-        attend_on_device(inputs, block_m=32)
+        attend_on_device(device, inputs, block_m=32)
     assert tried == [(32, 32), (32, 16)]
