@@ -6,7 +6,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernels import runtime
 from kernels.rejection import verify
 from kernels.sampling import gumbel_sample
 from reference import philox
@@ -18,7 +17,7 @@ NAN, INF = float("nan"), float("inf")
 SENTINEL = -7777
 
 
-def _verify(target, drafts, temps, slots=None, seeds=None, positions=None, pad=0, draft_logits=None, **knobs):
+def _verify(device, target, drafts, temps, slots=None, seeds=None, positions=None, pad=0, draft_logits=None, **knobs):
     """Run the kernel on small literal inputs; returns (tokens, num_sampled, num_rejected) as lists."""
     target = torch.as_tensor(target, dtype=torch.float32)
     batch, rows = target.shape[0], target.shape[1]
@@ -34,8 +33,7 @@ def _verify(target, drafts, temps, slots=None, seeds=None, positions=None, pad=0
         "num_rejected": torch.full((batch + pad,), SENTINEL, dtype=torch.int32),
         "draft_logits": None if draft_logits is None else torch.as_tensor(draft_logits, dtype=torch.float32),
     }
-    dev = runtime.device()
-    args = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     verify(**args, **knobs)
     return [args[k].cpu().tolist() for k in ("out_tokens", "num_sampled", "num_rejected")]
 
@@ -47,30 +45,30 @@ def _spikes(*tokens, vocab=6, height=50.0):
     return rows
 
 
-def test_greedy_accepts_while_draft_is_argmax():
+def test_greedy_accepts_while_draft_is_argmax(device):
     target = _spikes(2, 4, 1)[None]
-    assert _verify(target, [[2, 3]], temps=[0.0]) == [[[2, 4, -1]], [2], [1]]
-    assert _verify(target, [[2, 4]], temps=[0.0]) == [[[2, 4, 1]], [3], [0]]
-    assert _verify(target, [[5, 4]], temps=[0.0]) == [[[2, -1, -1]], [1], [2]]
+    assert _verify(device, target, [[2, 3]], temps=[0.0]) == [[[2, 4, -1]], [2], [1]]
+    assert _verify(device, target, [[2, 4]], temps=[0.0]) == [[[2, 4, 1]], [3], [0]]
+    assert _verify(device, target, [[5, 4]], temps=[0.0]) == [[[2, -1, -1]], [1], [2]]
 
 
-def test_placeholder_draft_token_rejected():
+def test_placeholder_draft_token_rejected(device):
     """-1 never matches in greedy mode and never passes the accept test when sampling."""
     target = _spikes(0, 3)[None]
-    assert _verify(target, [[-1]], temps=[0.0]) == [[[0, -1]], [1], [0]]
-    tokens, sampled, _ = _verify(torch.zeros(1, 2, 6), [[-1]], temps=[1.0])
+    assert _verify(device, target, [[-1]], temps=[0.0]) == [[[0, -1]], [1], [0]]
+    tokens, sampled, _ = _verify(device, torch.zeros(1, 2, 6), [[-1]], temps=[1.0])
     assert sampled == [1] and 0 <= tokens[0][0] < 6 and tokens[0][1] == -1
 
 
-def test_num_rejected_counts_only_the_requests_own_drafts():
+def test_num_rejected_counts_only_the_requests_own_drafts(device):
     """Trailing placeholders pad a shorter request to k: upstream gives that request d + 1 logit rows,
     so it reports d + 1 - num_sampled; a placeholder before a real draft is a rejected draft."""
     target = _spikes(2, 4, 1, 3)[None]
-    assert _verify(target, [[2, -1, -1]], temps=[0.0]) == [[[2, 4, -1, -1]], [2], [0]]
-    assert _verify(target, [[5, -1, -1]], temps=[0.0]) == [[[2, -1, -1, -1]], [1], [1]]
-    assert _verify(target, [[2, -1, 1]], temps=[0.0]) == [[[2, 4, -1, -1]], [2], [2]]
-    assert _verify(target, [[-1, -1, -1]], temps=[0.0]) == [[[2, -1, -1, -1]], [1], [0]]
-    tokens, sampled, rejected = _verify(target * 4, [[2, 4, -1]], temps=[1.0])
+    assert _verify(device, target, [[2, -1, -1]], temps=[0.0]) == [[[2, 4, -1, -1]], [2], [0]]
+    assert _verify(device, target, [[5, -1, -1]], temps=[0.0]) == [[[2, -1, -1, -1]], [1], [1]]
+    assert _verify(device, target, [[2, -1, 1]], temps=[0.0]) == [[[2, 4, -1, -1]], [2], [2]]
+    assert _verify(device, target, [[-1, -1, -1]], temps=[0.0]) == [[[2, -1, -1, -1]], [1], [0]]
+    tokens, sampled, rejected = _verify(device, target * 4, [[2, 4, -1]], temps=[1.0])
     assert tokens[0][:2] == [2, 4] and sampled == [3] and rejected == [0]
 
 
@@ -86,10 +84,10 @@ def _zero_probability_case(seed: int) -> dict:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_zero_target_probability_is_never_accepted(seed):
+def test_zero_target_probability_is_never_accepted(seed, device):
     """Upstream accepts iff log p(x) > log u + log q(x): p(x) = 0 fails for every u, even with q(x) = 0."""
     case = _zero_probability_case(seed)
-    tokens, sampled, rejected = _verify(case["target"], case["drafts"], case["temps"], seeds=case["seeds"],
+    tokens, sampled, rejected = _verify(device, case["target"], case["drafts"], case["temps"], seeds=case["seeds"],
                                         draft_logits=case["draft_logits"])
     assert sampled == [1, 1] and rejected == [1, 1]
     assert all(row[0] in (2, 3) for row in tokens)
@@ -125,27 +123,26 @@ def _empty_residual_case(temp: float, seeds: list[int]) -> dict:
 
 
 @pytest.mark.parametrize("temp", [1.0, 2.0])
-def test_empty_residual_resamples_from_the_target(temp):
+def test_empty_residual_resamples_from_the_target(temp, device):
     """p <= q everywhere: the resample is Gumbel-max over the target row with the rejected step's key, the token
     gumbel_sample draws from that row at that (seed, position), never the all -inf argmax, token 0."""
     case = _empty_residual_case(temp, list(range(8)))
-    tokens, sampled, rejected = _verify(case["target"], case["drafts"], case["temps"], seeds=case["seeds"],
+    tokens, sampled, rejected = _verify(device, case["target"], case["drafts"], case["temps"], seeds=case["seeds"],
                                         positions=case["positions"], draft_logits=case["draft_logits"])
-    dev = runtime.device()
-    expected = gumbel_sample(case["target"][:, 0].to(dev), torch.arange(8, dtype=torch.int32, device=dev),
-                             torch.tensor(case["temps"], device=dev), torch.tensor(case["seeds"], device=dev),
-                             torch.tensor(case["positions"], device=dev)).cpu().tolist()
+    expected = gumbel_sample(case["target"][:, 0].to(device), torch.arange(8, dtype=torch.int32, device=device),
+                             torch.tensor(case["temps"], device=device), torch.tensor(case["seeds"], device=device),
+                             torch.tensor(case["positions"], device=device)).cpu().tolist()
     assert sampled == [1] * 8 and rejected == [1] * 8
     assert [row[0] for row in tokens] == expected
     assert set(expected) <= {2, 3, 4, 5} and len(set(expected)) > 1  # sampled from p, not one fixed token
 
 
 @pytest.mark.parametrize("temp", [1e-3, 1e-30])
-def test_empty_residual_near_zero_temperature_emits_the_target_argmax(temp):
+def test_empty_residual_near_zero_temperature_emits_the_target_argmax(temp, device):
     """Target and draft both one-hot on token 3 (every other p and q underflow to exactly 0) and a rejected
     draft of probability 0: the target row itself puts all its mass on 3."""
     case = _empty_residual_case(temp, [5, -(2**63), 2**63 - 1])
-    tokens, sampled, _ = _verify(case["target"], case["drafts"], case["temps"], seeds=case["seeds"],
+    tokens, sampled, _ = _verify(device, case["target"], case["drafts"], case["temps"], seeds=case["seeds"],
                                  positions=case["positions"], draft_logits=case["draft_logits"])
     assert [row[0] for row in tokens] == [3, 3, 3] and sampled == [1, 1, 1]
 
@@ -190,21 +187,21 @@ def test_softmax_is_exact_where_the_kernels_p_is_zero():
     assert p[5] > 0 and tol[5] >= ref.SOFTMAX_ABS and tol[0] > 0
 
 
-def test_probability_below_float32_exp_underflow_is_rejected():
+def test_probability_below_float32_exp_underflow_is_rejected(device):
     """p(x) with a shifted logit of -111.5 is exactly 0 in the kernel (the reference's EXP_ZERO claim) and q(x) is
     0 too: p(x) > u q(x) fails whatever u, and the reference decides it, no near tie. The residual is token 2."""
     target = torch.tensor([[[0.0, -111.5, -1.0], [0.0, 0.0, 0.0]]]).repeat(4, 1, 1)
     q = torch.tensor([[[0.0, -2000.0, -3.0]]]).repeat(4, 1, 1)
     case = {"target": target, "drafts": [[1]] * 4, "temps": [1.0] * 4, "seeds": [0, 1, 2, 3], "positions": [3] * 4,
             "draft_logits": q}
-    tokens, sampled, _ = _verify(target, case["drafts"], case["temps"], seeds=case["seeds"], draft_logits=q,
+    tokens, sampled, _ = _verify(device, target, case["drafts"], case["temps"], seeds=case["seeds"], draft_logits=q,
                                  positions=case["positions"])
     assert sampled == [1] * 4 and [row[0] for row in tokens] == [2] * 4
     out_tokens, num_sampled, _ = ref.verify(**_reference_inputs(case))
     assert not out_tokens.near_tie.any() and num_sampled.value.tolist() == [1] * 4
 
 
-def test_one_hot_q_accepts_a_draft_the_target_is_sure_of_at_the_largest_uniform():
+def test_one_hot_q_accepts_a_draft_the_target_is_sure_of_at_the_largest_uniform(device):
     """With one-hot q the resample excludes x, so a p one-hot on x must never be rejected (nothing would be left):
     p(x) = exp(0) / exp(0) = 1 exactly, every other exp 0, and Triton's uniform stays below 1. Seed 7 at position
     8263248 draws its largest value, 1 - 2^-24: only a p(x) of exactly 1 passes p(x) > u there."""
@@ -212,37 +209,36 @@ def test_one_hot_q_accepts_a_draft_the_target_is_sure_of_at_the_largest_uniform(
     target = torch.zeros(2, 2, 5)
     target[0, 0] = torch.tensor([-INF, -INF, 1.0, -INF, -INF])
     target[1, 0] = torch.tensor([0.0, 0.0, 3.0, 0.0, 0.0])  # at temperature 1e-3 the others lie 3000 below
-    tokens, sampled, _ = _verify(target, [[2], [2]], temps=[1.0, 1e-3], seeds=[7, 7], positions=[8263248] * 2)
+    tokens, sampled, _ = _verify(device, target, [[2], [2]], temps=[1.0, 1e-3], seeds=[7, 7], positions=[8263248] * 2)
     assert sampled == [2, 2] and [row[0] for row in tokens] == [2, 2]
 
 
-def test_probabilistic_accepts_a_certain_draft_and_emits_the_bonus():
+def test_probabilistic_accepts_a_certain_draft_and_emits_the_bonus(device):
     target = _spikes(3, 1, 4, height=200.0)[None]
-    assert _verify(target, [[3, 1]], temps=[1.0]) == [[[3, 1, 4]], [3], [0]]
+    assert _verify(device, target, [[3, 1]], temps=[1.0]) == [[[3, 1, 4]], [3], [0]]
 
 
-def test_one_hot_resample_never_emits_the_rejected_draft():
+def test_one_hot_resample_never_emits_the_rejected_draft(device):
     """Draft 0 has probability ~e^-20: rejected, and the resample excludes it."""
     target = torch.zeros(1, 2, 4)
     target[0, :, 0] = -20.0
     for seed in range(6):
-        tokens, sampled, _ = _verify(target, [[0]], temps=[1.0], seeds=[seed])
+        tokens, sampled, _ = _verify(device, target, [[0]], temps=[1.0], seeds=[seed])
         assert sampled == [1] and tokens[0][0] in (1, 2, 3)
 
 
-def test_bonus_is_the_gumbel_sample_at_the_same_key():
+def test_bonus_is_the_gumbel_sample_at_the_same_key(device):
     """Depth 0: the bonus token of a request equals gumbel_sample on that row and position."""
     logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(2))
     temps, seeds, positions = [1.0, 0.7, 0.0], [3, -9, 4], [10, 2**35, 7]
-    tokens, _, _ = _verify(logits[:, None], torch.zeros(3, 0), temps=temps, seeds=seeds, positions=positions)
-    dev = runtime.device()
-    sampled = gumbel_sample(logits.to(dev), torch.arange(3, dtype=torch.int32, device=dev),
-                            torch.tensor(temps, device=dev), torch.tensor(seeds, device=dev),
-                            torch.tensor(positions, device=dev))
+    tokens, _, _ = _verify(device, logits[:, None], torch.zeros(3, 0), temps=temps, seeds=seeds, positions=positions)
+    sampled = gumbel_sample(logits.to(device), torch.arange(3, dtype=torch.int32, device=device),
+                            torch.tensor(temps, device=device), torch.tensor(seeds, device=device),
+                            torch.tensor(positions, device=device))
     assert [t[0] for t in tokens] == sampled.cpu().tolist()
 
 
-def test_placeholder_step_is_sampled_from_p_whatever_the_draft_logits_row_holds():
+def test_placeholder_step_is_sampled_from_p_whatever_the_draft_logits_row_holds(device):
     """A step with no draft has no q: the draft-logits row there, one the request never drafted, must not shape its
     token. Kernel and reference give the bonus gumbel_sample draws at that key, although that row puts almost all
     its mass on p's likeliest token (a residual max(p - q, 0) would never emit it)."""
@@ -252,35 +248,34 @@ def test_placeholder_step_is_sampled_from_p_whatever_the_draft_logits_row_holds(
     never_drafted = torch.zeros(batch, 1, vocab)
     never_drafted[:, 0, 3] = 50.0
     seeds, positions = list(range(batch)), [5] * batch
-    tokens, _, _ = _verify(target, [[-1]] * batch, temps=[1.0] * batch, seeds=seeds, positions=positions,
+    tokens, _, _ = _verify(device, target, [[-1]] * batch, temps=[1.0] * batch, seeds=seeds, positions=positions,
                            draft_logits=never_drafted)
-    dev = runtime.device()
-    from_p = gumbel_sample(target[:, 0].to(dev), torch.arange(batch, dtype=torch.int32, device=dev),
-                           torch.ones(batch, device=dev), torch.tensor(seeds, device=dev),
-                           torch.tensor(positions, device=dev)).cpu().tolist()
+    from_p = gumbel_sample(target[:, 0].to(device), torch.arange(batch, dtype=torch.int32, device=device),
+                           torch.ones(batch, device=device), torch.tensor(seeds, device=device),
+                           torch.tensor(positions, device=device)).cpu().tolist()
     assert 3 in from_p, "the case must draw p's likeliest token somewhere, or it tells nothing"
     assert [t[0] for t in tokens] == from_p
     assert [ref.verify_request(target[b], [-1], 1.0, seeds[b], positions[b], never_drafted[b])[0][0]
             for b in range(batch)] == from_p
 
 
-def test_inert_and_padded_rows():
+def test_inert_and_padded_rows(device):
     target = _spikes(1, 2)[None].repeat(2, 1, 1)
-    assert _verify(target, [[1], [1]], temps=[0.0], slots=[0, -1], pad=2) == [
+    assert _verify(device, target, [[1], [1]], temps=[0.0], slots=[0, -1], pad=2) == [
         [[1, 2], [-1, -1], [SENTINEL] * 2, [SENTINEL] * 2], [2, 0, SENTINEL, SENTINEL], [0, 0, SENTINEL, SENTINEL]]
 
 
-def test_nonfinite_rows_give_in_range_tokens():
+def test_nonfinite_rows_give_in_range_tokens(device):
     target = torch.tensor([[[NAN] * 5, [-INF] * 5, [1, INF, NAN, INF, 0]]])
     for temp in (0.0, 1.0):
         for draft_logits in (None, torch.full((1, 2, 5), NAN)):
-            tokens, sampled, _ = _verify(target, [[0, 0]], temps=[temp], draft_logits=draft_logits)
+            tokens, sampled, _ = _verify(device, target, [[0, 0]], temps=[temp], draft_logits=draft_logits)
             emitted = tokens[0][:sampled[0]]
             assert emitted and all(0 <= t < 5 for t in emitted)
 
 
-def test_no_requests():
-    assert _verify(torch.zeros(0, 3, 4), torch.zeros(0, 2), temps=[1.0], pad=1) == [
+def test_no_requests(device):
+    assert _verify(device, torch.zeros(0, 3, 4), torch.zeros(0, 2), temps=[1.0], pad=1) == [
         [[SENTINEL] * 3], [SENTINEL], [SENTINEL]]
 
 
@@ -292,21 +287,20 @@ def test_no_requests():
     ({"num_sampled": torch.zeros(1, dtype=torch.int32)}, "num_sampled: 1 entries"),
     ({"draft_logits": torch.zeros(2, 1, 4)}, "draft_logits: shape"),
 ])
-def test_launcher_names_the_bad_argument(change, message):
+def test_launcher_names_the_bad_argument(change, message, device):
     args = {"target_logits": torch.zeros(2, 3, 4), "draft_tokens": torch.zeros(2, 2, dtype=torch.int64),
             "idx_mapping": torch.zeros(2, dtype=torch.int32), "temperature": torch.ones(2),
             "seeds": torch.zeros(2, dtype=torch.int64), "positions": torch.zeros(2, dtype=torch.int64),
             "out_tokens": torch.zeros(2, 3, dtype=torch.int64), "num_sampled": torch.zeros(2, dtype=torch.int32),
             "num_rejected": torch.zeros(2, dtype=torch.int32), **change}
-    dev = runtime.device()
     with pytest.raises(ValueError, match=message):
-        verify(**{k: v.to(dev) for k, v in args.items()})
+        verify(**{k: v.to(device) for k, v in args.items()})
 
 
 @given(seed=st.integers(0, 2**32 - 1), depth=st.integers(0, 2), vocab=st.integers(1, 24),
        with_draft_logits=st.booleans(), block_v=st.sampled_from([None, 8]))
 @pytest.mark.slow
-def test_kernel_matches_reference(seed, depth, vocab, with_draft_logits, block_v):
+def test_kernel_matches_reference(seed, depth, vocab, with_draft_logits, block_v, device):
     rng = np.random.default_rng(seed)
     batch, num_slots = 2, 3
     target = torch.from_numpy((rng.standard_normal((batch, depth + 1, vocab)) * 2).astype(np.float32))
@@ -325,8 +319,7 @@ def test_kernel_matches_reference(seed, depth, vocab, with_draft_logits, block_v
         if with_draft_logits else None,
     }
     expected = ref.verify(**inputs)
-    dev = runtime.device()
-    args = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     verify(**args, block_v=block_v)
     for name, want in zip(("out_tokens", "num_sampled", "num_rejected"), expected, strict=True):
         verdict = exact_unless_near_tie(name, want, args[name])

@@ -6,7 +6,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernels import runtime
 from kernels.sampling import DRAFT_NOISE_SALT, gumbel_sample
 from reference import sampling as ref
 from stress.compare import Tolerated, exact_unless_near_tie
@@ -18,11 +17,10 @@ def _on(dev, **tensors):
     return {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
 
 
-def _sample(logits, slots, temps, seeds=None, positions=None, **kw):
-    dev = runtime.device()
+def _sample(device, logits, slots, temps, seeds=None, positions=None, **kw):
     num_rows, num_slots = len(logits), len(temps)
     logits = torch.as_tensor(logits, dtype=torch.float32)
-    args = _on(dev, logits=logits,
+    args = _on(device, logits=logits,
                idx_mapping=torch.tensor(slots, dtype=torch.int32),
                temperature=torch.tensor(temps, dtype=torch.float32),
                seeds=torch.tensor(seeds if seeds is not None else [7] * num_slots, dtype=torch.int64),
@@ -31,40 +29,39 @@ def _sample(logits, slots, temps, seeds=None, positions=None, **kw):
     return gumbel_sample(**args).cpu().tolist()
 
 
-def test_greedy_takes_the_spike():
-    assert _sample([[0, 0, 9, 0], [5, 1, 1, 1]], slots=[0, 1], temps=[0.0, 0.0]) == [2, 0]
+def test_greedy_takes_the_spike(device):
+    assert _sample(device, [[0, 0, 9, 0], [5, 1, 1, 1]], slots=[0, 1], temps=[0.0, 0.0]) == [2, 0]
 
 
-def test_greedy_ties_and_nonfinite():
+def test_greedy_ties_and_nonfinite(device):
     rows = [[1, 3, 3, 0], [-INF] * 4, [NAN] * 4, [NAN, 1, NAN, 1], [1, INF, 2, INF], [NAN, -INF, -INF, -INF]]
-    assert _sample(rows, slots=list(range(6)), temps=[0.0] * 6) == [1, 0, 0, 1, 1, 0]
+    assert _sample(device, rows, slots=list(range(6)), temps=[0.0] * 6) == [1, 0, 0, 1, 1, 0]
 
 
-def test_sampled_rows_follow_the_noise_key():
+def test_sampled_rows_follow_the_noise_key(device):
     """A huge spike wins whatever the noise; without one, the token is the reference's."""
-    assert _sample([[0, 0, 0, 80]], slots=[0], temps=[1.0]) == [3]
+    assert _sample(device, [[0, 0, 0, 80]], slots=[0], temps=[1.0]) == [3]
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(1))
-    got = _sample(logits, slots=[0, 1, 2, 3], temps=[1.0, 0.5, 2.0, 1.0], seeds=[1, -2, 3, 2**62],
+    got = _sample(device, logits, slots=[0, 1, 2, 3], temps=[1.0, 0.5, 2.0, 1.0], seeds=[1, -2, 3, 2**62],
                   positions=[0, 5, 2**40, 7])
     want = ref.gumbel_sample(logits, torch.tensor([0, 1, 2, 3], dtype=torch.int32), torch.tensor([1.0, 0.5, 2, 1]),
                              torch.tensor([1, -2, 3, 2**62]), torch.tensor([0, 5, 2**40, 7]))[0]
     assert not want.near_tie.any() and got == want.value.tolist()
 
 
-def test_drafting_uses_a_separate_noise_stream():
+def test_drafting_uses_a_separate_noise_stream(device):
     logits = torch.zeros(8, 200)
     slots, temps, pos = list(range(8)), [1.0] * 8, list(range(100, 108))
-    verify = _sample(logits, slots, temps, positions=pos)
-    draft = _sample(logits, slots, temps, positions=pos, draft=True)
+    verify = _sample(device, logits, slots, temps, positions=pos)
+    draft = _sample(device, logits, slots, temps, positions=pos, draft=True)
     assert draft != verify
-    assert draft == _sample(logits, slots, temps, positions=[p + DRAFT_NOISE_SALT for p in pos])
+    assert draft == _sample(device, logits, slots, temps, positions=[p + DRAFT_NOISE_SALT for p in pos])
 
 
-def test_logits_cache_stores_input_logits_bitwise():
+def test_logits_cache_stores_input_logits_bitwise(device):
     row = torch.tensor([NAN, -0.0, INF, -INF, 1e-45, 3.4e38, -1.5, 2.0])
     cache = torch.full((3, 2, 8), -7777.0)
-    dev = runtime.device()
-    args = _on(dev, logits=torch.stack([row, row * 2]), idx_mapping=torch.tensor([2, 0], dtype=torch.int32),
+    args = _on(device, logits=torch.stack([row, row * 2]), idx_mapping=torch.tensor([2, 0], dtype=torch.int32),
                temperature=torch.tensor([0.7, 0.0, 1.3]), seeds=torch.tensor([1, 2, 3]),
                positions=torch.tensor([4, 4]), logits_cache=cache, cache_cols=torch.tensor([1, 0], dtype=torch.int32))
     gumbel_sample(**args)
@@ -76,10 +73,9 @@ def test_logits_cache_stores_input_logits_bitwise():
     assert bool((got[untouched] == -7777.0).all())
 
 
-def test_inert_rows_write_nothing_and_are_greedy():
+def test_inert_rows_write_nothing_and_are_greedy(device):
     cache = torch.full((2, 1, 4), -7777.0)
-    dev = runtime.device()
-    args = _on(dev, logits=torch.tensor([[0.0, 5, 1, 2], [9.0, 0, 0, 0]]),
+    args = _on(device, logits=torch.tensor([[0.0, 5, 1, 2], [9.0, 0, 0, 0]]),
                idx_mapping=torch.tensor([-1, -1], dtype=torch.int32), temperature=torch.tensor([5.0, 5.0]),
                seeds=torch.tensor([1, 2]), positions=torch.tensor([0, 0]), logits_cache=cache,
                cache_cols=torch.tensor([0, 0], dtype=torch.int32))
@@ -87,8 +83,8 @@ def test_inert_rows_write_nothing_and_are_greedy():
     assert bool((args["logits_cache"].cpu() == -7777.0).all())
 
 
-def test_no_rows():
-    assert _sample(torch.zeros(0, 5), slots=[], temps=[1.0]) == []
+def test_no_rows(device):
+    assert _sample(device, torch.zeros(0, 5), slots=[], temps=[1.0]) == []
 
 
 @pytest.mark.parametrize("change,message", [
@@ -100,17 +96,17 @@ def test_no_rows():
     ({"logits_cache": torch.zeros(2, 1, 5), "cache_cols": torch.zeros(2, dtype=torch.int32)}, "logits_cache: shape"),
     ({"block_v": 48}, "block_v: expected a power of two"),
 ])
-def test_launcher_names_the_bad_argument(change, message):
+def test_launcher_names_the_bad_argument(change, message, device):
     args = {"logits": torch.zeros(2, 4), "idx_mapping": torch.zeros(2, dtype=torch.int32),
             "temperature": torch.ones(2), "seeds": torch.zeros(2, dtype=torch.int64),
             "positions": torch.zeros(2, dtype=torch.int64), **change}
     with pytest.raises(ValueError, match=message):
-        gumbel_sample(**_on(runtime.device(), **args))
+        gumbel_sample(**_on(device, **args))
 
 
 @given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 3), vocab=st.integers(1, 40),
        block_v=st.sampled_from([None, 8]), draft=st.booleans())
-def test_kernel_matches_reference(seed, rows, vocab, block_v, draft):
+def test_kernel_matches_reference(seed, rows, vocab, block_v, draft, device):
     rng = np.random.default_rng(seed)
     logits = torch.from_numpy((rng.standard_normal((rows, vocab)) * 3).astype(np.float32))
     logits[torch.from_numpy(rng.random((rows, vocab)) < 0.1)] = NAN
@@ -124,7 +120,7 @@ def test_kernel_matches_reference(seed, rows, vocab, block_v, draft):
               "logits_cache": torch.full((num_slots, 2, vocab), -7777.0),
               "cache_cols": torch.from_numpy(rng.integers(0, 2, rows).astype(np.int32)), "draft": draft}
     want_tokens, want_cache = ref.gumbel_sample(**inputs)
-    args = _on(runtime.device(), **inputs)
+    args = _on(device, **inputs)
     got = gumbel_sample(**args, block_v=block_v)
     verdict = exact_unless_near_tie("tokens", want_tokens, got)
     assert verdict is None or isinstance(verdict, Tolerated), verdict.lines()
