@@ -187,6 +187,8 @@ def repro_of(request):
 
 @pytest.fixture(scope="session")
 def device():
+    """The torch device kernels run on: this xdist worker's GPU (pinned at configure), or the CPU under the
+    interpreter. Its ``type`` ("cuda" or "cpu") is the device name the runner and the drivers take."""
     from kernels import runtime
 
     return runtime.device()

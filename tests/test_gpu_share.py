@@ -8,7 +8,6 @@ import time
 import pytest
 import torch
 
-from kernels import runtime
 from stress import checks, gpu_share, runner
 
 
@@ -47,7 +46,7 @@ def test_cases_share_a_gpu_and_a_rerun_waits_for_them_then_runs_before_new_cases
     assert log.index("later in") > log.index("rerun out")
 
 
-def _gather_once_short_of_memory(monkeypatch, tmp_path, part: str) -> tuple[list, str]:
+def _gather_once_short_of_memory(device, monkeypatch, tmp_path, part: str) -> tuple[list, str]:
     """block_table.gather whose ``part`` (kernel or reference) runs out of device memory on its first call only,
     run by a worker holding a share of its GPU; returns the calls made and the check's name."""
     calls = []
@@ -63,43 +62,43 @@ def _gather_once_short_of_memory(monkeypatch, tmp_path, part: str) -> tuple[list
     check = dataclasses.replace(base, repeats={"cpu": 1, "cuda": 1}, **{part: once_short_of_memory})
     monkeypatch.setitem(checks.BY_NAME, check.name, check)
     monkeypatch.setattr(runner, "_SHARE", gpu_share.GpuShare(str(tmp_path), 0))
-    if runtime.DEVICE == "cpu":
+    if device.type == "cpu":
         monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     return calls, check.name
 
 
-def test_a_case_that_runs_out_of_device_memory_runs_again_alone(tmp_path, monkeypatch):
-    calls, name = _gather_once_short_of_memory(monkeypatch, tmp_path, "kernel")
-    result = runner.run_case(runner.Task(name, "basic", 1), runtime.DEVICE, trace=False)
+def test_a_case_that_runs_out_of_device_memory_runs_again_alone(tmp_path, monkeypatch, device):
+    calls, name = _gather_once_short_of_memory(device, monkeypatch, tmp_path, "kernel")
+    result = runner.run_case(runner.Task(name, "basic", 1), device.type, trace=False)
     assert result.verdict == "pass" and len(calls) == 2, result.details
     assert "ran again alone on its GPU" in result.details[-1]
 
     calls.clear()
     monkeypatch.setattr(runner, "_SHARE", None)  # no share (one process): the out-of-memory case is a crash
-    result = runner.run_case(runner.Task(name, "basic", 1), runtime.DEVICE, trace=False)
+    result = runner.run_case(runner.Task(name, "basic", 1), device.type, trace=False)
     assert result.verdict == "fail:crash" and "OutOfMemoryError" in result.details[0] and len(calls) == 1
 
 
-def test_a_reference_that_runs_out_of_device_memory_runs_again_alone(tmp_path, monkeypatch):
-    calls, name = _gather_once_short_of_memory(monkeypatch, tmp_path, "reference")
-    result = runner.run_case(runner.Task(name, "basic", 1), runtime.DEVICE, trace=False)
+def test_a_reference_that_runs_out_of_device_memory_runs_again_alone(tmp_path, monkeypatch, device):
+    calls, name = _gather_once_short_of_memory(device, monkeypatch, tmp_path, "reference")
+    result = runner.run_case(runner.Task(name, "basic", 1), device.type, trace=False)
     assert result.verdict == "pass" and len(calls) == 2, result.details
     assert "ran again alone on its GPU" in result.details[-1]
 
 
-def test_a_result_says_where_its_time_went():
-    result = runner.run_case(runner.Task("block_table.gather", "basic", 3), runtime.DEVICE)
+def test_a_result_says_where_its_time_went(device):
+    result = runner.run_case(runner.Task("block_table.gather", "basic", 3), device.type)
     assert {"build", "reference", "judge"} <= set(result.phases)
     assert sum(result.phases.values()) <= result.seconds + 1e-3
-    refused = runner.run_case(runner.Task("block_table.gather", "refused", 3), runtime.DEVICE)
+    refused = runner.run_case(runner.Task("block_table.gather", "refused", 3), device.type)
     assert refused.verdict == "pass" and set(refused.phases) == {"build", "judge"}
 
 
 @pytest.mark.gpu
-def test_a_repeat_waits_for_the_gpu_once(monkeypatch):
+def test_a_repeat_waits_for_the_gpu_once(monkeypatch, device):
     """Every wait is a wait for the other workers' time slices on a shared GPU: a repeat's guard checks and
     read-backs are queued and fetched with one synchronization."""
-    if runtime.DEVICE != "cuda":
+    if device.type != "cuda":
         pytest.skip("needs a GPU")
     check = checks.get("block_table.gather")
     case = runner.build_case(check, "padded", 5, "cuda", {})

@@ -3,7 +3,6 @@
 import pytest
 import slow_cases
 
-from kernels import runtime
 from stress import checks, matrix, mutants
 
 MUTANTS = [(c.name, m.name) for c in checks.REGISTRY for m in c.mutants]
@@ -15,16 +14,16 @@ PARAMS = slow_cases.marked(MUTANTS, SLOW)
 
 
 @pytest.mark.parametrize("check_name,mutant_name", PARAMS)
-def test_mutant_is_killed(check_name, mutant_name):
+def test_mutant_is_killed(check_name, mutant_name, device):
     check = checks.get(check_name)
     mutant = check.mutant(mutant_name)
     mutants.validate(mutant)  # the patched text still occurs exactly once
-    oracle = mutant.oracles.get(runtime.DEVICE)
+    oracle = mutant.oracles.get(device.type)
     if oracle is None:
-        pytest.skip(f"not_checked on {runtime.DEVICE}: {mutant.why_not}")
-    kill = matrix.hunt(check_name, mutant_name, runtime.DEVICE, oracle, max_iters=60, seed=0, launch=None)
+        pytest.skip(f"not_checked on {device.type}: {mutant.why_not}")
+    kill = matrix.hunt(check_name, mutant_name, device.type, oracle, max_iters=60, seed=0, launch=None)
     if kill.status == "not_checked":  # a sanitizer oracle where no compute-sanitizer can run
-        pytest.skip(f"not_checked on {runtime.DEVICE}: {kill.reason}")
+        pytest.skip(f"not_checked on {device.type}: {kill.reason}")
     assert kill.status == "killed", f"{mutant_name} survived {kill.iterations} cases (other verdicts: " \
                                     f"{kill.other_failures})"
 

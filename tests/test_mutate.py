@@ -55,20 +55,19 @@ def test_a_helper_mutant_rebuilds_the_kernels_that_call_it():
         "kernels.rejection:_verify_kernel"]
 
 
-def test_a_helper_mutant_reaches_a_kernel_of_another_module_compiled_before_it():
+def test_a_helper_mutant_reaches_a_kernel_of_another_module_compiled_before_it(device):
     """Rejection's kernel inlines sampling's running best. Compiled in this process from the production helper,
     the same case under the mutant (tokens kept where a better score wins) must run the mutant's helper, and
     the production case after it the production one: a compiled kernel keeps the helpers it was built with, so
     a kernel left out of the rebuild runs the production binary under the mutant, or (another launch shape,
     compiled meanwhile) keeps the mutant's after it, in this process and in Triton's disk cache."""
-    from kernels import runtime
     from stress.runner import PASS, Task, run_case
 
     case = Task("rejection.verify", "mixed", 0)
     slip = case._replace(mutant="gen:kernels.sampling:running_best:where-swap:2a5536c0")
-    assert run_case(case, runtime.DEVICE, trace=False).verdict == PASS
-    assert run_case(slip, runtime.DEVICE, trace=False).verdict == "fail:divergence"
-    assert run_case(case, runtime.DEVICE, trace=False).verdict == PASS
+    assert run_case(case, device.type, trace=False).verdict == PASS
+    assert run_case(slip, device.type, trace=False).verdict == "fail:divergence"
+    assert run_case(case, device.type, trace=False).verdict == PASS
 
 def test_applied_swaps_every_imported_name():
     import kernels.kv_cache
@@ -82,18 +81,18 @@ def test_applied_swaps_every_imported_name():
     assert kv_families.write_kv is kernels.kv_cache.write_kv is not patched
 
 
-def _decide(ids: list[str], launches: dict) -> dict:
+def _decide(device, ids: list[str], launches: dict) -> dict:
     """Equivalence as the tool decides it: in a process that never ran a kernel."""
     out = {}
     with pool.Pool(mutate_equiv.decide_id, 1, initializer=mutate_equiv.init_worker,
-                   initargs=(runtime.DEVICE, launches), timeout=120) as workers:
+                   initargs=(device.type, launches), timeout=120) as workers:
         queue = iter(ids)
         workers.run(lambda: next(queue, None), lambda o: out.__setitem__(o.item, o.value or o.failure))
     return out
 
 
 @pytest.mark.slow
-def test_equivalence_filter_controls():
+def test_equivalence_filter_controls(device):
     kernel = mutate_ops._target(WIDEN)
     src, out = torch.arange(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64)
     signature = mutate_equiv.signature(kernel, (src, out, 8), {"BLOCK": 8})
@@ -101,7 +100,7 @@ def test_equivalence_filter_controls():
     flip = _one(WIDEN, "cmp-flip", "values = tl.load", "offs <= n").id
     host_flip = _one(HOST, "cmp-flip", "value > 0", "value >= 0").id
     host_default = _one(HOST, "default", "default=None", "default=0").id
-    got = _decide([cast, flip, host_flip, host_default], {WIDEN: {signature}})
+    got = _decide(device, [cast, flip, host_flip, host_default], {WIDEN: {signature}})
     assert got[cast] == (True, "ttir")  # positive control: a cast of an int64 to int64
     assert got[flip] == (False, "ttir")  # negative controls
     assert got[host_flip] == (False, "bytecode")
@@ -183,14 +182,14 @@ def test_a_survivor_killed_by_another_devices_kept_record_says_where_and_still_c
 
 
 @pytest.mark.slow
-def test_unit_tests_kill_a_fallback_slip_and_not_a_speed_setting():
+def test_unit_tests_kill_a_fallback_slip_and_not_a_speed_setting(device):
     """attention.paged's unit tests run the tile fallback on a simulated small device: dropping its last rung
     (positive control) fails them; a stage count, which only changes speed (negative control), passes."""
     last_rung = _row("kernels.attention:paged_attention", "const", "len(tiles) - 1", "len(tiles) - 2", "survived")
     stages = _row("kernels.attention:launch_shape", "const", "num_stages = 3 if", "num_stages = 4 if", "survived")
     unbuildable = dataclasses.replace(stages, id=stages.id[:-8] + "00000000")  # a session that cannot start
     streamed = []
-    mutate.second_oracles([last_rung, stages, unbuildable], runtime.DEVICE, seed=0, timeout=300,
+    mutate.second_oracles([last_rung, stages, unbuildable], device.type, seed=0, timeout=300,
                           on_row=streamed.append)
     assert streamed == [last_rung, stages, unbuildable]
     assert unbuildable.status == "survived" and "pytest exit 4" in unbuildable.reason, "a usage error is no kill"

@@ -4,7 +4,6 @@ import pytest
 import slow_cases
 import torch
 
-from kernels import runtime
 from stress import checks, refusal, runner
 
 PAIRS = [(c.name, f) for c in checks.REGISTRY for f in c.families]
@@ -18,13 +17,13 @@ PARAMS = slow_cases.marked(PAIRS, SLOW)
 
 @pytest.mark.stress
 @pytest.mark.parametrize("check_name,family", PARAMS)
-def test_family_matches_reference(check_name, family, iters, base_seed, record_property, repro_of):
+def test_family_matches_reference(check_name, family, iters, base_seed, record_property, repro_of, device):
     check = checks.get(check_name)
-    if runtime.DEVICE not in check.devices:
-        pytest.skip(f"{check_name} does not run on {runtime.DEVICE}")
+    if device.type not in check.devices:
+        pytest.skip(f"{check_name} does not run on {device.type}")
     for i in range(max(1, round(iters * check.iteration_share))):
         task = runner.Task(check_name, family, runner.case_seed(base_seed, check_name, family, i))
-        result = runner.run_case(task, runtime.DEVICE)
+        result = runner.run_case(task, device.type)
         line = repro_of(result)
         record_property("repro", line)  # in the JUnit XML, to rerun any case from CI's report
         assert result.verdict == "pass", "\n".join([line, *result.details])
