@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from kernels import draft_inputs
 from reference import draft_inputs as ref
-from stress import checks, runner
+from stress import checks
+from stress.core import oracle
 from stress.families.common import SENTINEL
 
 MASK = 900
@@ -140,5 +141,5 @@ CHECK = checks.get("draft_inputs.prepare")
 @given(family=st.sampled_from(sorted(CHECK.families)), seed=st.integers(0, 2**63 - 1))
 @pytest.mark.slow
 def test_kernel_matches_reference(family, seed, device):
-    result = runner.run_case(runner.Task(CHECK.name, family, seed), device.type)
+    result = workers.run_case(cases.Task(CHECK.name, family, seed), device.type)
     assert result.verdict == "pass", "\n".join([result.repro(), *result.details])

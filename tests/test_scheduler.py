@@ -20,8 +20,8 @@ from hypothesis.stateful import (
 
 from kernels.spec import scheduler
 from kernels.spec.slots import RequestSlots
-from stress import mutants
-from stress.types import Mutant, Patch
+from stress.core import patches as mutants
+from stress.core.types import Mutant, Patch
 
 PREFIXES = ((1, 2, 3, 4, 5, 6), (1, 2, 3, 4, 7, 7), (5, 5))  # shared heads, so admissions hit the prefix cache
 

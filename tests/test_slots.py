@@ -18,8 +18,10 @@ from hypothesis.stateful import (
 from kernels.spec import slots
 from kernels.spec.slots import RequestSlots
 from reference.spec import slots as ref
-from stress import checks, mutants, schedule
-from stress.types import Mutant, Patch
+from stress import checks
+from stress.core import patches as mutants
+from stress.families import schedule
+from stress.core.types import Mutant, Patch
 
 
 def test_admission_pops_the_end_of_the_free_list():

@@ -4,7 +4,7 @@ SM100 where fix 6 lives."""
 
 from kernels.spec.backends import BACKENDS, LAYER_TYPES
 from stress.families.common import pick
-from stress.types import Case
+from stress.core.types import Case
 
 CAPABILITIES = (7, 8, 9, 10, 11, 12)
 

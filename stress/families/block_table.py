@@ -20,7 +20,7 @@ from stress.families.common import (
     spread,
     tile_boundary_sizes,
 )
-from stress.types import Case
+from stress.core.types import Case
 
 # ---------------------------------------------------------------- shift_block_table_rows
 

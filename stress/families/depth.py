@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from stress.families.common import pick
-from stress.types import Case
+from stress.core.types import Case
 
 
 def _case(kind: str, params: dict, note: str, draft: torch.Tensor | None = None) -> Case:

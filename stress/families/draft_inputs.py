@@ -12,7 +12,7 @@ import torch
 from kernels.draft_inputs import MAX_BLOCK
 from stress.families import common
 from stress.families.common import BLOCK_SIZES, SENTINEL, big, distinct_blocks, int32, int64, pick, slots_for
-from stress.types import Case
+from stress.core.types import Case
 
 POISON = -999_999
 

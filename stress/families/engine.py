@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from stress.families.common import big, pick
-from stress.types import Case
+from stress.core.types import Case
 
 ALPHA, BETA, GAMMA = 40.0, 2.0, 0.5
 CLASSES = 4

@@ -15,8 +15,8 @@ import torch
 
 from kernels.spec.draft_step import DraftConfig, random_weights
 from stress.families.common import pick
-from stress.graph_replay import Batch, GraphSetup
-from stress.types import Case
+from stress.oracles.graph_replay import Batch, GraphSetup
+from stress.core.types import Case
 
 BACKENDS = ("specsan_paged", "host_planned")
 

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from reference.spec.graphs import decode_widths
 from stress.families.common import pick
-from stress.types import Case
+from stress.core.types import Case
 
 
 class Query(NamedTuple):

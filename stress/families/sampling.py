@@ -16,7 +16,7 @@ from stress.families.common import (
     spread,
     tile_boundary_sizes,
 )
-from stress.types import Case
+from stress.core.types import Case
 
 SENTINEL_LOGIT = -7777.0  # pre-filled cache entries no row may write
 

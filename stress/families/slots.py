@@ -2,8 +2,8 @@
 and a perturbed global numpy RNG (set-order recycling and global-RNG seeds diverge in-process)."""
 
 from stress.families.common import pick
-from stress.schedule import Step, random_schedule
-from stress.types import Case
+from stress.families.schedule import Step, random_schedule
+from stress.core.types import Case
 
 
 def _case(rng, schedule, max_num_reqs, note) -> Case:
