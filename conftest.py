@@ -126,8 +126,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _timed_out(item, limit: float) -> None:
-    """A hung kernel never returns to Python, so no exception can end the test: print where the
-    test is stuck and end the process (xdist reports the test as failed and starts a new worker)."""
+    """Print every thread's stack to the real stderr (capture suspended) and end the process at once."""
     capture = item.config.pluginmanager.getplugin("capturemanager")
     if capture is not None:
         capture.suspend_global_capture(in_=True)
@@ -141,6 +140,16 @@ def _timed_out(item, limit: float) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    """``--test-timeout``: a watchdog thread over each test's setup, call and teardown.
+
+    It lives here, not in pytest-timeout, because the GPU runners have no network and no pytest-timeout:
+    the suite must run there as checked out. It does what pytest-timeout's ``thread`` method does, which is
+    what a GPU test needs: a test stuck in a hung kernel sits in a C call that never returns to Python, so a
+    signal handler (pytest-timeout's ``signal`` method) never runs and no exception can end the test. Only
+    another thread notices, and only ``os._exit`` ends the process: a normal exit runs atexit handlers and
+    frees CUDA memory, which synchronizes with the device and waits on the hung kernel forever. Under xdist
+    the exit reads as a crashed worker: xdist reports the test failed and starts a fresh worker for the rest.
+    """
     limit = item.config.getoption("--test-timeout")
     timer = threading.Timer(limit, _timed_out, args=(item, limit)) if limit else None
     if timer:
@@ -179,6 +188,8 @@ def repro_of(request):
 
 @pytest.fixture(scope="session")
 def device():
+    """The torch device kernels run on: this xdist worker's GPU (pinned at configure), or the CPU under the
+    interpreter. Its ``type`` ("cuda" or "cpu") is the device name the runner and the drivers take."""
     from kernels import runtime
 
     return runtime.device()

@@ -219,7 +219,7 @@ def launch_shape(num_tokens: int, num_batch_rows: int, num_kv_heads: int, group:
         kv_splits = max(1, min(wanted, capacity // max(2 * block_n, 2 * rows)))
     if num_stages is None:
         # Decode-sized programs keep three stages of K and V tiles in flight where they fit three times in shared
-        # memory; programs of 64+ rows already hold a large Q tile and ran 3-5% faster with two (H200, draft-16).
+        # memory; programs of 64+ rows already hold a large Q tile and run 3-5% faster with two (H200, draft-16).
         num_stages = 3 if block_m < 64 and 2 * block_n * block_d * dtype.itemsize <= 48 * 1024 else 2
     return {"block_m": block_m, "block_n": block_n, "block_d": block_d, "kv_splits": kv_splits,
             "num_warps": num_warps or (8 if block_m >= 64 else 4), "num_stages": num_stages,

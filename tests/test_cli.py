@@ -436,7 +436,7 @@ def test_a_junit_repro_line_under_specsan_mutant_names_the_mutant_and_reruns_as_
 @pytest.mark.slow
 def test_importing_triton_first_leaves_the_kernels_working():
     script = ("import triton\n"
-              "from stress.core import runner\n"
+              "from stress.core import cases, workers\n"
               "print(workers.run_case(cases.Task('block_table.shift', 'overlap', 1), 'cpu').verdict)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "SPECSAN_DEVICE": "cpu"})
@@ -452,3 +452,15 @@ def test_a_test_past_its_timeout_is_stopped_with_its_stack(tmp_path):
     assert done.returncode != 0
     assert "test_hangs.py::test_hangs ran past --test-timeout=1 s" in done.stderr
     assert "time.sleep(60)" in done.stderr  # where it was stuck
+
+
+@pytest.mark.slow
+def test_under_xdist_a_test_past_its_timeout_fails_and_a_fresh_worker_runs_the_rest(tmp_path):
+    (tmp_path / "test_hangs.py").write_text("import time\n\ndef test_hangs():\n    time.sleep(60)\n\n"
+                                            "def test_after():\n    pass\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q", "-n", "1",
+                           "--test-timeout", "1", str(tmp_path / "test_hangs.py")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 failed, 1 passed" in done.stdout, done.stdout
+    assert "worker 'gw0' crashed while running 'test_hangs.py::test_hangs'" in done.stdout, done.stdout

@@ -25,20 +25,19 @@ LAST_SAMPLED = (40, 41, 42, 43, 44)  # by slot
 NEXT_PREFILL = (50, 51, 52, 53, 54)
 
 
-def _graphs(*, backend="specsan_paged", causal=False, anchor_first=False, schedule=None, small_grid=0,
-            capture_sizes=(8, 16)):
+def _graphs(device, *, backend="specsan_paged", causal=False, anchor_first=False, schedule=None,
+            small_grid=0, capture_sizes=(8, 16)):
     """A small draft (K = 3, block size 4) for 4 batch rows and 5 slots; capture sizes in tokens."""
-    dev = runtime.device()
     config = DraftConfig(vocab_size=64, hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, block_size=4,
                          max_draft_tokens=3, anchor_first=anchor_first, causal=causal, mask_token_id=MASK,
                          max_model_len=64)
-    weights = type(random_weights(config, 0))(*(w.to(dev) for w in random_weights(config, 0)))
+    weights = type(random_weights(config, 0))(*(w.to(device) for w in random_weights(config, 0)))
     gen = torch.Generator().manual_seed(1)
-    k_cache, v_cache = (torch.randn(40, 4, 1, 8, generator=gen).to(dev) for _ in range(2))
+    k_cache, v_cache = (torch.randn(40, 4, 1, 8, generator=gen).to(device) for _ in range(2))
     step = draft_step.DraftStep(config, weights, attention_backends.make(backend, causal=causal),
-                                k_cache=k_cache, v_cache=v_cache, temperature=torch.zeros(5, device=dev),
-                                seeds=torch.zeros(5, dtype=torch.int64, device=dev),
-                                logits_cache=torch.zeros(5, 3, 64, device=dev), max_num_reqs=4, max_num_tokens=32,
+                                k_cache=k_cache, v_cache=v_cache, temperature=torch.zeros(5, device=device),
+                                seeds=torch.zeros(5, dtype=torch.int64, device=device),
+                                logits_cache=torch.zeros(5, 3, 64, device=device), max_num_reqs=4, max_num_tokens=32,
                                 max_blocks_per_req=4)
     # both classes as their modules hold them now, so a planted bug applies
     return draft_graphs.DraftGraphs(step, capture_sizes=capture_sizes, max_num_reqs=4, schedule=schedule,
@@ -54,37 +53,37 @@ def _batch(*, k=3, positions=(5, 6, 9), cached=(1, 0, 3, 0, 5)):
                  temperature=(0.0, 1.0, 0.0, 0.5, 0.0), seeds=(1, 2, 3, 4, 5), num_draft_tokens=k)
 
 
-def test_batches_dispatch_to_the_smallest_captured_size_that_holds_them():
-    dflash = _graphs()  # Q = 4: capture sizes 8 and 16 tokens are 2 and 4 requests
+def test_batches_dispatch_to_the_smallest_captured_size_that_holds_them(device):
+    dflash = _graphs(device)  # Q = 4: capture sizes 8 and 16 tokens are 2 and 4 requests
     assert [(d.num_reqs, d.uniform) for d in (dflash.descriptor_for(b, 3) for b in (1, 2, 3, 4))] == \
         [(2, 4), (2, 4), (4, 4), (4, 4)]
     assert dflash.descriptor_for(2, 2).mode is Mode.NONE, "depth 2 has no graph without a schedule"
-    banded = _graphs(schedule=[(1, 2, 3), (3, 4, 0)], small_grid=4)  # DFlash: widths 4 and 1 (drafts nothing)
+    banded = _graphs(device, schedule=[(1, 2, 3), (3, 4, 0)], small_grid=4)  # DFlash: widths 4 and 1 (drafts nothing)
     assert {banded.depth(d) for d in banded.candidates.full} == {3, 0}
     assert {banded.depth(d) for d in banded.descriptors} == {3}
-    dspark = _graphs(anchor_first=True, schedule=[(1, 2, 3), (3, 4, 0)])  # Q = K: the 0 band has no width
+    dspark = _graphs(device, anchor_first=True, schedule=[(1, 2, 3), (3, 4, 0)])  # Q = K: the 0 band has no width
     assert {d.uniform for d in dspark.descriptors} == {3}
 
 
-def test_a_backend_that_bakes_lengths_is_never_captured_for_non_causal_drafting():
-    assert _graphs(backend="host_planned", causal=False).descriptors == []
-    assert _graphs(backend="host_planned", causal=False).descriptor_for(1, 3).mode is Mode.NONE
-    assert _graphs(backend="host_planned", causal=True).descriptors
-    assert _graphs(backend="specsan_paged", causal=False).descriptors
+def test_a_backend_that_bakes_lengths_is_never_captured_for_non_causal_drafting(device):
+    assert _graphs(device, backend="host_planned", causal=False).descriptors == []
+    assert _graphs(device, backend="host_planned", causal=False).descriptor_for(1, 3).mode is Mode.NONE
+    assert _graphs(device, backend="host_planned", causal=True).descriptors
+    assert _graphs(device, backend="specsan_paged", causal=False).descriptors
 
 
-def test_depth_zero_drafts_nothing_and_writes_nothing():
-    owner = _graphs(schedule=[(1, 2, 3), (3, 4, 0)])
+def test_depth_zero_drafts_nothing_and_writes_nothing(device):
+    owner = _graphs(device, schedule=[(1, 2, 3), (3, 4, 0)])
     graph_replay.poison(owner, _batch())
-    out = owner.run(num_draft_tokens=0, **_batch(k=0).target(runtime.device()))
+    out = owner.run(num_draft_tokens=0, **_batch(k=0).target(device))
     assert out.draft_tokens.shape == (2, 0) and out.hidden is None and not out.replayed
     assert bool((owner.step.buffers.input_ids == POISON).all()), "no preparation ran"
 
 
-def test_prepare_fills_the_padded_size_and_nothing_past_it():
-    owner = _graphs()
+def test_prepare_fills_the_padded_size_and_nothing_past_it(device):
+    owner = _graphs(device)
     graph_replay.poison(owner, _batch())
-    assert owner.step.prepare(num_reqs=4, num_draft_tokens=3, **_batch().target(runtime.device()))
+    assert owner.step.prepare(num_reqs=4, num_draft_tokens=3, **_batch().target(device))
     buf = {k: v.cpu().tolist() for k, v in owner.step.buffers.tensors().items()}
     assert buf["input_ids"][:16] == [LAST_SAMPLED[3], MASK, MASK, MASK, NEXT_PREFILL[1], MASK, MASK, MASK] + [0] * 8
     assert buf["positions"][:16] == [7, 8, 9, 10, 10, 11, 12, 13] + [0] * 8
@@ -97,15 +96,15 @@ def test_prepare_fills_the_padded_size_and_nothing_past_it():
     assert buf["block_table"][2:] == [[39] * 4] * 2, "padded table rows keep the poison block"
 
 
-def test_a_partial_cached_block_refuses_the_batch():
-    owner = _graphs()
+def test_a_partial_cached_block_refuses_the_batch(device):
+    owner = _graphs(device)
     graph_replay.poison(owner, _batch())
-    out = owner.run(num_draft_tokens=3, **_batch(cached=(1, 2, 3, 0, 5)).target(runtime.device()))
+    out = owner.run(num_draft_tokens=3, **_batch(cached=(1, 2, 3, 0, 5)).target(device))
     assert out.draft_tokens.tolist() == [[-1] * 3] * 2 and out.hidden is None
 
 
-def test_poison_covers_buffers_sampling_state_and_logits_cache():
-    owner = _graphs()
+def test_poison_covers_buffers_sampling_state_and_logits_cache(device):
+    owner = _graphs(device)
     graph_replay.poison(owner, _batch())
     step = owner.step
     for name, t in step.buffers.tensors().items():
@@ -115,11 +114,11 @@ def test_poison_covers_buffers_sampling_state_and_logits_cache():
     assert bool(step.logits_cache.isnan().all())
 
 
-def test_backbone_outputs_are_retained_only_while_capturing(monkeypatch):
+def test_backbone_outputs_are_retained_only_while_capturing(monkeypatch, device):
     """Fix 8 (e): under capture the exact hidden-state object is kept; eager runs keep nothing."""
-    owner = _graphs()
+    owner = _graphs(device)
     graph_replay.poison(owner, _batch())
-    assert owner.step.prepare(num_reqs=2, num_draft_tokens=3, **_batch().target(runtime.device()))
+    assert owner.step.prepare(num_reqs=2, num_draft_tokens=3, **_batch().target(device))
     owner.forward(2, 3)
     assert owner.retained == ()
     monkeypatch.setattr(draft_graphs, "capturing", lambda: True)
@@ -131,12 +130,11 @@ def test_backbone_outputs_are_retained_only_while_capturing(monkeypatch):
 
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("backend", attention_backends.BACKENDS)
-def test_each_backend_attends_like_the_reference_on_rows_without_keys_or_queries(backend, causal):
+def test_each_backend_attends_like_the_reference_on_rows_without_keys_or_queries(backend, causal, device):
     """The metadata a draft step hands its backend may hold padded rows (queries, no keys), rows with keys and
     no queries, and a one-key row. Both backends must give the reference's out: skipped rows and the padding
     past the batch untouched (NaN here), every other row its attention. Graph families never build such rows
     for the host-planned backend's own non-causal loop."""
-    dev = runtime.device()
     gen = torch.Generator().manual_seed(2)
     rows = ((2, 0), (0, 5), (1, 1), (3, 7), (2, 8))  # (query rows, seq_len) per batch row
     starts = [0]
@@ -149,23 +147,23 @@ def test_each_backend_attends_like_the_reference_on_rows_without_keys_or_queries
     query_start_loc = torch.tensor(starts, dtype=torch.int32)
     expected = reference_attention.paged_attention(query, k_cache, v_cache, block_table, seq_lens, query_start_loc,
                                                    scale=0.3, causal=causal, out=torch.full_like(query, math.nan))
-    meta = attention_backends.AttentionMetadata(query_start_loc.to(dev), seq_lens.to(dev), block_table.to(dev), 4)
+    meta = attention_backends.AttentionMetadata(query_start_loc.to(device), seq_lens.to(device),
+                                                block_table.to(device), 4)
     attend = attention_backends.make(backend, causal=causal)
-    out = torch.full_like(query, math.nan).to(dev)
+    out = torch.full_like(query, math.nan).to(device)
     attend.plan(meta)
-    attend.forward(query.to(dev), k_cache.to(dev), v_cache.to(dev), meta, scale=0.3, out=out)
+    attend.forward(query.to(device), k_cache.to(device), v_cache.to(device), meta, scale=0.3, out=out)
     torch.testing.assert_close(out.cpu(), expected.float(), rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
-def test_host_planned_attention_uses_the_lengths_of_its_last_plan():
+def test_host_planned_attention_uses_the_lengths_of_its_last_plan(device):
     """What a replay of a captured host-planned step does: the launches keep the plan's lengths."""
-    dev = runtime.device()
-    owner = _graphs(backend="host_planned")
+    owner = _graphs(device, backend="host_planned")
     step = owner.step
-    assert step.prepare(num_reqs=2, num_draft_tokens=3, **_batch().target(dev))
+    assert step.prepare(num_reqs=2, num_draft_tokens=3, **_batch().target(device))
     at_capture = copy.copy(step.backend)  # the plan a capture would bake in
     # longer sequences, still within a row of the table (4 blocks of 4 tokens: the launcher refuses more)
-    assert step.prepare(num_reqs=2, num_draft_tokens=3, **_batch(positions=(10, 11, 2)).target(dev))
+    assert step.prepare(num_reqs=2, num_draft_tokens=3, **_batch(positions=(10, 11, 2)).target(device))
     fresh = step.backbone(2, 3)
     step.backend = attention_backends.make("specsan_paged", causal=False)
     paged = step.backbone(2, 3)
@@ -176,28 +174,28 @@ def test_host_planned_attention_uses_the_lengths_of_its_last_plan():
 
 
 @pytest.mark.parametrize("check_name", ["graphs.replay", "graphs.lifetime"])
-def test_every_planted_bug_reaches_what_the_drivers_build(check_name):
+def test_every_planted_bug_reaches_what_the_drivers_build(check_name, device):
     """The drivers look their classes up when they build, so a patched class is the one that runs."""
     check = checks.get(check_name)
     case = cases.build_case(check, next(iter(check.families)), 1, "cpu")
     inputs = guards.fresh_inputs(case)
-    weights = draft_step.DraftWeights(*(inputs[name].to(runtime.device()) for name in draft_step.DraftWeights._fields))
-    k_cache, v_cache = inputs["k_cache"].to(runtime.device()), inputs["v_cache"].to(runtime.device())
+    weights = draft_step.DraftWeights(*(inputs[name].to(device) for name in draft_step.DraftWeights._fields))
+    k_cache, v_cache = inputs["k_cache"].to(device), inputs["v_cache"].to(device)
     for mutant in check.mutants:
         with mutants.applied(mutant):
             owner = graph_replay.build(inputs["config"], weights, inputs["setup"], k_cache, v_cache, inputs["batches"])
             assert type(owner) is draft_graphs.DraftGraphs and type(owner.step) is draft_step.DraftStep, mutant.name
     with mutants.applied(checks.get("graphs.replay").mutant("non-causal-claims-full")):
-        assert _graphs(backend="host_planned").mode is Mode.FULL
+        assert _graphs(device, backend="host_planned").mode is Mode.FULL
 
 
-def test_padded_rows_mapped_to_slot_0_write_its_logits_cache():
+def test_padded_rows_mapped_to_slot_0_write_its_logits_cache(device):
     """The fix-3 pre-fix form in the draft step, eagerly: two padded requests (6 sampling rows) write
     slot 0's cached logits, though slot 0 is not in the batch."""
     def run():
-        owner = _graphs(capture_sizes=(16,))  # 2 requests pad to 4
+        owner = _graphs(device, capture_sizes=(16,))  # 2 requests pad to 4
         graph_replay.poison(owner, _batch())
-        owner.run(num_draft_tokens=3, replay=False, **_batch().target(runtime.device()))
+        owner.run(num_draft_tokens=3, replay=False, **_batch().target(device))
         return owner.step.logits_cache[0]
 
     assert bool(run().isnan().all())
@@ -206,10 +204,10 @@ def test_padded_rows_mapped_to_slot_0_write_its_logits_cache():
 
 
 @pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the CPU refusal; a GPU captures")
-def test_capture_needs_a_gpu():
+def test_capture_needs_a_gpu(device):
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
-        _graphs().capture()
-    _graphs(backend="host_planned").capture()  # nothing to capture: no error
+        _graphs(device).capture()
+    _graphs(device, backend="host_planned").capture()  # nothing to capture: no error
 
 
 @pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the CPU verdict")
@@ -227,16 +225,16 @@ def test_overlapping_allocations_are_found():
 
 
 @pytest.fixture(scope="module")
-def eager_run():
+def eager_run(device):
     """The replay driver over one non-causal case with capture switched off: the 'replay' side runs
     eagerly at the padded size, so it equals the twin bit for bit, and every FULL dispatch is a silent
     fallback the judge must name."""
     check = checks.get("graphs.replay")
-    case = cases.build_case(check, "non_causal_draft", 3, runtime.DEVICE)
+    case = cases.build_case(check, "non_causal_draft", 3, device.type)
     expected = cases.expected_outputs(check, case)[RETURN]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DraftGraphs, "capture", lambda self: None)
-        inputs = {k: v.to(runtime.device()) if isinstance(v, torch.Tensor) else v
+        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v
                   for k, v in guards.fresh_inputs(case).items()}
         got = graph_replay.replay_draft_graphs(**inputs)
     return expected, got
@@ -286,38 +284,38 @@ def test_judge_names_eager_logits_off_the_reference(eager_run):
 # ---------------------------------------------------------------- on a GPU
 
 
-def _capture_and_run(owner, batch, replay=True):
+def _capture_and_run(device, owner, batch, replay=True):
     owner.capture()
     graph_replay.poison(owner, batch)
-    return owner.run(num_draft_tokens=batch.num_draft_tokens, replay=replay, **batch.target(runtime.device()))
+    return owner.run(num_draft_tokens=batch.num_draft_tokens, replay=replay, **batch.target(device))
 
 
 @pytest.mark.gpu
-def test_replay_equals_the_eager_twin_and_a_skipped_replay_leaves_poison():
+def test_replay_equals_the_eager_twin_and_a_skipped_replay_leaves_poison(device):
     batch = _batch()
-    twin = _graphs()
+    twin = _graphs(device)
     graph_replay.poison(twin, batch)
-    eager = twin.run(num_draft_tokens=3, replay=False, **batch.target(runtime.device()))
-    replayed = _capture_and_run(_graphs(), batch)
+    eager = twin.run(num_draft_tokens=3, replay=False, **batch.target(device))
+    replayed = _capture_and_run(device, _graphs(device), batch)
     assert replayed.replayed and torch.equal(replayed.draft_tokens, eager.draft_tokens)
     assert torch.equal(replayed.hidden, eager.hidden)
     with mutants.applied(checks.get("graphs.replay").mutant("replay-skipped")):
-        skipped = _capture_and_run(_graphs(), batch)
+        skipped = _capture_and_run(device, _graphs(device), batch)
     assert bool((skipped.draft_tokens == POISON).all())
 
 
 @pytest.mark.gpu
-def test_non_causal_host_planned_replays_stale_lengths_once_it_claims_full_graphs():
+def test_non_causal_host_planned_replays_stale_lengths_once_it_claims_full_graphs(device):
     """The fix-6 pre-fix: the claim lets the host-planned step be captured; a replay with other lengths
     then differs from the same step run eagerly."""
     later = _batch(positions=(10, 11, 2))
     with mutants.applied(checks.get("graphs.replay").mutant("non-causal-claims-full")):
-        owner = _graphs(backend="host_planned")
+        owner = _graphs(device, backend="host_planned")
         assert owner.descriptors
-        replayed = _capture_and_run(owner, later)
-        twin = _graphs(backend="host_planned")
+        replayed = _capture_and_run(device, owner, later)
+        twin = _graphs(device, backend="host_planned")
         graph_replay.poison(twin, later)
-        eager = twin.run(num_draft_tokens=3, replay=False, **later.target(runtime.device()))
+        eager = twin.run(num_draft_tokens=3, replay=False, **later.target(device))
     assert replayed.replayed and not torch.equal(replayed.hidden, eager.hidden)
 
 

@@ -140,8 +140,6 @@ CHECK = checks.get("draft_inputs.prepare")
 
 @given(family=st.sampled_from(sorted(CHECK.families)), seed=st.integers(0, 2**63 - 1))
 @pytest.mark.slow
-def test_kernel_matches_reference(family, seed):
-    from kernels import runtime
-
-    result = workers.run_case(cases.Task(CHECK.name, family, seed), runtime.DEVICE)
+def test_kernel_matches_reference(family, seed, device):
+    result = workers.run_case(cases.Task(CHECK.name, family, seed), device.type)
     assert result.verdict == "pass", "\n".join([result.repro(), *result.details])

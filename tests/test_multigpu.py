@@ -35,9 +35,9 @@ def fake_gpus(monkeypatch):
 
 
 @pytest.mark.parametrize("cores, per_gpu", [(256, 16), (48, 12), (20, 5), (6, 1)])
-def test_stress_workers_default_to_an_even_share_of_every_gpu(fake_gpus, monkeypatch, cores, per_gpu):
+def test_stress_workers_default_to_an_even_share_of_every_gpu(fake_gpus, monkeypatch, cores, per_gpu, device):
     monkeypatch.setattr(gpus, "cores", lambda: cores)
-    monkeypatch.setenv("SPECSAN_DEVICE", runtime.DEVICE)  # _init_worker sets it; restored after the test
+    monkeypatch.setenv("SPECSAN_DEVICE", device.type)  # _init_worker sets it; restored after the test
     jobs = workers.default_jobs("cuda")
     assert jobs == FAKE_GPUS * per_gpu
     for slot in range(jobs):

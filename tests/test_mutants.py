@@ -3,7 +3,6 @@
 import pytest
 import slow_cases
 
-from kernels import runtime
 from stress import checks
 from stress.core import patches as mutants
 from stress.mutate import kill_matrix as matrix
@@ -17,16 +16,16 @@ PARAMS = slow_cases.marked(MUTANTS, SLOW)
 
 
 @pytest.mark.parametrize("check_name,mutant_name", PARAMS)
-def test_mutant_is_killed(check_name, mutant_name):
+def test_mutant_is_killed(check_name, mutant_name, device):
     check = checks.get(check_name)
     mutant = check.mutant(mutant_name)
     mutants.validate(mutant)  # the patched text still occurs exactly once
-    oracle = mutant.oracles.get(runtime.DEVICE)
+    oracle = mutant.oracles.get(device.type)
     if oracle is None:
-        pytest.skip(f"not_checked on {runtime.DEVICE}: {mutant.why_not}")
-    kill = matrix.hunt(check_name, mutant_name, runtime.DEVICE, oracle, max_iters=60, seed=0, launch=None)
+        pytest.skip(f"not_checked on {device.type}: {mutant.why_not}")
+    kill = matrix.hunt(check_name, mutant_name, device.type, oracle, max_iters=60, seed=0, launch=None)
     if kill.status == "not_checked":  # a sanitizer oracle where no compute-sanitizer can run
-        pytest.skip(f"not_checked on {runtime.DEVICE}: {kill.reason}")
+        pytest.skip(f"not_checked on {device.type}: {kill.reason}")
     assert kill.status == "killed", f"{mutant_name} survived {kill.iterations} cases (other verdicts: " \
                                     f"{kill.other_failures})"
 
@@ -43,8 +42,8 @@ def test_mutant_patches_restore_the_production_code():
 
 def test_a_module_first_imported_under_a_mutant_gets_the_production_object_back(monkeypatch):
     """A check imports its production module lazily (the engine's), so its first import may happen while
-    another module's mutant is applied, copying the mutant with ``from ... import``: every later case in that
-    process ran the mutant (the H200 mutate run's false kills of engine mutants by a models mutant's crash)."""
+    another module's mutant is applied, copying the mutant with ``from ... import``: unless restored, every
+    later case in that process would run the mutant (a models mutant's crash would then kill engine mutants)."""
     import sys
     import types
 

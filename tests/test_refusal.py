@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import runtime
 from stress import checks
 from stress.core import cases, refusal, workers
 from stress.core.types import Case, Check
@@ -113,36 +112,36 @@ REFUSED = [(c.name, f) for c in checks.REGISTRY for f, fn in c.families.items() 
 
 
 @pytest.mark.parametrize("check_name,family", REFUSED, ids=[f"{c}-{f}" for c, f in REFUSED])
-def test_every_corruption_of_a_refused_family_is_refused(check_name, family):
+def test_every_corruption_of_a_refused_family_is_refused(check_name, family, device):
     """Each corruption of the family, on a few valid cases, refused naming its argument before any write."""
     check = checks.get(check_name)
     fn = check.families[family]
     for corruption in fn.corruptions:
-        if not refusals.applies(corruption, runtime.DEVICE):
+        if not refusals.applies(corruption, device.type):
             continue  # the family leaves it out on this device
         for seed in range(3):
-            case = refusals.corrupted(fn.valid, corruption, np.random.default_rng(seed), runtime.DEVICE, {})
+            case = refusals.corrupted(fn.valid, corruption, np.random.default_rng(seed), device.type, {})
             refusal.check_reference(check, case)
-            verdict, details = refusal.judge(check, case, runtime.DEVICE, check.kernel)
+            verdict, details = refusal.judge(check, case, device.type, check.kernel)
             assert verdict == "pass", f"{corruption.what} (seed {seed}): {details}"
 
 
-def test_a_refusal_case_tries_every_guard_and_reruns_from_its_repro_line():
-    result = workers.run_case(cases.Task("block_table.gather", "refused", 11), runtime.DEVICE)
-    again = workers.run_case(cases.Task("block_table.gather", "refused", 11), runtime.DEVICE)
+def test_a_refusal_case_tries_every_guard_and_reruns_from_its_repro_line(device):
+    result = workers.run_case(cases.Task("block_table.gather", "refused", 11), device.type)
+    again = workers.run_case(cases.Task("block_table.gather", "refused", 11), device.type)
     assert result.verdict == again.verdict == "pass" and result.details == again.details
     assert len(result.details) == len(checks.get("block_table.gather").families["refused"].corruptions)
     assert result.repro().startswith("./specsan repro block_table.gather refused 11")
 
 
-def test_refusal_cases_are_neither_sanitized_nor_hammered():
+def test_refusal_cases_are_neither_sanitized_nor_hammered(device):
     check = checks.get("block_table.shift")
     sanitized = {t.family for t in cases.plan([check], None, 1, 0, tool="memcheck")}
     assert "refused" not in sanitized and "overlap" in sanitized
     assert "refused" in {t.family for t in cases.plan([check], None, 1, 0)}
     from stress import hunt
 
-    result = hunt.hunt(check, runtime.DEVICE, seconds=0.2, seed=0, families=["refused", "overlap"],
+    result = hunt.hunt(check, device.type, seconds=0.2, seed=0, families=["refused", "overlap"],
                        launch={"chunk": 16})
     assert not result.failed and result.cases >= 1
 

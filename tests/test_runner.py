@@ -44,7 +44,7 @@ def test_a_family_that_owns_its_launch_runs_the_launchers_own_shape_on_its_devic
     assert cases.build_case(verify, "tiles", 0, "cpu", forced).launch == forced  # a family that owns none
     assert cases.build_case(attention, "wide_groups", 0, "cpu", {"block_n": 16}).launch == {}
     assert attention.families["wide_groups"].own_launch_on == ("cpu",)
-    # a forced 16 x 8 x 8192 tile at one warp kept ptxas past the 300 s deadline on the H200
+    # its own tiles only: a forced 16 x 8 x 8192 tile at one warp keeps ptxas past the 300 s deadline on an H200
     assert checks.get("kv_cache.write").families["wide_heads"].own_launch_on == ("cpu", "cuda")
 
 
@@ -212,15 +212,16 @@ def test_scribbling_on_a_read_only_input_is_a_divergence():
     assert verdict == "fail:divergence" and "x (read-only input)" in details[0]
 
 
-def test_a_crash_in_the_suites_own_comparison_is_a_suite_error_that_kills_nothing(monkeypatch):
-    """A comparator that raises on a divergence (the graph judges' AttributeError on the H200) is specsan's bug:
-    it must not read as the kernel crashing, and no oracle, not even a whole-path hunt's ANY, counts it."""
+def test_a_crash_in_the_suites_own_comparison_is_a_suite_error_that_kills_nothing(monkeypatch, device):
+    """A comparator that raises on a divergence (here an AttributeError, as a judge reading a missing field
+    raises) is specsan's bug: it must not read as the kernel crashing, and no oracle, not even a whole-path
+    hunt's ANY, counts it."""
     def broken_compare(name, expected, got):
         raise AttributeError("'Findings' object has no attribute 'verdict'")
 
     check = dataclasses.replace(checks.get("block_table.gather"), compare=broken_compare)
     monkeypatch.setitem(checks.BY_NAME, check.name, check)
-    result = workers.run_case(cases.Task(check.name, "basic", 1), runtime.DEVICE)
+    result = workers.run_case(cases.Task(check.name, "basic", 1), device.type)
     assert result.verdict == oracle.SUITE_ERROR and result.failed, result.details
     assert "the comparison of out raised AttributeError" in result.details[0]
     assert any("broken_compare" in line for line in result.details), "the traceback says where"
@@ -228,17 +229,17 @@ def test_a_crash_in_the_suites_own_comparison_is_a_suite_error_that_kills_nothin
     assert matrix._kills(matrix.ANY, "fail:crash")
 
 
-def test_crash_and_timeout_are_verdicts_not_exceptions():
-    crashed = workers.run_case(cases.Task("block_table.shift", "no_such_family", 1), runtime.DEVICE)
+def test_crash_and_timeout_are_verdicts_not_exceptions(device):
+    crashed = workers.run_case(cases.Task("block_table.shift", "no_such_family", 1), device.type)
     assert crashed.verdict == "fail:crash" and "no_such_family" in "\n".join(crashed.details)
-    slow = workers.run_case(cases.Task("block_table.shift", "long_row", 1), runtime.DEVICE, timeout=1e-4)
+    slow = workers.run_case(cases.Task("block_table.shift", "long_row", 1), device.type, timeout=1e-4)
     assert slow.verdict == "fail:timeout"
 
 
-def test_execute_keeps_going_after_a_crash():
+def test_execute_keeps_going_after_a_crash(device):
     seen: list[Result] = []
     tasks = [cases.Task("block_table.shift", "no_such_family", 1), cases.Task("block_table.shift", "overlap", 2)]
-    workers.execute(tasks, runtime.DEVICE, 0, seen.append)
+    workers.execute(tasks, device.type, 0, seen.append)
     assert [r.verdict for r in seen] == ["fail:crash", "pass"]
 
 
@@ -275,16 +276,16 @@ def test_a_hunt_is_decided_by_its_first_kill_in_order_whatever_ran_ahead():
 
 
 @pytest.mark.slow
-def test_the_kill_matrix_does_not_depend_on_the_number_of_workers():
+def test_the_kill_matrix_does_not_depend_on_the_number_of_workers(device):
     gather = [checks.get("block_table.gather")]
-    here = matrix.kill_matrix(gather, runtime.DEVICE, max_iters=20, seed=0, jobs=0)
-    pooled = matrix.kill_matrix(gather, runtime.DEVICE, max_iters=20, seed=0, jobs=2)
+    here = matrix.kill_matrix(gather, device.type, max_iters=20, seed=0, jobs=0)
+    pooled = matrix.kill_matrix(gather, device.type, max_iters=20, seed=0, jobs=2)
     assert [(k.mutant, k.status, k.iterations, k.repro) for k in here] == \
            [(k.mutant, k.status, k.iterations, k.repro) for k in pooled]
 
 
 @pytest.mark.slow
-def test_run_streams_jsonl_and_summary(tmp_path):
+def test_run_streams_jsonl_and_summary(tmp_path, device):
     done = cli("run", "--iters", "2", "--check", "block_table.shift", "--report", str(tmp_path), "--jobs", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
@@ -293,7 +294,7 @@ def test_run_streams_jsonl_and_summary(tmp_path):
     assert "run" in lines[0] and len(results) == 2 * families
     # a GPU run also records its telemetry envelope and its per-GPU counts; every run ends with its closing record
     assert [next(iter(r)) for r in lines[1:] if "check" not in r] == \
-           (["telemetry", "gpus"] if runtime.DEVICE == "cuda" else []) + ["end"]
+           (["telemetry", "gpus"] if device.type == "cuda" else []) + ["end"]
     assert lines[-1]["end"]["status"] == "complete" and lines[-1]["end"]["cases_finished"] == 2 * families
     assert all(r["verdict"] == "pass" and r["repro"].startswith("./specsan repro block_table.shift") for r in results)
     assert done.stdout.strip().splitlines()[-1] == f"{2 * families} passed, 0 failed"
@@ -310,21 +311,21 @@ def test_repro_of_a_mutant_prints_the_divergence():
 
 
 @pytest.mark.slow
-def test_mutants_command_kills_and_exits_zero():
+def test_mutants_command_kills_and_exits_zero(device):
     done = cli("mutants", "--check", "block_table.gather", "--check", "block_table.unaligned_prefix", "--jobs", "0")
     assert done.returncode == 0, done.stdout + done.stderr
     planted = [m for name in ("block_table.gather", "block_table.unaligned_prefix") for m in checks.get(name).mutants]
-    checkable = sum(runtime.DEVICE in m.oracles for m in planted)
+    checkable = sum(device.type in m.oracles for m in planted)
     assert checkable >= 3  # not_checked on this device must stay the exception
-    assert (f"{checkable} of {checkable} checkable mutants killed on {runtime.DEVICE}; "
+    assert (f"{checkable} of {checkable} checkable mutants killed on {device.type}; "
             f"{len(planted) - checkable} not checked here") in done.stdout
 
 
 def test_the_launchers_own_shape_runs_in_a_third_of_the_cases_of_a_wide_sweep():
-    """Production runs the launcher's own tile choice; over the H200's 13-shape sweeps a uniform draw gave it 1
-    case in 13, so its heuristic's slips survived there. Every forced shape is still drawn, a seed whose uniform
-    draw was the default still draws it (older repro lines without --launch hold), and sweeps of up to 3 shapes
-    draw exactly as a uniform draw does."""
+    """Production runs the launcher's own tile choice, which a uniform draw over a 13-shape sweep would give 1
+    case in 13. Every forced shape is still drawn, a seed whose uniform draw is the default draws it (a repro
+    line without --launch names the same shape), and sweeps of up to 3 shapes draw exactly as a uniform draw
+    does."""
     import numpy as np
 
     wide = [{}] + [{"block_t": t} for t in range(12)]

@@ -3,18 +3,17 @@ seeds and draft inputs at every step, and each fix-2 mutant makes them diverge a
 
 import pytest
 
-from kernels import runtime
 from stress import tp
 
 FIRST_FIELD = {"set-order-recycling": ("slot_map", "free_slots"), "global-rng-seeds": ("seeds",)}
 
 
 @pytest.mark.slow
-def test_ranks_agree_and_fix2_mutants_diverge():
+def test_ranks_agree_and_fix2_mutants_diverge(device):
     outcomes = tp.run_ranks(2, mutants=(None, *FIRST_FIELD))
     clean = outcomes.pop(None)
     assert clean.agreed, clean.message
-    if runtime.DEVICE == "cpu":
+    if device.type == "cpu":
         assert (clean.backend, clean.ranks) == ("gloo", ("rank 0 on cpu", "rank 1 on cpu"))
     for mutant, outcome in outcomes.items():
         assert not outcome.agreed, f"{mutant}: ranks agreed although the mutant was applied"
@@ -42,13 +41,13 @@ def test_tp_command_runs_production_first_and_judges_each_scenario(monkeypatch, 
 
 
 @pytest.mark.slow
-def test_one_rank_runs_the_production_code_over_its_process_group(capsys):
+def test_one_rank_runs_the_production_code_over_its_process_group(capsys, device):
     """One rank agrees with itself by construction; it still runs the whole path (NCCL on one GPU)."""
     from stress.__main__ import main
 
     assert main(["tp", "--ranks", "1", "--workload", "slots"]) == 0
     out = capsys.readouterr().out
-    backend = "nccl" if runtime.DEVICE == "cuda" else "gloo"
+    backend = "nccl" if device.type == "cuda" else "gloo"
     assert "[slots] production code: 1 rank(s): AGREED 8 steps" in out
     assert f"[slots] 1 rank(s) over {backend} in " in out and "rank 0 on " in out
 

@@ -5,7 +5,7 @@ synchronize the stream on every launch."""
 import pytest
 import torch
 
-from kernels import runtime, validate
+from kernels import validate
 from stress import checks
 from stress.core import cases, guards
 
@@ -32,8 +32,8 @@ def _case_with(check_name, family, name, value, device):
 
 @pytest.mark.parametrize("check_name,family,name,value,what", OUT_OF_RANGE, ids=[f"{c}-{n}" for c, _, n, _, _ in
                                                                                   OUT_OF_RANGE])
-def test_an_index_past_the_end_is_refused_on_the_cpu(check_name, family, name, value, what):
-    if runtime.DEVICE != "cpu":
+def test_an_index_past_the_end_is_refused_on_the_cpu(check_name, family, name, value, what, device):
+    if device.type != "cpu":
         pytest.skip("kernels run on the GPU here; see the opt-in test")
     check, inputs = _case_with(check_name, family, name, value, "cpu")
     with pytest.raises(ValueError, match=rf"^{name}: {what} -?\d+ at \[\d+\] is outside \[-?\d+, \d+\)"):

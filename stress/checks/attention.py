@@ -60,8 +60,8 @@ def _reached_blocks(inputs: dict) -> torch.Tensor:
 
 def _unfittable(rng, device, launch):
     """Decode rows of 130 float32 query heads per KV head at head dim 256: a program holds a whole group (256
-    rows), whose query tile alone (256 KiB) passes a GPU's shared memory (227 KiB on an H200; the H200 asked
-    353 KiB for the launcher's own tiles here)."""
+    rows), whose query tile alone (256 KiB) passes a GPU's shared memory (227 KiB on an H200; the launcher's
+    own tiles here ask 353 KiB)."""
     return attention_families.attention_case(rng, query_lens=[1, 1],
                                              seq_lens=[int(rng.integers(1, 40)) for _ in range(2)], kv_heads=1,
                                              group=130, head_dim=256, block_size=16, dtype=torch.float32,

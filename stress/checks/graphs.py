@@ -12,7 +12,7 @@ _DRAFT_GRAPHS = "kernels.spec.draft_graphs:DraftGraphs"
 _STEP = "kernels.spec.draft_step:DraftStep"
 _NO_GRAPHS = "CUDA graphs need a GPU: capture, replay and the graph memory pool exist only on a CUDA device"
 _ON_GPU = {"cuda": "divergence"}
-# measured on the H200: with the caching allocator off, capture fails with cudaErrorStreamCaptureInvalidated
+# with the caching allocator off, capture fails with cudaErrorStreamCaptureInvalidated
 GRAPHS_UNCACHED = ("CUDA graph capture needs the caching allocator's private pool, which "
                     "PYTORCH_NO_CUDA_MEMORY_CACHING=1 (what makes an out-of-bounds access visible) turns off")
 

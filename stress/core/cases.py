@@ -46,10 +46,10 @@ DEFAULT_SHARE = 1 / 3  # of the cases at least, where a sweep's first shape is t
 def draw_launch(shapes: list[dict], seed: int) -> dict:
     """The launch shape of a case drawn without one: uniform over the sweep, except that the launcher's own
     choice (an empty first shape) runs in at least DEFAULT_SHARE of the cases. It is what production runs,
-    and a slip in its tile heuristic shows only in cases that use it: over the H200's sweep of 13 shapes a
-    uniform draw gave it 1 case in 13, and three of write_kv's tile-heuristic slips survived `mutate --iters 2`
-    there (the CPU's 3 shapes already give it a third, and draw as before). A shape once drawn by a seed is
-    still drawn by it wherever the uniform draw chose the default, so older repro lines hold."""
+    and a slip in its tile heuristic shows only in cases that use it: a uniform draw over a GPU sweep of 13
+    shapes gives it 1 case in 13, too few for a short mutate run to reach such a slip. The uniform draw comes
+    first and may only move to the default, so a seed whose uniform draw is the default keeps it (a repro line
+    without --launch names the same shape), and sweeps of 3 shapes or fewer draw exactly uniformly."""
     rng, n = np.random.default_rng([seed, 7]), len(shapes)
     index = int(rng.integers(n))
     if index and not shapes[0] and rng.random() < (DEFAULT_SHARE - 1 / n) / (1 - 1 / n):  # never at n <= 3

@@ -186,7 +186,7 @@ def capped_heads(rng, device, launch):
     """More heads than the default head tile's cap of 2048 // block_d, always at the default launch: head dim 1
     (2048 heads a tile) in three cases of four, else a wider head (up to 512). A slip in the cap's constant
     gives a head tile that is no power of two and does not compile, or one that the sweep never forces; for
-    2049 // block_d that takes head dim 1 (a half-and-half draw missed it in both H200 cases)."""
+    2049 // block_d that takes head dim 1, hence three cases in four (a GPU runs few cases of a family)."""
     head_dim = 1 if rng.random() < 0.75 else int(pick(rng, (3, 16, 100, 512)))
     cap = 2048 // (1 << (head_dim - 1).bit_length())
     tokens = int(rng.integers(1, 3))
@@ -207,8 +207,8 @@ def one_lane(rng, device, launch):
 @own_launch()
 def wide_heads(rng, device, launch):
     """A head dim past 4096: the default tiles hold one head of one token (2048 // block_d is 0). Its point
-    is that default, so it runs no forced tile: on the H200 a forced 16 x 8 x 8192 tile at one warp kept
-    ptxas busy past the 300 s case deadline."""
+    is that default, so it runs no forced tile: on an H200 a forced 16 x 8 x 8192 tile at one warp keeps ptxas
+    busy past the 300 s case deadline."""
     tokens = int(rng.integers(1, 3))
     return kv_case(rng, slots=_distinct_slots(rng, tokens, 3, 1), num_blocks=3, block_size=1, heads=1,
                    head_dim=int(rng.integers(4097, 4200)), dtype=pick(rng, DTYPES), note="head dim past 4096")
