@@ -12,6 +12,8 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
+import os
 import pathlib
 import pkgutil
 import re
@@ -24,6 +26,7 @@ from stress.mutants import source_of
 from stress.types import Mutant, Patch
 
 PREFIX = "gen:"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class Edit:
     start: int
     end: int
     text: str
+    what: str = ""  # what the edit does, in words (semantic operators); generation adds where
 
 
 @dataclass(frozen=True)
@@ -42,13 +46,13 @@ class Generated:
     operator: str
     line: int  # 1-based line of the edit in the target's file
     patch: Patch
+    description: str = ""
 
     def mutant(self) -> Mutant:
         """The patch, then a rebuild of every kernel that calls the target (a compiled kernel keeps
         the helpers it was compiled with; rebuilt after the patch, it takes the mutated one)."""
         rebuilt = tuple(Patch(t, f"def {t.split(':')[1]}(", f"def {t.split(':')[1]}(") for t in callers(self.target))
-        return Mutant(self.id, f"{self.operator} at {self.target} line {self.line}", (self.patch, *rebuilt),
-                      oracles={"cpu": "any", "cuda": "any"})
+        return Mutant(self.id, self.description, (self.patch, *rebuilt), oracles={"cpu": "any", "cuda": "any"})
 
 
 _HELPERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # kernel -> jit_helpers(kernel)
@@ -432,15 +436,20 @@ def _mutant_id(target: str, operator: str, patch: Patch) -> str:
 
 
 def generate(target: str, operators: list[str] | None = None) -> list[Generated]:
-    """Every mutant of ``target`` ("module:attribute") the operators make, in source order, each once."""
+    """Every mutant of ``target`` ("module:attribute") the operators make, in source order, each once.
+    ``operators`` names them, one-token (this module's) or semantic (``stress.mutate_semantic``); None
+    is every one-token operator."""
+    from stress import mutate_semantic
+
     fn, text = source_of(_target(target))
     first_line = _first_line(fn)
+    file = os.path.relpath(inspect.getsourcefile(fn), ROOT)
     tree = ast.parse(text)
     src = _Source(text)
     quiet = _messages(tree, src)
     seen, out = set(), []
-    for name, operator in OPERATORS.items():
-        if operators and name not in operators:
+    for name, operator in {**OPERATORS, **mutate_semantic.OPERATORS}.items():
+        if name not in (operators or OPERATORS):
             continue
         for edit in operator(tree, src):
             if any(a <= edit.start and edit.end <= b for a, b in quiet):
@@ -450,7 +459,9 @@ def generate(target: str, operators: list[str] | None = None) -> list[Generated]
                 continue
             seen.add(patch)
             line = first_line + text.count("\n", 0, edit.start)
-            out.append(Generated(_mutant_id(target, name, patch), target, name, line, patch))
+            description = (f"{edit.what} in line {line} of {file}:{target.split(':')[1]}" if edit.what
+                           else f"{name} at {target} line {line}")
+            out.append(Generated(_mutant_id(target, name, patch), target, name, line, patch, description))
     out.sort(key=lambda g: (g.line, g.operator, g.id))
     return out
 
@@ -472,8 +483,6 @@ def _target(target: str):
 
 
 def _first_line(fn) -> int:
-    import inspect
-
     return inspect.getsourcelines(fn)[1]
 
 
