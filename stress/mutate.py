@@ -586,7 +586,8 @@ def survivor_lines(rows: list[Row], device: str, iters: int) -> list[str]:
                if r.killed_elsewhere else
                f"    UNEXPLAINED: a family that kills it, or its reason in {os.path.basename(EXPLAINED_FILE)}")
         out += [f"SURVIVED {r.id}  ({r.file}:{r.line}, {r.operator}, equivalence test: {r.equivalence})",
-                *([f"    {r.description}"] if r.operator_class == "semantic" else []), f"    - {old}", f"    + {new}", f"    ran: {', '.join(r.families)} ({r.iterations} cases)", why,
+                *([f"    {r.description}"] if r.operator_class == "semantic" else []),
+                f"    - {old}", f"    + {new}", f"    ran: {', '.join(r.families)} ({r.iterations} cases)", why,
                 *([f"    note: {r.reason}"] if r.reason else []),
                 *([f"    not hunted by {', '.join(r.unscored)}, which failed unmutated here (see discovery)"]
                   if r.unscored else []),

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from stress import mutate_ops
-from stress.mutate_ops import Edit, _calls, _in_strings, _is_attr, _Source, _statements
+from stress.mutate_ops import Edit, _in_strings, _is_attr, _Source, _statements
 
 CANDIDATES = 2  # substitutes per site (names, attributes, argument pairs): the nearest ones
 NEIGHBOURHOOD = 3  # lines either side an expression may come from
@@ -159,7 +159,8 @@ def _same_object_attribute(tree, src: _Source, skip: set[int], calls: set[int]) 
     methods = {(src.of(n.value), n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and id(n) in calls}
     values: dict[tuple[str, str], str] = {}  # (object, attribute) -> kind of the value first assigned to it
     for node in (n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None):
-        for target in (t for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Attribute)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in (t for t in targets if isinstance(t, ast.Attribute)):
             values.setdefault((src.of(target.value), target.attr), _kind(node.value))
     sites = []
     for node in ast.walk(tree):
@@ -250,17 +251,19 @@ def neighbour_expression(tree, src: _Source) -> Iterator[Edit]:
                     yield Edit(*src.span(node.value), src.of(other.value),
                                f"replaces the value of `{target}` by `{_short(src.of(other.value))}` "
                                f"from {_where(other.lineno - node.lineno)}")
-        accesses = [(c, off) for c in ast.walk(scope.fn) if isinstance(c, ast.Call)
+        accesses = [(c, terms) for c in ast.walk(scope.fn) if isinstance(c, ast.Call)
                     and (_is_attr(c.func, ("tl",), "load") or _is_attr(c.func, ("tl",), "store"))
-                    and (off := _offset(c)) is not None]
-        for call, offset in accesses:
-            for other, other_offset in accesses:
+                    and (terms := _offset_terms(c))]
+        for call, terms in accesses:
+            start, end = src.span(terms[0])[0], src.span(call.args[0])[1]
+            for other, other_terms in accesses:
+                text = src.text[src.span(other_terms[0])[0]:src.span(other.args[0])[1]]
                 if (other is not call and abs(other.lineno - call.lineno) <= NEIGHBOURHOOD
-                        and src.of(other_offset) != src.of(offset) and _reads_bound(other_offset, scope, call.lineno)):
-                    text = _atom(other_offset, src) if isinstance(call.args[0].op, ast.Add) else src.of(other_offset)
-                    yield Edit(*src.span(offset), text,
-                               f"replaces the offset `{_short(src.of(offset), 30)}` of `{call.func.attr}` by "
-                               f"`{_short(src.of(other_offset), 30)}` from {_where(other.lineno - call.lineno)}")
+                        and text != src.text[start:end]
+                        and all(_reads_bound(t, scope, call.lineno) for t in other_terms)):
+                    yield Edit(start, end, text, f"replaces the offset `{_short(src.text[start:end], 30)}` of "
+                               f"`tl.{call.func.attr}` by `{_short(text, 30)}` "
+                               f"from {_where(other.lineno - call.lineno)}")
 
 
 def _value_kind(node, scope: _Scope) -> str:
@@ -283,13 +286,15 @@ def _reads_bound(node, scope: _Scope, line: int) -> bool:
     return all(scope.bound_before(n.id, line) for n in ast.walk(node) if isinstance(n, ast.Name))
 
 
-def _offset(call):
-    """The offset of a load's or store's pointer ``p + a + b``: the node of ``a + b`` when the pointer is a
-    sum led by a name (the last term when the sum has more terms; Python's ``+`` groups to the left)."""
-    pointer = call.args[0] if call.args else None
-    if isinstance(pointer, ast.BinOp) and isinstance(pointer.op, ast.Add):
-        return pointer.right
-    return None
+def _offset_terms(call) -> list:
+    """The terms of a load's or store's offset, ``[a, b]`` for the pointer ``p + a + b`` (a sum led by the
+    pointer's name; Python's ``+`` groups to the left, so ``a + b`` is no node of its own); [] for any other
+    pointer. The terms are a sum: replacing the text from ``a`` to the pointer's end needs no parentheses."""
+    node, terms = call.args[0] if call.args else None, []
+    while isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        terms.insert(0, node.right)
+        node = node.left
+    return terms if isinstance(node, ast.Name) else []
 
 
 def boundary_shifted(tree, src: _Source) -> Iterator[Edit]:
@@ -313,9 +318,8 @@ def boundary_shifted(tree, src: _Source) -> Iterator[Edit]:
             yield from _range_shifts(node, src)
         elif isinstance(node, ast.Call) and _is_attr(node.func, ("tl",), "load") and node.args and not any(
                 k.arg == "mask" for k in node.keywords):
-            offset = _offset(node)
-            if offset is not None:
-                yield from _shifts(offset, src, "a scalar load's offset")
+            if terms := _offset_terms(node):
+                yield from _shifts(terms[-1], src, "a scalar load's offset")
             elif isinstance(node.args[0], ast.Name):
                 yield Edit(*src.span(node.args[0]), f"{src.of(node.args[0])} + 1",
                            f"loads `{src.of(node.args[0])} + 1` instead of `{src.of(node.args[0])}`")
@@ -334,7 +338,8 @@ def _shifts(node, src: _Source, what: str) -> Iterator[Edit]:
     if _shiftable(node):
         for sign in ("+", "-"):
             new = f"{_atom(node, src)} {sign} 1"
-            yield Edit(*src.span(node), new, f"shifts {what} by one: `{_short(src.of(node), 30)}` -> `{_short(new, 34)}`")
+            yield Edit(*src.span(node), new,
+                       f"shifts {what} by one: `{_short(src.of(node), 30)}` -> `{_short(new, 34)}`")
 
 
 def _range_shifts(call, src: _Source) -> Iterator[Edit]:
@@ -349,7 +354,8 @@ def _range_shifts(call, src: _Source) -> Iterator[Edit]:
                 yield Edit(*src.span(args[1]), f"{_atom(args[1], src)} {sign} 1",
                            f"ends `{_short(src.of(call), 40)}` {how}")
         if _shiftable(args[0]):
-            yield Edit(*src.span(args[0]), f"{_atom(args[0], src)} + 1", f"starts `{_short(src.of(call), 40)}` one late")
+            yield Edit(*src.span(args[0]), f"{_atom(args[0], src)} + 1",
+                       f"starts `{_short(src.of(call), 40)}` one late")
 
 
 OPERATORS: dict[str, Callable] = {
