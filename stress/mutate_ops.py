@@ -448,6 +448,9 @@ def generate(target: str, operators: list[str] | None = None) -> list[Generated]
     src = _Source(text)
     quiet = _messages(tree, src)
     seen, out = set(), []
+    # a slip a one-token operator makes stays that operator's: the semantic class never makes it again
+    token_made = ({_unique_patch(target, text, edit) for operator in OPERATORS.values() for edit in operator(tree, src)}
+                  if set(operators or ()) & set(mutate_semantic.OPERATORS) else set())
     for name, operator in {**OPERATORS, **mutate_semantic.OPERATORS}.items():
         if name not in (operators or OPERATORS):
             continue
@@ -455,7 +458,8 @@ def generate(target: str, operators: list[str] | None = None) -> list[Generated]
             if any(a <= edit.start and edit.end <= b for a, b in quiet):
                 continue
             patch = _unique_patch(target, text, edit)
-            if patch is None or patch in seen or not _parses(text.replace(patch.old, patch.new)):
+            if (patch is None or patch in seen or (name in mutate_semantic.OPERATORS and patch in token_made)
+                    or not _parses(text.replace(patch.old, patch.new))):
                 continue
             seen.add(patch)
             line = first_line + text.count("\n", 0, edit.start)

@@ -6,10 +6,11 @@ one-token slips; these are scored apart from them (``OPERATOR_CLASSES``).
 "Of the same kind" is a documented, deliberately simple type hint (``_Scope``): two attributes of one
 object; two names with the same annotation; two unannotated parameters (pointers, ``*_ptr``, apart); two
 locals first assigned from the same kind of expression (``_kind``: the same function called, both
-arithmetic, both tests, both constants of one type). A candidate name must be bound before the line it
+arithmetic, both masks, both tests, both constants of one type). A candidate name must be bound before the line it
 replaces a name in, so a mutant is a program that runs, not a ``NameError``. Each site gets at most
-``CANDIDATES`` substitutes, the nearest first. Each edit says what it does (``Edit.what``); generation
-adds the line and target.
+``CANDIDATES`` substitutes, the nearest first. A slip a one-token operator makes is left to it
+(``mutate_ops.generate`` drops it here). Each edit says what it does (``Edit.what``); generation adds the
+line and target.
 """
 
 import ast
@@ -121,20 +122,15 @@ def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def _described(edit: Edit, what: str) -> Edit:
-    return Edit(edit.start, edit.end, edit.text, what)
-
-
 # ---------------------------------------------------------------- operators
 
 
 def same_kind_name(tree, src: _Source) -> Iterator[Edit]:
-    """A name replaced by another of its kind bound before it (``batch_row`` -> ``slot``, ``width`` ->
+    """A name replaced by another of its kind bound before it (``src_stride`` -> ``dst_stride``, ``width`` ->
     ``block_size``), or an attribute by another attribute of the same object (``cfg.num_heads`` ->
-    ``cfg.num_kv_heads``). Substitutions ``index-swap`` already makes are left to it."""
+    ``cfg.num_kv_heads``)."""
     skip = _in_strings(tree)
     calls = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    token = {(e.start, e.end, e.text) for e in mutate_ops.index_names_swapped(tree, src)}
     for scope in _scopes(tree):
         for node in ast.walk(scope.fn):
             if id(node) in skip or id(node) in calls:
@@ -144,9 +140,7 @@ def same_kind_name(tree, src: _Source) -> Iterator[Edit]:
                 others = {n: line for n, line in scope.bound.items()
                           if n != node.id and scope.kinds[n] == kind and line < node.lineno and n != "_"}
                 for other in _nearest(scope.bound[node.id], others):
-                    edit = src.replace(node, other)
-                    if (edit.start, edit.end, edit.text) not in token:
-                        yield _described(edit, f"replaces `{node.id}` by `{other}`")
+                    yield Edit(*src.span(node), other, f"replaces `{node.id}` by `{other}`")
     yield from _same_object_attribute(tree, src, skip, calls)
 
 

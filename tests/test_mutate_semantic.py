@@ -92,6 +92,7 @@ def test_every_semantic_mutant_is_a_valid_patch_that_resolves_and_says_what_it_d
     for target in (KERNEL, HOST, CLASS, "kernels.block_table:_slot_mapping_kernel", "kernels.spec.slots:RequestSlots"):
         generated = mutate_ops.generate(target, list(mutate_semantic.OPERATORS))
         assert {g.operator for g in generated} <= set(mutate_semantic.OPERATORS)
+        assert not {g.patch for g in generated} & {g.patch for g in mutate_ops.generate(target)}  # token slips
         fn, text = source_of(mutate_ops._target(target))
         where = f"{os.path.relpath(inspect.getsourcefile(fn), ROOT)}:{target.split(':')[1]}"
         for g in generated:
