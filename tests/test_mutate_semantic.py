@@ -150,6 +150,13 @@ def test_an_operator_outside_the_chosen_class_is_a_usage_error_naming_the_fix(ca
     assert "add --operators token" in capsys.readouterr().err
 
 
+def test_a_survivors_rerun_line_generates_its_class_without_naming_it():
+    (g,) = [g for g in mutate_ops.generate(HOST, ["same-name"]) if g.patch.new.strip() == "first = values[stop]"]
+    rerun = mutate.Row(g.id, g.target, g.operator, "", g.line, "", "", "c", ["c"]).command("cpu", 2).split()[1:]
+    assert "same-name" in cli._operators(cli._parser().parse_args(rerun))
+    assert cli._operators(cli._parser().parse_args(["mutate"])) == list(mutate_ops.OPERATORS)
+
+
 @pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")
 @pytest.mark.slow
 def test_a_semantic_sample_of_one_check_kills_and_is_scored_as_semantic(tmp_path, capsys):
