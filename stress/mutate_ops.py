@@ -419,7 +419,7 @@ def _unique_patch(target: str, text: str, edit: Edit) -> Patch | None:
         a = starts[first]
         b = starts[last + 1] if last + 1 < len(starts) else len(text)
         old = text[a:b]
-        if text.count(old) == 1:
+        if text.count(old.rstrip("\n")) == 1:  # unique as applied: a trailing blank line is no context
             new = text[a:edit.start] + edit.text + text[edit.end:b]
             return Patch(target, old.rstrip("\n"), new.rstrip("\n")) if old != new else None
         if last + 2 < len(starts):

@@ -89,7 +89,8 @@ def test_boundary_shift_moves_an_index_or_a_bound_by_one():
 
 
 def test_every_semantic_mutant_is_a_valid_patch_that_resolves_and_says_what_it_does():
-    for target in (KERNEL, HOST, CLASS, "kernels.block_table:_slot_mapping_kernel", "kernels.spec.slots:RequestSlots"):
+    for target in (KERNEL, HOST, CLASS, "kernels.block_table:_slot_mapping_kernel", "kernels.spec.slots:RequestSlots",
+                   "kernels.spec.depth:AcceptanceLengthController"):  # two equal lines, one before a blank line
         generated = mutate_ops.generate(target, list(mutate_semantic.OPERATORS))
         assert {g.operator for g in generated} <= set(mutate_semantic.OPERATORS)
         assert not {g.patch for g in generated} & {g.patch for g in mutate_ops.generate(target)}  # token slips
