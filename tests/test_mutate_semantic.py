@@ -1,4 +1,4 @@
-"""Semantic mutation operators (stress/mutate_semantic.py): each makes the slips it names on small targets, written
+"""Semantic mutation operators (stress/mutate/semantic.py): each makes the slips it names on small targets, written
 out in full; mutants are valid, deterministic patches; the two operator classes are selected and scored apart."""
 
 import inspect
@@ -11,8 +11,10 @@ import pytest
 
 from kernels import runtime
 from stress import __main__ as cli
-from stress import mutate, mutate_ops, mutate_semantic
-from stress.mutants import source_of
+from stress.core.patches import source_of
+from stress.mutate import campaign as mutate
+from stress.mutate import operators as mutate_ops
+from stress.mutate import semantic as mutate_semantic
 
 KERNEL = "tests.mutate_semantic_targets:reverse_rows_kernel"
 HOST = "tests.mutate_semantic_targets:window_sum"

@@ -1,6 +1,6 @@
 """Mutation operators: each reads the AST of one production target (a function, a @triton.jit kernel or
 a class) and yields one-slip edits of its source; ``generate`` turns every edit into a ``Patch`` whose
-``old`` text occurs exactly once (context lines are added until it does), so ``stress.mutants`` applies
+``old`` text occurs exactly once (context lines are added until it does), so ``stress.core.patches`` applies
 it like a planted bug.
 
 A generated mutant's name is its stable id, ``gen:<module>:<attr>:<operator>:<hash of old/new>``, so a
@@ -22,8 +22,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from stress.mutants import source_of
-from stress.types import Mutant, Patch
+from stress.core.patches import source_of
+from stress.core.types import Mutant, Patch
 
 PREFIX = "gen:"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -437,9 +437,9 @@ def _mutant_id(target: str, operator: str, patch: Patch) -> str:
 
 def generate(target: str, operators: list[str] | None = None) -> list[Generated]:
     """Every mutant of ``target`` ("module:attribute") the operators make, in source order, each once.
-    ``operators`` names them, one-token (this module's) or semantic (``stress.mutate_semantic``); None
+    ``operators`` names them, one-token (this module's) or semantic (``stress.mutate.semantic``); None
     is every one-token operator."""
-    from stress import mutate_semantic
+    from stress.mutate import semantic as mutate_semantic
 
     fn, text = source_of(_target(target))
     first_line = _first_line(fn)

@@ -1,6 +1,6 @@
 """Semantic mutation operators: the slips an engineer makes that still read as sensible code. A well-typed
 name that is the wrong one, two arguments of one kind in the wrong order, a forgotten statement, the
-expression of the neighbouring line, an index off by one at a boundary. ``stress.mutate_ops`` makes the
+expression of the neighbouring line, an index off by one at a boundary. ``stress.mutate.operators`` makes the
 one-token slips; these are scored apart from them (``OPERATOR_CLASSES``).
 
 "Of the same kind" is a documented, deliberately simple type hint (``_Scope``): two attributes of one
@@ -17,8 +17,8 @@ import ast
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from stress import mutate_ops
-from stress.mutate_ops import Edit, _in_strings, _is_attr, _Source, _statements
+from stress.mutate import operators as mutate_ops
+from stress.mutate.operators import Edit, _in_strings, _is_attr, _Source, _statements
 
 CANDIDATES = 2  # substitutes per site (names, attributes, argument pairs): the nearest ones
 NEIGHBOURHOOD = 3  # lines either side an expression may come from
@@ -365,5 +365,5 @@ OPERATOR_CLASSES: dict[str, tuple[str, ...]] = {"token": tuple(mutate_ops.OPERAT
 
 
 def operator_class(operator: str) -> str:
-    """"semantic" for this module's operators, "token" for ``stress.mutate_ops``'s."""
+    """"semantic" for this module's operators, "token" for ``stress.mutate.operators``'s."""
     return "semantic" if operator in OPERATORS else "token"

@@ -1,7 +1,7 @@
 """Invariants of the engine's step, judged apart from the reference engine: from the scheduler's raw pool
 state and the step's own inputs, never through the production host code that keeps the count.
 
-The lockstep comparison (``stress.engine_check``) sees a slip only where a workload makes the engine
+The lockstep comparison (``stress.oracles.engine``) sees a slip only where a workload makes the engine
 and the reference engine disagree in a recorded field. Two kinds escape it:
 
 * ``accounting``: the free count a block pool reports. Off by one per cached hit, it decides nothing
@@ -22,7 +22,7 @@ Each is its own oracle (``fail:accounting``, ``fail:drafts``, ``fail:graphs``), 
 from collections import Counter
 from typing import NamedTuple
 
-from stress.graph_replay import silent_fallback
+from stress.oracles.graph_replay import silent_fallback
 
 ORACLES = ("accounting", "drafts", "graphs")
 
