@@ -262,9 +262,16 @@ def _parser() -> argparse.ArgumentParser:
                                        "mutation score per check")
     common(mt)
     mt.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
+    mt.add_argument("--operators", choices=("token", "semantic", "all"),
+                    help="which class of operators: token (one-token slips), semantic (an engineer's slips: a "
+                         "same-kind name, swapped arguments, a forgotten statement, a neighbouring expression, an "
+                         "index off by one) or all; each class is scored apart (default: token; with --mutant or "
+                         "--survivors, all)")
     mt.add_argument("--operator", action="append",
-                    help="only this operator, repeatable (default: all of cmp-flip, const, mask-term, load-other, "
-                         "no-int64, barrier, min-max, cdiv-floor, index-swap, where-swap, and-or, default)")
+                    help="only this operator, repeatable, of the --operators class (token: cmp-flip, const, "
+                         "mask-term, load-other, no-int64, barrier, min-max, cdiv-floor, index-swap, where-swap, "
+                         "and-or, default; semantic: same-name, arg-swap, stmt-delete, neighbour-expr, "
+                         "boundary-shift)")
     mt.add_argument("--mutant", action="append", help="only this generated mutant id, repeatable (default: all)")
     mt.add_argument("--survivors", metavar="JSONL",
                     help="only the mutants that survived in this earlier run's mutate.jsonl, e.g. to hunt them "
@@ -885,16 +892,30 @@ def cmd_hunt(args) -> int:
         return _not_judged([result.verdict.removeprefix(NOT_CHECKED)])
     return 1 if result.failed else 0
 
+
+def _operators(args) -> list[str]:
+    """The operators a mutate run generates: ``--operator`` names within the ``--operators`` class (token by
+    default; every class when ``--mutant`` names the mutants, whose ids carry their operator)."""
+    from stress.mutate import operators as mutate_ops
+
+    classes = mutate_ops.OPERATOR_CLASSES
+    chosen = args.operators or ("all" if args.mutant or args.survivors else "token")
+    allowed = [o for name, ops in classes.items() if chosen in (name, "all") for o in ops]
+    unknown = [o for o in args.operator or () if o not in allowed]
+    if unknown:
+        other = next((name for name, ops in classes.items() if unknown[0] in ops), None)
+        raise UsageError("--operator", f"{unknown[0]!r} is not a {chosen} operator",
+                         f"add --operators {other}" if other else f"known: {', '.join(allowed)}")
+    return list(args.operator or allowed)
+
+
 def cmd_mutate(args) -> int:
     device = _select_device(args)
     from stress.core import workers
     from stress.mutate import campaign as mutate
     from stress.mutate import operators as mutate_ops
 
-    unknown = [o for o in args.operator or () if o not in mutate_ops.OPERATORS]
-    if unknown:
-        raise UsageError("--operator", f"{unknown[0]!r} is not an operator",
-                         f"known: {', '.join(mutate_ops.OPERATORS)}")
+    operators = _operators(args)
     if args.survivors:
         try:
             earlier = [r["mutant"] for r in map(json.loads, open(args.survivors)) if "mutant" in r]
@@ -926,15 +947,17 @@ def cmd_mutate(args) -> int:
         resumed = (args.resume, decided)
     jobs = workers.default_jobs(device) if args.jobs is None else args.jobs
     summary = mutate.run(selected, device, iters=args.iters, seed=args.seed, jobs=jobs, timeout=args.timeout,
-                         operators=args.operator, only=args.mutant, sample=args.sample, report=args.report, log=_log,
+                         operators=operators, only=args.mutant, sample=args.sample, report=args.report, log=_log,
                          resumed=resumed, hunt_seconds=args.hunt_seconds)
     rows, stopped = summary.pop("rows"), summary.pop("exit_code")
     out = print if not args.json else _log
     if stopped:
         out(f"INTERRUPTED by {summary['interrupted']}: the scores below count the mutants decided so far")
-    out(mutate.score_table("check", summary["by_check"]))
-    out("")
-    out(mutate.score_table("module", summary["by_module"]))
+    for name, tables in summary["by_class"].items():  # one-token and semantic mutants scored apart
+        out(mutate.score_table(f"check ({name} mutants)", tables["by_check"]))
+        out("")
+        out(mutate.score_table(f"module ({name} mutants)", tables["by_module"]))
+        out("")
     for line in mutate.survivor_lines(rows, device, args.iters):
         out(line)
     entries = {"STALE equivalence entry (matches no generated mutant)": summary["stale_equivalences"],

@@ -67,6 +67,8 @@ class Row:
     unscored: list[str] = field(default_factory=list)  # checks that execute it but failed unmutated: not hunting
     tree: str = ""  # of every kernel and suite source: a resumed survivor is taken as it is only if unchanged
     unjudged_by: str = ""  # the second oracles a stopped run left a survivor without
+    operator_class: str = "token"  # token (stress/mutate/operators.py) or semantic (stress/mutate/semantic.py)
+    description: str = ""  # what the mutant changes, in words
 
     def command(self, device: str, iters: int) -> str:
         """The one line that reruns this mutant's hunt."""
@@ -267,7 +269,8 @@ def plan(checks: list[Check], cov: Coverage, operators: list[str] | None, only: 
             if only and g.id not in only:
                 continue
             rows.append(Row(g.id, target, g.operator, file, g.line, g.patch.old, g.patch.new, hunters[0], hunters,
-                            fingerprint=source_hash, unscored=list(unscored), tree=tree))
+                            fingerprint=source_hash, unscored=list(unscored), tree=tree,
+                            operator_class=mutate_ops.operator_class(g.operator), description=g.description))
     if sample:
         by_check: dict[str, list[Row]] = {}
         for row in rows:
@@ -553,6 +556,18 @@ def scores(rows: list[Row], key) -> dict[str, dict]:
     return out
 
 
+def scores_by_class(rows: list[Row]) -> dict[str, dict]:
+    """The scores per check and per module of each operator class the rows hold, apart: a run of one-token
+    and semantic mutants says how each kind of slip fares, not one blend of both."""
+    out = {}
+    for name in mutate_ops.OPERATOR_CLASSES:
+        group = [r for r in rows if r.operator_class == name]
+        if group:
+            out[name] = {"by_check": scores(group, lambda r: r.check),
+                         "by_module": scores(group, lambda r: r.target.split(":")[0])}
+    return out
+
+
 def score_table(title: str, table: dict[str, dict]) -> str:
     lines = [f"{title:34} {'gen':>5} {'equiv':>5} {'reas':>5} {'inval':>5} {'killed':>6} {'hang':>5} "
              f"{'surv':>5} {'pend':>5} {'score':>7}"]
@@ -574,6 +589,7 @@ def survivor_lines(rows: list[Row], device: str, iters: int) -> list[str]:
                if r.killed_elsewhere else
                f"    UNEXPLAINED: a family that kills it, or its reason in {os.path.basename(EXPLAINED_FILE)}")
         out += [f"SURVIVED {r.id}  ({r.file}:{r.line}, {r.operator}, equivalence test: {r.equivalence})",
+                *([f"    {r.description}"] if r.operator_class == "semantic" else []),
                 f"    - {old}", f"    + {new}", f"    ran: {', '.join(r.families)} ({r.iterations} cases)", why,
                 *([f"    note: {r.reason}"] if r.reason else []),
                 *([f"    not hunted by {', '.join(r.unscored)}, which failed unmutated here (see discovery)"]
@@ -750,7 +766,7 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
         refuted = explain(rows, device, explanations)
         killed_elsewhere(rows, device)
         summary = {"run": header, "by_check": scores(rows, lambda r: r.check),
-                   "by_module": scores(rows, lambda r: r.target.split(":")[0]),
+                   "by_module": scores(rows, lambda r: r.target.split(":")[0]), "by_class": scores_by_class(rows),
                    "survivors": [asdict(r) for r in rows if r.status == "survived"],
                    "stale_equivalences": stale, "stale_explanations": stale_explained,
                    "refuted_explanations": refuted, "wall_s": round(time.perf_counter() - start, 1),
@@ -758,7 +774,8 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
         summary["interrupted"] = getattr(interrupted, "name", None) or (interrupted and type(interrupted).__name__)
         complete = interrupted is None and all(r.status != "pending" for r in rows)
         stream.close({"complete": complete, "interrupted": summary["interrupted"],
-                      "wall_s": summary["wall_s"], "phases": phases.seconds, "by_check": summary["by_check"]})
+                      "wall_s": summary["wall_s"], "phases": phases.seconds, "by_check": summary["by_check"],
+                      "by_class": summary["by_class"]})
     summary["rows"] = rows
     summary["exit_code"] = getattr(interrupted, "exit_code", None)
     return summary

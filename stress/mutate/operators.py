@@ -12,6 +12,8 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
+import os
 import pathlib
 import pkgutil
 import re
@@ -23,17 +25,11 @@ from dataclasses import dataclass
 from stress import checks
 from stress.core.patches import source_of
 from stress.core.types import Check, Mutant, Patch
+from stress.mutate import semantic as mutate_semantic
+from stress.mutate.source import Edit, Source, in_strings, is_attr, statements
 
 PREFIX = "gen:"
-
-
-@dataclass(frozen=True)
-class Edit:
-    """Replace source[start:end] (offsets into the target's dedented source) by ``text``."""
-
-    start: int
-    end: int
-    text: str
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 
 
 @dataclass(frozen=True)
@@ -43,13 +39,13 @@ class Generated:
     operator: str
     line: int  # 1-based line of the edit in the target's file
     patch: Patch
+    description: str = ""
 
     def mutant(self) -> Mutant:
         """The patch, then a rebuild of every kernel that calls the target (a compiled kernel keeps
         the helpers it was compiled with; rebuilt after the patch, it takes the mutated one)."""
         rebuilt = tuple(Patch(t, f"def {t.split(':')[1]}(", f"def {t.split(':')[1]}(") for t in callers(self.target))
-        return Mutant(self.id, f"{self.operator} at {self.target} line {self.line}", (self.patch, *rebuilt),
-                      oracles={"cpu": "any", "cuda": "any"})
+        return Mutant(self.id, self.description, (self.patch, *rebuilt), oracles={"cpu": "any", "cuda": "any"})
 
 
 _HELPERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # kernel -> jit_helpers(kernel)
@@ -111,56 +107,10 @@ def _has_kernels(module_name: str) -> bool:
     return origin.endswith(".py") and "@triton.jit" in pathlib.Path(origin).read_text()
 
 
-class _Source:
-    """The target's source with (line, column) -> offset conversion and text of nodes."""
-
-    def __init__(self, text: str):
-        self.text = text
-        self.starts = [0]
-        for line in text.splitlines(keepends=True):
-            self.starts.append(self.starts[-1] + len(line))
-
-    def offset(self, line: int, col: int) -> int:
-        # ast columns are UTF-8 byte offsets; production sources are ASCII, where they agree
-        return self.starts[line - 1] + col
-
-    def span(self, node) -> tuple[int, int]:
-        return self.offset(node.lineno, node.col_offset), self.offset(node.end_lineno, node.end_col_offset)
-
-    def of(self, node) -> str:
-        a, b = self.span(node)
-        return self.text[a:b]
-
-    def replace(self, node, text: str) -> Edit:
-        return Edit(*self.span(node), text)
-
-
-def _is_attr(node, names: tuple[str, ...], attr: str) -> bool:
-    """``node`` is ``<one of names>.<attr>`` (``tl.minimum``, ``triton.cdiv``)."""
-    return (isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.value, ast.Name)
-            and node.value.id in names)
-
-
 def _calls(tree, names: tuple[str, ...], attr: str) -> Iterator[ast.Call]:
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _is_attr(node.func, names, attr):
+        if isinstance(node, ast.Call) and is_attr(node.func, names, attr):
             yield node
-
-
-def _in_strings(tree) -> set[int]:
-    """ids of nodes inside f-strings and annotations (not code a mutant should touch)."""
-    inside = set()
-    for node in ast.walk(tree):
-        roots = [node] if isinstance(node, ast.JoinedStr) else []
-        if isinstance(node, ast.arg) and node.annotation is not None:
-            roots.append(node.annotation)
-        if isinstance(node, (ast.FunctionDef, ast.AnnAssign)) and getattr(node, "returns", None) is not None:
-            roots.append(node.returns)
-        if isinstance(node, ast.AnnAssign):
-            roots.append(node.annotation)
-        for root in roots:
-            inside.update(id(n) for n in ast.walk(root))
-    return inside
 
 
 # ---------------------------------------------------------------- operators
@@ -169,7 +119,7 @@ _FLIPS = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", 
 _TOKENS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
 
 
-def comparison_flip(tree, src: _Source) -> Iterator[Edit]:
+def comparison_flip(tree, src: Source) -> Iterator[Edit]:
     """``<``/``<=``, ``>``/``>=``, ``==``/``!=``: the classic off-by-one and inverted test."""
     for node in ast.walk(tree):
         if not isinstance(node, ast.Compare):
@@ -189,9 +139,9 @@ def comparison_flip(tree, src: _Source) -> Iterator[Edit]:
 _HINTS = ("num_stages", "loop_unroll_factor", "num_warps", "num_ctas")
 
 
-def constant_shift(tree, src: _Source) -> Iterator[Edit]:
+def constant_shift(tree, src: Source) -> Iterator[Edit]:
     """An integer constant +1 and -1 (bools and constants in strings and annotations excluded)."""
-    skip = _in_strings(tree)
+    skip = in_strings(tree)
     for node in ast.walk(tree):
         # compiler hints (pipelining, unrolling, warps) change no result
         if isinstance(node, ast.keyword) and node.arg in _HINTS:
@@ -199,7 +149,7 @@ def constant_shift(tree, src: _Source) -> Iterator[Edit]:
         # argument checks (kernels.validate) have their own tests; an axis or a range start below 0 is no program
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
                 (isinstance(node.func.value, ast.Name) and node.func.value.id == "validate")
-                or _is_attr(node.func, ("tl",), "program_id") or _is_attr(node.func, ("tl",), "arange")):
+                or is_attr(node.func, ("tl",), "program_id") or is_attr(node.func, ("tl",), "arange")):
             skip.update(id(n) for n in ast.walk(node) if node.func.attr not in ("program_id", "arange")
                         or (isinstance(n, ast.Constant) and n.value == 0))
     for node in ast.walk(tree):
@@ -209,7 +159,7 @@ def constant_shift(tree, src: _Source) -> Iterator[Edit]:
                 yield src.replace(node, str(node.value + delta))
 
 
-def mask_term_dropped(tree, src: _Source) -> Iterator[Edit]:
+def mask_term_dropped(tree, src: Source) -> Iterator[Edit]:
     """One side of an ``a & b`` conjunction dropped: a mask that lets one more class of lanes through."""
     for node in ast.walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitAnd):
@@ -218,7 +168,7 @@ def mask_term_dropped(tree, src: _Source) -> Iterator[Edit]:
                 yield src.replace(node, f"({text})" if "\n" not in text else text)
 
 
-def load_other_changed(tree, src: _Source) -> Iterator[Edit]:
+def load_other_changed(tree, src: Source) -> Iterator[Edit]:
     """``other=`` of a masked ``tl.load`` changed: what a masked-off lane reads must not matter."""
     for call in _calls(tree, ("tl",), "load"):
         for kw in call.keywords:
@@ -227,36 +177,28 @@ def load_other_changed(tree, src: _Source) -> Iterator[Edit]:
                 yield src.replace(kw.value, "1" if value.strip() in ("0", "0.0") else "0")
 
 
-def int64_cast_removed(tree, src: _Source) -> Iterator[Edit]:
+def int64_cast_removed(tree, src: Source) -> Iterator[Edit]:
     """``x.to(tl.int64)`` -> ``x``: offsets computed in int32 wrap past 2^31."""
     for node in ast.walk(tree):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "to"
-                and len(node.args) == 1 and _is_attr(node.args[0], ("tl",), "int64")):
+                and len(node.args) == 1 and is_attr(node.args[0], ("tl",), "int64")):
             yield src.replace(node, src.of(node.func.value))
-
-
-def _statements(tree) -> Iterator[list]:
-    for node in ast.walk(tree):
-        for name in ("body", "orelse", "finalbody"):
-            block = getattr(node, name, None)
-            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                yield block
 
 
 def _is_barrier(stmt) -> bool:
     return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-            and _is_attr(stmt.value.func, ("tl",), "debug_barrier"))
+            and is_attr(stmt.value.func, ("tl",), "debug_barrier"))
 
 
-def barrier_removed_or_moved(tree, src: _Source) -> Iterator[Edit]:
+def barrier_removed_or_moved(tree, src: Source) -> Iterator[Edit]:
     """``tl.debug_barrier()`` removed, or moved after the next statement that stores."""
-    for block in _statements(tree):
+    for block in statements(tree):
         for i, stmt in enumerate(block):
             if not _is_barrier(stmt):
                 continue
             yield src.replace(stmt, "pass")
             for later in block[i + 1:]:
-                if any(isinstance(c, ast.Call) and _is_attr(c.func, ("tl",), "store") for c in ast.walk(later)):
+                if any(isinstance(c, ast.Call) and is_attr(c.func, ("tl",), "store") for c in ast.walk(later)):
                     start = src.offset(stmt.lineno, 0)
                     end = src.offset(later.end_lineno + 1, 0)
                     barrier_line = src.text[start:src.offset(stmt.lineno + 1, 0)]
@@ -264,7 +206,7 @@ def barrier_removed_or_moved(tree, src: _Source) -> Iterator[Edit]:
                     break
 
 
-def min_max_swapped(tree, src: _Source) -> Iterator[Edit]:
+def min_max_swapped(tree, src: Source) -> Iterator[Edit]:
     """``tl.minimum`` <-> ``tl.maximum`` (and ``min``/``max`` in host code)."""
     swap = {"minimum": "maximum", "maximum": "minimum", "min": "max", "max": "min"}
     for node in ast.walk(tree):
@@ -281,12 +223,12 @@ def min_max_swapped(tree, src: _Source) -> Iterator[Edit]:
 def _is_triton(tree) -> bool:
     """The target is a ``@triton.jit`` function (bare or called with options)."""
     return any(isinstance(node, ast.FunctionDef)
-               and any(_is_attr(d.func if isinstance(d, ast.Call) else d, ("triton",), "jit")
+               and any(is_attr(d.func if isinstance(d, ast.Call) else d, ("triton",), "jit")
                        for d in node.decorator_list)
                for node in ast.walk(tree))
 
 
-def cdiv_floor_swapped(tree, src: _Source) -> Iterator[Edit]:
+def cdiv_floor_swapped(tree, src: Source) -> Iterator[Edit]:
     """``cdiv(a, b)`` -> ``a // b`` and ``a // b`` -> rounding up: the partial last block.
 
     Triton's integer ``//`` truncates toward zero, so there Python's ``-(-a // b)`` would be ``a // b``
@@ -294,7 +236,7 @@ def cdiv_floor_swapped(tree, src: _Source) -> Iterator[Edit]:
     triton_code = _is_triton(tree)
     for node in ast.walk(tree):
         if (isinstance(node, ast.Call) and len(node.args) == 2
-                and (_is_attr(node.func, ("tl", "triton"), "cdiv"))):
+                and (is_attr(node.func, ("tl", "triton"), "cdiv"))):
             yield src.replace(node, f"({src.of(node.args[0])}) // ({src.of(node.args[1])})")
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv):
             a, b = src.of(node.left), src.of(node.right)
@@ -308,7 +250,7 @@ def _vectors(tree) -> set[str]:
     """Names assigned from a ``tl.arange`` expression: lanes, not an index of the batch or a slot."""
     out = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(_is_attr(c.func, ("tl",), "arange") for c in ast.walk(node.value)
+        if isinstance(node, ast.Assign) and any(is_attr(c.func, ("tl",), "arange") for c in ast.walk(node.value)
                                                 if isinstance(c, ast.Call)):
             out.update(t.id for t in node.targets if isinstance(t, ast.Name))
     return out
@@ -333,7 +275,7 @@ def _used_as_index(tree) -> list[str]:
     return list(names)
 
 
-def index_names_swapped(tree, src: _Source) -> Iterator[Edit]:
+def index_names_swapped(tree, src: Source) -> Iterator[Edit]:
     """Two index names swapped where one indexes memory (batch row vs request slot)."""
     names = _index_names(tree)
     for node in ast.walk(tree):
@@ -351,7 +293,7 @@ def index_names_swapped(tree, src: _Source) -> Iterator[Edit]:
                     yield src.replace(use, other)
 
 
-def where_swapped(tree, src: _Source) -> Iterator[Edit]:
+def where_swapped(tree, src: Source) -> Iterator[Edit]:
     """``where(c, a, b)`` -> ``where(c, b, a)``."""
     for name in ("tl", "torch", "np"):
         for call in _calls(tree, (name,), "where"):
@@ -360,7 +302,7 @@ def where_swapped(tree, src: _Source) -> Iterator[Edit]:
                 yield Edit(src.span(a)[0], src.span(b)[1], f"{src.of(b)}, {src.of(a)}")
 
 
-def bool_op_flipped(tree, src: _Source) -> Iterator[Edit]:
+def bool_op_flipped(tree, src: Source) -> Iterator[Edit]:
     """``or`` <-> ``and`` (host code)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.BoolOp):
@@ -372,7 +314,7 @@ def bool_op_flipped(tree, src: _Source) -> Iterator[Edit]:
                     yield Edit(a + at, a + at + len(token), other)
 
 
-def default_changed(tree, src: _Source) -> Iterator[Edit]:
+def default_changed(tree, src: Source) -> Iterator[Edit]:
     """A default argument changed: an int +1, a bool flipped, None -> 0."""
     for node in ast.walk(tree):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -416,7 +358,7 @@ def _unique_patch(target: str, text: str, edit: Edit) -> Patch | None:
         a = starts[first]
         b = starts[last + 1] if last + 1 < len(starts) else len(text)
         old = text[a:b]
-        if text.count(old) == 1:
+        if text.count(old.rstrip("\n")) == 1:  # unique as applied: a trailing blank line is no context
             new = text[a:edit.start] + edit.text + text[edit.end:b]
             return Patch(target, old.rstrip("\n"), new.rstrip("\n")) if old != new else None
         if last + 2 < len(starts):
@@ -433,30 +375,40 @@ def _mutant_id(target: str, operator: str, patch: Patch) -> str:
 
 
 def generate(target: str, operators: list[str] | None = None) -> list[Generated]:
-    """Every mutant of ``target`` ("module:attribute") the operators make, in source order, each once."""
+    """Every mutant of ``target`` ("module:attribute") the operators make, in source order, each once.
+    ``operators`` names them, one-token (this module's) or semantic (``stress.mutate.semantic``); None
+    is every one-token operator."""
+
     fn, text = source_of(_target(target))
     first_line = _first_line(fn)
+    file = os.path.relpath(inspect.getsourcefile(fn), ROOT)
     tree = ast.parse(text)
-    src = _Source(text)
+    src = Source(text)
     quiet = _messages(tree, src)
     seen, out = set(), []
-    for name, operator in OPERATORS.items():
-        if operators and name not in operators:
+    # a slip a one-token operator makes stays that operator's: the semantic class never makes it again
+    token_made = ({_unique_patch(target, text, edit) for operator in OPERATORS.values() for edit in operator(tree, src)}
+                  if set(operators or ()) & set(mutate_semantic.OPERATORS) else set())
+    for name, operator in {**OPERATORS, **mutate_semantic.OPERATORS}.items():
+        if name not in (operators or OPERATORS):
             continue
         for edit in operator(tree, src):
             if any(a <= edit.start and edit.end <= b for a, b in quiet):
                 continue
             patch = _unique_patch(target, text, edit)
-            if patch is None or patch in seen or not _parses(text.replace(patch.old, patch.new)):
+            if (patch is None or patch in seen or (name in mutate_semantic.OPERATORS and patch in token_made)
+                    or not _parses(text.replace(patch.old, patch.new))):
                 continue
             seen.add(patch)
             line = first_line + text.count("\n", 0, edit.start)
-            out.append(Generated(_mutant_id(target, name, patch), target, name, line, patch))
+            description = (f"{edit.what} in line {line} of {file}:{target.split(':')[1]}" if edit.what
+                           else f"{name} at {target} line {line}")
+            out.append(Generated(_mutant_id(target, name, patch), target, name, line, patch, description))
     out.sort(key=lambda g: (g.line, g.operator, g.id))
     return out
 
 
-def _messages(tree, src: _Source) -> list[tuple[int, int]]:
+def _messages(tree, src: Source) -> list[tuple[int, int]]:
     """Spans no mutant touches: what a ``raise`` raises, f-strings, docstrings (text, not behaviour)."""
     spans = []
     for node in ast.walk(tree):
@@ -473,8 +425,6 @@ def _target(target: str):
 
 
 def _first_line(fn) -> int:
-    import inspect
-
     return inspect.getsourcelines(fn)[1]
 
 
@@ -504,3 +454,12 @@ def resolve(mutant_id: str) -> Mutant:
             return g.mutant()
     raise ValueError(f"--mutant: {mutant_id!r} no longer matches a mutant of {target} (the source changed); "
                      f"`python -m stress mutate --check C` lists the current ones")
+
+
+# The two classes a run selects (``--operators``) and scores apart.
+OPERATOR_CLASSES: dict[str, tuple[str, ...]] = {"token": tuple(OPERATORS), "semantic": tuple(mutate_semantic.OPERATORS)}
+
+
+def operator_class(operator: str) -> str:
+    """"semantic" for ``stress.mutate.semantic``'s operators, "token" for this module's."""
+    return "semantic" if operator in mutate_semantic.OPERATORS else "token"
