@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--impl", action="append", default=[], metavar="CHECK=MODULE:FUNCTION[@CHOICE,...]",
                         help="judge this implementation in place of CHECK's production launcher, in every worker "
                              "and repro line; @ declares choices of the check's contract profile (list --impl "
-                             "shows them); repeatable, one per check")
+                             "shows them); repeatable, one per check (default: the suite's own launchers)")
 
     def matrix(sp):
         sp.add_argument("--max-iters", type=_count(1), default=200,
