@@ -17,7 +17,7 @@ from test_pool import in_group
 
 from kernels import runtime
 from stress import checks
-from stress.__main__ import _parser, main
+from stress.__main__ import main, parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU = torch.cuda.is_available()
@@ -96,7 +96,7 @@ def test_a_run_or_repro_that_judged_nothing_exits_3_saying_why(tmp_path, capsys)
     assert main(["repro", "graphs.replay", "padded_graph", "1"]) == 3
     captured = capsys.readouterr()
     assert f"verdict: not_checked:{why}" in captured.out and why in captured.err
-    assert "3 nothing was judged" in _parser().format_help()  # the exit statuses are in --help
+    assert "3 nothing was judged" in parser().format_help()  # the exit statuses are in --help
     assert main(["mutants", "--check", "graphs.replay", "--jobs", "0"]) == 3  # no planted bug has an oracle here
     assert capsys.readouterr().err.splitlines()[-1].startswith(f"specsan: nothing was judged here (exit 3): {why}")
 
@@ -188,8 +188,8 @@ def test_each_xdist_worker_takes_its_own_gpu():
 
 
 def test_help_shows_every_default():
-    parser = _parser()
-    sub = next(a for a in parser._actions if a.dest == "command")
+    built = parser()
+    sub = next(a for a in built._actions if a.dest == "command")
     for name, command in sub.choices.items():
         for action in command._actions:
             if action.option_strings and action.dest != "help" and action.nargs != 0:
@@ -212,7 +212,7 @@ def test_help_and_usage_errors_import_neither_torch_nor_triton(tmp_path, argv, c
 
 
 def test_log_progress_comes_every_30_seconds_at_most_with_the_rate_and_the_time_left(capsys):
-    from stress.__main__ import _LogProgress
+    from stress.cli.common import LogProgress as _LogProgress
 
     now = [0.0]
     progress = _LogProgress(1000, clock=lambda: now[0])  # a tenth of this run is 100 cases, 500 s

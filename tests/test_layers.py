@@ -23,7 +23,7 @@ LAYERS = (
     ("stress.core",),  # registry-driven: case building, the oracle, workers
     ("stress.hunt", "stress.mutate", "stress.sanitize", "stress.trace", "stress.tp", "stress.bench", "stress.report",
      "stress.gate"),
-    ("stress.__main__",),  # the command line
+    ("stress.__main__", "stress.cli"),  # the command line
 )
 
 

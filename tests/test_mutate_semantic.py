@@ -11,6 +11,7 @@ import pytest
 
 from kernels import runtime
 from stress import __main__ as cli
+from stress.cli.mutants import chosen_operators
 from stress.core.patches import source_of
 from stress.mutate import campaign as mutate
 from stress.mutate import operators as mutate_ops
@@ -156,8 +157,8 @@ def test_an_operator_outside_the_chosen_class_is_a_usage_error_naming_the_fix(ca
 def test_a_survivors_rerun_line_generates_its_class_without_naming_it():
     (g,) = [g for g in mutate_ops.generate(HOST, ["same-name"]) if g.patch.new.strip() == "first = values[stop]"]
     rerun = mutate.Row(g.id, g.target, g.operator, "", g.line, "", "", "c", ["c"]).command("cpu", 2).split()[1:]
-    assert "same-name" in cli._operators(cli._parser().parse_args(rerun))
-    assert cli._operators(cli._parser().parse_args(["mutate"])) == list(mutate_ops.OPERATORS)
+    assert "same-name" in chosen_operators(cli.parser().parse_args(rerun))
+    assert chosen_operators(cli.parser().parse_args(["mutate"])) == list(mutate_ops.OPERATORS)
 
 
 @pytest.mark.skipif(runtime.DEVICE != "cpu", reason="the small deterministic sample runs in CPU CI")

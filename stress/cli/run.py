@@ -1,0 +1,224 @@
+"""The command line of run and repro: replay cases against the references; rerun one."""
+
+import json
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+
+from stress.cli.common import (
+    IMPLEMENTATIONS,
+    MATRIX,
+    UsageError,
+    checks_named,
+    count,
+    device_and_seed,
+    family_named,
+    gpu_header,
+    gpu_log,
+    impl_header,
+    launch_in_sweep,
+    launch_shape,
+    log,
+    not_judged,
+    open_report,
+    planted_mutant,
+    pool_options,
+    progress,
+    seconds,
+    seed_value,
+    select_device,
+    selected_checks,
+)
+from stress.core import interrupts
+from stress.core.types import DEFAULT_TIMEOUT, NOT_CHECKED
+
+
+def add_parsers(sub) -> None:
+    run = sub.add_parser(
+        "run", parents=[device_and_seed(), pool_options("replayed"), MATRIX, IMPLEMENTATIONS],
+        help="replay every (check, family) N times against the references")
+    run.add_argument("--iters", type=count(1), default=10, help="cases per (check, family) (default: 10)")
+    run.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
+    run.add_argument("--family", action="append", help="only this family, repeatable (default: every family)")
+    run.add_argument("--report", default="reports/latest",
+                     help="directory for results.jsonl, summary.md and heat maps; cleared of an earlier "
+                          "run's files (default: reports/latest)")
+    run.add_argument("--no-trace", action="store_true", help="skip the CPU tracer (races, out-of-bounds, uninit)")
+    run.add_argument("--mutant", help="apply this planted bug in every case of the checks that plant it or hunt every "
+                                      "bug (engine.step): what it does to the verdicts and the acceptance "
+                                      "(default: the production code)")
+    run.add_argument("--hunt", action="store_true",
+                     help="then hunt the race-prone checks (those with hunt seconds for this device) back to back on "
+                          "device-resident cases (see `hunt`), into the same report")
+    run.add_argument("--kill-matrix", action="store_true", help="then run the kill matrix into the same report")
+    run.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
+
+
+    repro = sub.add_parser(
+        "repro", parents=[device_and_seed(seed=False), IMPLEMENTATIONS],
+        help="rerun one case and print its first divergences")
+    repro.add_argument("check", metavar="CHECK")
+    repro.add_argument("family", metavar="FAMILY")
+    repro.add_argument("seed", metavar="SEED", type=seed_value)
+    repro.add_argument("--mutant", help="with this planted bug applied (default: the production code)")
+    repro.add_argument("--launch", type=launch_shape,
+                       help="force a launch shape, e.g. chunk=16,num_warps=4 (default: the one the seed draws)")
+    repro.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT,
+                       help=f"seconds before the case is stopped as fail:timeout; on a GPU the case then runs in "
+                            f"a worker process that can be killed; 0 = none, always in this process "
+                            f"(default: {DEFAULT_TIMEOUT:g})")
+    repro.add_argument("--no-trace", action="store_true", help="skip the CPU tracer")
+    repro.add_argument("--sanitizer", choices=("memcheck", "initcheck", "synccheck"),
+                       help="run the case in its own process under this compute-sanitizer tool (GPU only) "
+                            "(default: the differential run)")
+
+
+
+def streamed(report, bar):
+    """``on_result`` for a replay: each result into the report, a failure shown with its repro line."""
+    def on_result(result):
+        report.add(result)
+        if result.failed:
+            bar.write(f"FAIL {result.verdict} {result.check} {result.family} seed={result.seed}: "
+                      f"{result.details[0] if result.details else ''}\n  {result.repro()}")
+        bar.set_postfix_str(report.closing_line(), refresh=False)
+        bar.update(1)
+
+    return on_result
+
+
+def run_matrix(report, selected, device: str, args, jobs: int) -> None:
+    """The kill matrix into ``report.kills`` (planned rows first), each decided row streamed and shown."""
+    from stress.mutate import kill_matrix as matrix
+
+    def on_row(row):
+        report.add_kill(row)
+        shape = f" {row.launch}" if args.by_shape and row.launch else ""
+        log(f"  {row.check} {row.mutant}{shape}: {row.status}"
+             + (f" after {row.iterations} case(s)" if row.status == "killed" else ""))
+
+    report.kills = []
+    matrix.kill_matrix(selected, device, max_iters=args.max_iters, seed=args.seed, jobs=jobs, by_shape=args.by_shape,
+                       timeout=args.timeout, on_row=on_row, rows=report.kills,
+                       path_iters=args.path_iters if args.path or getattr(args, "path_only", False) else 0,
+                       path_only=getattr(args, "path_only", False), on_case=report.add_matrix_case,
+                       only=args.mutant if args.command == "mutants" else None)
+
+
+def run_into(report, stages) -> interrupts.Interrupted | None:
+    """Run ``stages()``, which writes into ``report``; close the report also when a signal (returned)
+    or an error (raised again) stopped it, so what finished is kept and the summary says so."""
+    start = time.perf_counter()
+    stopped = None
+    try:
+        stages()
+    except interrupts.Interrupted as exc:
+        stopped = exc
+        report.interrupted = exc.name
+    except BaseException as exc:
+        report.interrupted = f"an error ({type(exc).__name__})"
+        raise
+    finally:
+        report.header["wall_s"] = round(time.perf_counter() - start, 1)
+        report.close()
+    if stopped:
+        log(f"specsan: interrupted by {stopped.name}: " + "; ".join(report.progress()))
+    return stopped
+
+
+def cmd_run(args) -> int:
+    device = select_device(args)
+    from stress import hunt
+    from stress.core import cases, telemetry, workers
+    from stress.mutate import kill_matrix as matrix
+
+    selected = selected_checks(args)
+    tasks = cases.plan(selected, args.family, args.iters, args.seed, args.mutant)
+    jobs = workers.default_jobs(device) if args.jobs is None else args.jobs
+    header = {**impl_header(), "device": device,
+              "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
+              "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix, "hunt": args.hunt,
+              **({"hunts": len(hunt.planned(selected, device))} if args.hunt else {}),
+              **({"mutant": args.mutant} if args.mutant else {}),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), **gpu_header(device, jobs)}
+    report = open_report(args.report, header)
+
+    def stages():
+        log(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}"
+             + gpu_log(header))
+        with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
+            with progress(len(tasks)) as bar:
+                workers.execute(tasks, device, jobs, streamed(report, bar), args.timeout, trace=not args.no_trace,
+                               on_abandoned=report.abandoned.extend)
+            if args.hunt:
+                def on_hunt(result):
+                    report.add_hunt(result)
+                    log("\n".join(result.lines()))
+
+                hunt.run_hunts(selected, device, args.seed, jobs, args.timeout, on_hunt)
+            if args.kill_matrix:
+                log(f"kill matrix on {device}:")
+                run_matrix(report, selected, device, args, jobs)
+
+    stopped = run_into(report, stages)
+    failed = report.counts()[1] + sum(h.failed for h in report.hunts)
+    matrix_line, all_killed = matrix.verdict(report.kills or [], device)
+    if stopped:
+        code = stopped.exit_code
+    elif failed or not all_killed:
+        code = 1
+    else:
+        code = 0 if report.judged() else not_judged(report.unjudged_reasons())
+    if args.json:
+        print(json.dumps({"status": report.end_record()["status"], "exit_code": code, "report": args.report,
+                          "device": device, "cases_planned": len(tasks), "cases_finished": len(report.results),
+                          **dict(zip(("passed", "failed", "not_checked"), report.counts(), strict=True)),
+                          "failures": [{"verdict": r.verdict, "check": r.check, "family": r.family, "seed": r.seed,
+                                        "repro": r.repro()} for r in report.results if r.failed],
+                          "kill_matrix": None if report.kills is None else [asdict(k) for k in report.kills],
+                          "hunts": [hunt.as_record(h) for h in report.hunts]},
+                         indent=2))
+        return code
+    print(f"wall time {report.header['wall_s']:.1f} s; summary in {args.report}/summary.md")
+    if report.kills is not None:
+        print(matrix_line)
+    print(report.closing_line())
+    return code
+
+
+def cmd_repro(args) -> int:
+    device = select_device(args)
+    from stress.core import cases, refusal, workers
+    from stress.sanitize import runner as sanitizer
+
+    check = checks_named([args.check], "CHECK")[0]
+    family_named(check, args.family)
+    planted_mutant(check, args.mutant)
+    if args.sanitizer and refusal.is_family(check.families[args.family]):
+        raise UsageError("--sanitizer", f"{args.family!r} is a refusal family: its cases launch no kernel",
+                         "rerun it without --sanitizer")
+    launch_in_sweep(check, device, args.launch)
+    case = cases.build_case(check, args.family, args.seed, device, args.launch)
+    print(f"{check.name} / {args.family} / seed {args.seed} on {device}: {case.note}")
+    print(f"launch: {case.launch or 'default'}")
+    for name, value in case.inputs.items():
+        shown = f"{tuple(value.shape)} {value.dtype}" if hasattr(value, "shape") else repr(value)
+        print(f"  {name}: {shown}")
+    forced = tuple(sorted(args.launch.items())) if args.launch is not None else None
+    task = cases.Task(args.check, args.family, args.seed, args.mutant, forced, args.sanitizer)
+    results = []
+    # Here a deadline is an alarm signal; a kernel spinning on a GPU never sees it, so there a
+    # deadline runs the case in one worker process the pool can kill (a sanitized case has its own).
+    jobs = 1 if device == "cuda" and args.timeout and not args.sanitizer else 0
+    if args.sanitizer and (gate := sanitizer.gate(args.sanitizer, device)).state != "caught":
+        print(f"verdict: not_checked:{gate.text}")
+        return not_judged([gate.text]) if gate.state == "unavailable" else 1  # blind: the tool missed its control
+    workers.execute([task], device, jobs, results.append, args.timeout, trace=not args.no_trace,
+                   judge=sanitizer.run_task)
+    result = results[0]
+    print(f"verdict: {result.verdict}")
+    for line in result.details:
+        print(line)
+    if result.not_checked:
+        return not_judged([result.verdict.removeprefix(NOT_CHECKED)])
+    return 1 if result.failed else 0
