@@ -22,28 +22,28 @@ def test_honest_samples_pass():
     rng = np.random.default_rng(0)
     probs = [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]
     tokens = torch.from_numpy(np.stack([rng.choice(3, 4000, p=p) for p in probs], 1))
-    assert distribution.judge("tokens", _expected(probs), tokens) is None
+    assert distribution.judge_trials("tokens", _expected(probs), tokens) is None
 
 
 def test_skewed_samples_fail():
     tokens = torch.tensor([[0, -1]] * 60 + [[1, -1]] * 40)
-    found = distribution.judge("tokens", _expected([[0.2, 0.8], [0.5, 0.5]]), tokens)
+    found = distribution.judge_trials("tokens", _expected([[0.2, 0.8], [0.5, 0.5]]), tokens)
     assert isinstance(found, Divergence) and "chi-square" in found.problem
 
 
 def test_resampled_rejected_draft_fails():
     """Trial 1 was rejected at position 0 and resampled its own draft (one-hot q)."""
     tokens = torch.tensor([[1, 0], [1, -1]])
-    found = distribution.judge("tokens", _expected([[0.5, 0.5], [0.5, 0.5]], drafts=[1]), tokens)
+    found = distribution.judge_trials("tokens", _expected([[0.5, 0.5], [0.5, 0.5]], drafts=[1]), tokens)
     assert isinstance(found, Divergence) and "rejected draft" in found.problem
 
 
 def test_greedy_must_emit_the_argmax():
-    found = distribution.judge("tokens", _expected([[0.0, 1.0], [1.0, 0.0]], greedy=True),
+    found = distribution.judge_trials("tokens", _expected([[0.0, 1.0], [1.0, 0.0]], greedy=True),
                                torch.tensor([[1, 0], [0, -1]]))
     assert isinstance(found, Divergence) and "argmax" in found.problem
 
 
 def test_tokens_out_of_range_fail():
-    found = distribution.judge("tokens", _expected([[0.5, 0.5]]), torch.tensor([[2], [0]]))
+    found = distribution.judge_trials("tokens", _expected([[0.5, 0.5]]), torch.tensor([[2], [0]]))
     assert isinstance(found, Divergence) and "range" in found.problem

@@ -23,7 +23,7 @@ def test_mutant_is_killed(check_name, mutant_name, device):
     oracle = mutant.oracles.get(device.type)
     if oracle is None:
         pytest.skip(f"not_checked on {device.type}: {mutant.why_not}")
-    kill = matrix.hunt(check_name, mutant_name, device.type, oracle, max_iters=60, seed=0, launch=None)
+    kill = matrix.hunt_mutant(check_name, mutant_name, device.type, oracle, max_iters=60, seed=0, launch=None)
     if kill.status == "not_checked":  # a sanitizer oracle where no compute-sanitizer can run
         pytest.skip(f"not_checked on {device.type}: {kill.reason}")
     assert kill.status == "killed", f"{mutant_name} survived {kill.iterations} cases (other verdicts: " \

@@ -603,7 +603,7 @@ def test_a_resumed_survivor_that_a_signal_left_without_memcheck_meets_it_without
     assert left.status == "survived" and not streamed, "streamed once its second oracles have judged it"
     monkeypatch.setattr(matrix, "_run_hunts", lambda hunts, *a, **k: hunts and pytest.fail(f"hunted {hunts}"))
     monkeypatch.setattr(mutate, "second_oracles", lambda rows, *a, **k: judged.extend(rows))
-    mutate.hunt([left], "cuda", iters=1, seed=0, jobs=1, timeout=60, on_row=streamed.append)
+    mutate.hunt_generated([left], "cuda", iters=1, seed=0, jobs=1, timeout=60, on_row=streamed.append)
     assert judged == [left] and (left.unjudged_by, left.reason) == ("", "")
 
 

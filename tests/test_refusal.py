@@ -20,7 +20,7 @@ def _refusing(kernel, reference=lambda out, n: None):
 
 def _judge(kernel):
     check = _refusing(kernel)
-    return refusal.judge(check, cases.build_case(check, "f", 1, "cpu"), "cpu", kernel)
+    return refusal.judge_one(check, cases.build_case(check, "f", 1, "cpu"), "cpu", kernel)
 
 
 def _guarded(out, n):
@@ -122,7 +122,7 @@ def test_every_corruption_of_a_refused_family_is_refused(check_name, family, dev
         for seed in range(3):
             case = refusals.corrupted(fn.valid, corruption, np.random.default_rng(seed), device.type, {})
             refusal.check_reference(check, case)
-            verdict, details = refusal.judge(check, case, device.type, check.kernel)
+            verdict, details = refusal.judge_one(check, case, device.type, check.kernel)
             assert verdict == "pass", f"{corruption.what} (seed {seed}): {details}"
 
 

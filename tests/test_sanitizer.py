@@ -73,7 +73,7 @@ def test_anything_else_is_refused(text, problem):
 
 
 def test_the_overread_control_is_fail_oob_at_the_end_of_src():
-    verdict, details = sanitizer.judge("memcheck", *recorded("memcheck_oob"))
+    verdict, details = sanitizer.judge_tool_output("memcheck", *recorded("memcheck_oob"))
     assert verdict == "fail:oob"
     assert details[-1] == "6 memcheck finding(s) (and 4 failed CUDA call(s) after them)"
     assert details[0].startswith("_copy_kernel; Invalid __global__ read of size 16 bytes is out of bounds; "
@@ -83,7 +83,7 @@ def test_the_overread_control_is_fail_oob_at_the_end_of_src():
 
 def test_row_overread_on_the_h200_names_the_table_it_leaves():
     """The planted row-overread bug (block_table.gather, family wide): reads past the persistent table."""
-    verdict, details = sanitizer.judge("memcheck", *recorded("memcheck_row_overread"))
+    verdict, details = sanitizer.judge_tool_output("memcheck", *recorded("memcheck_row_overread"))
     assert verdict == "fail:oob"
     assert details[-1].startswith(f"{sanitizer.PRINT_LIMIT} or more memcheck finding(s)")
     assert details[0].startswith("_gather_rows_kernel; Invalid __global__ read of size 4 bytes")
@@ -91,39 +91,42 @@ def test_row_overread_on_the_h200_names_the_table_it_leaves():
 
 
 def test_initcheck_and_synccheck_verdicts():
-    verdict, details = sanitizer.judge("initcheck", *recorded("initcheck_uninit"))
+    verdict, details = sanitizer.judge_tool_output("initcheck", *recorded("initcheck_uninit"))
     assert verdict == "fail:uninit" and "at src + 1536: inside it; it has 4000 bytes" in details[0]
-    verdict, details = sanitizer.judge("synccheck", *recorded("synccheck_bad_warp_sync"))
+    verdict, details = sanitizer.judge_tool_output("synccheck", *recorded("synccheck_bad_warp_sync"))
     assert verdict == "fail:sync" and details[0].startswith("_copy_kernel; Barrier error (Invalid arguments)")
 
 
 @pytest.mark.parametrize("tool", ["memcheck", "initcheck", "synccheck"])
 def test_clean_runs_pass_and_say_what_ran(tool):
-    assert sanitizer.judge(tool, *recorded(f"{tool}_clean")) == ("pass", [f"1 kernel launch(es) clean under {tool}"])
+    clean = ("pass", [f"1 kernel launch(es) clean under {tool}"])
+    assert sanitizer.judge_tool_output(tool, *recorded(f"{tool}_clean")) == clean
 
 
 def test_a_sanitizer_that_did_not_run_is_not_checked_with_its_own_words():
     """Recorded on the H200: an option this version does not take, so no XML and exit 255."""
     output = (DATA / "bad_option.txt").read_text()
-    verdict, _ = sanitizer.judge("memcheck", 255, "", output, {})
+    verdict, _ = sanitizer.judge_tool_output("memcheck", 255, "", output, {})
     assert verdict == ("not_checked:compute-sanitizer did not run the case: compute-sanitizer: extra yes detected "
                        "on the input command line")
 
 
 def test_findings_the_xml_does_not_hold_still_fail():
-    assert sanitizer.judge("memcheck", sanitizer.ERROR_EXIT, "", "", {})[0] == "fail:oob"
+    assert sanitizer.judge_tool_output("memcheck", sanitizer.ERROR_EXIT, "", "", {})[0] == "fail:oob"
     empty = "<ComputeSanitizerOutput/>"
-    assert sanitizer.judge("initcheck", sanitizer.ERROR_EXIT, empty, "", {"launches": 1})[0] == "fail:uninit"
+    found = sanitizer.judge_tool_output("initcheck", sanitizer.ERROR_EXIT, empty, "", {"launches": 1})
+    assert found[0] == "fail:uninit"
 
 
 def test_a_child_that_raised_without_findings_crashed():
-    verdict, details = sanitizer.judge("memcheck", 3, "<ComputeSanitizerOutput/>", "",
+    verdict, details = sanitizer.judge_tool_output("memcheck", 3, "<ComputeSanitizerOutput/>", "",
                                        {"launches": 0, "error": "ValueError: out: bad shape", "traceback": []})
     assert verdict == "fail:crash" and details[0] == "ValueError: out: bad shape"
 
 
 def test_host_logic_is_not_checked_never_passed():
-    verdict, _ = sanitizer.judge("memcheck", 0, "<ComputeSanitizerOutput/>", "", {"launches": 0, "tensors": {}})
+    verdict, _ = sanitizer.judge_tool_output("memcheck", 0, "<ComputeSanitizerOutput/>", "",
+                                             {"launches": 0, "tensors": {}})
     assert verdict.startswith("not_checked:launches no Triton kernel")
 
 
@@ -177,7 +180,7 @@ def test_a_case_past_its_deadline_is_killed_with_its_process_group(fake):
     fake(sleep=30)
     task = cases.Task("block_table.gather", "basic", 1, tool="memcheck")
     start = time.perf_counter()
-    result = sanitizer.run_case(task, "memcheck", timeout=0.5)
+    result = sanitizer.run_sanitized(task, "memcheck", timeout=0.5)
     assert result.verdict == "fail:timeout" and time.perf_counter() - start < 10
 
 
@@ -210,7 +213,7 @@ def test_a_worker_killed_at_its_deadline_takes_its_sanitizer_along(fake):
 def test_checks_that_cannot_be_sanitized_say_why_without_a_process(fake):
     argv_file = fake()
     for name in ("graphs.replay", "engine.step"):
-        result = sanitizer.run_case(cases.Task(name, next(iter(checks.get(name).families)), 1), "memcheck")
+        result = sanitizer.run_sanitized(cases.Task(name, next(iter(checks.get(name).families)), 1), "memcheck")
         assert result.verdict.startswith("not_checked:") and "caching allocator" in result.verdict
     assert not argv_file.exists()
 

@@ -258,6 +258,3 @@ def main() -> None:
     print("\n".join(trace_bench.report()), flush=True)
     print("\n".join(trace_bench.sampler_rows()[0]))
 
-
-if __name__ == "__main__":
-    main()

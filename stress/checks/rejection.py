@@ -150,7 +150,7 @@ CHECKS = (
         reference=distribution.expected_distribution,
         families=rejection_families.DISTRIBUTION_FAMILIES,
         outputs=(RETURN,),
-        compare=distribution.judge,
+        compare=distribution.judge_trials,
         sweep=rejection_families.verify_sweep,
         mutants=(_ACCEPT_IGNORES_U, _RESAMPLE_FROM_TARGET,
                  # the same bug hunted at a 128k vocabulary only: the positive control of that chi-square

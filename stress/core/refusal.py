@@ -51,14 +51,14 @@ def judge_all(check: Check, case: Case, device: str, kernel) -> tuple[str, list[
     passed = []
     for refusal in (case, *case.more_refusals):
         check_reference(check, refusal)
-        verdict, details = judge(check, refusal, device, kernel)
+        verdict, details = judge_one(check, refusal, device, kernel)
         if verdict != PASS:
             return verdict, [f"refusal case: {refusal.note}", *details]
         passed += details
     return PASS, passed
 
 
-def judge(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
+def judge_one(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
     """Call ``kernel`` once on guarded copies of the case's inputs and judge the refusal."""
     from stress.core import compare
 

@@ -356,7 +356,7 @@ class Phases:
         self.log(f"specsan mutate: {name} took {self.seconds[name]:g} s")
 
 
-def hunt(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, timeout: float, on_row,
+def hunt_generated(rows: list[Row], device: str, *, iters: int, seed: int, jobs: int, timeout: float, on_row,
          hunt_seconds: float = 0.0, log=None, phases: Phases | None = None) -> None:
     """Hunt every undecided row through its owners in turn, each with up to ``iters`` cases per family.
     ``hunt_seconds`` (0: none) bounds the hunting: past it no case starts, the rows not yet decided stay
@@ -750,7 +750,7 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
         phases.end("equivalence")
         log(f"specsan mutate: hunting {sum(r.status == 'pending' for r in rows)} mutant(s), up to {iters} case(s) "
             f"per family, {jobs} worker(s)")
-        hunt(rows, device, iters=iters, seed=seed, jobs=jobs, timeout=timeout, on_row=on_row,
+        hunt_generated(rows, device, iters=iters, seed=seed, jobs=jobs, timeout=timeout, on_row=on_row,
              hunt_seconds=hunt_seconds, log=log, phases=phases)
     except interrupts.Interrupted as exc:  # what was decided is scored; the rest stays pending
         interrupted = exc

@@ -175,7 +175,7 @@ def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_ro
         on_row(h.finish("unfinished"))
 
 
-def hunt(check_name: str, mutant_name: str, device: str, oracle: str, max_iters: int, seed: int,
+def hunt_mutant(check_name: str, mutant_name: str, device: str, oracle: str, max_iters: int, seed: int,
          launch: dict | None, timeout: float = 0) -> Kill:
     """Run one mutant through its families round-robin, in this process, until a case fails with ``oracle``."""
     from stress import checks

@@ -107,7 +107,7 @@ def _invariant_failures(tokens: torch.Tensor, expected: TargetDistribution) -> l
     return problems
 
 
-def judge(output: str, expected: TargetDistribution, got) -> Divergence | None:
+def judge_trials(output: str, expected: TargetDistribution, got) -> Divergence | None:
     """Invariants, then per position: greedy exact, sampled by chi-square."""
     tokens = got.detach().cpu()
     problems = _invariant_failures(tokens, expected)

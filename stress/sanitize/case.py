@@ -70,7 +70,7 @@ def _on_device(value, device):
     return copy
 
 
-def run_case(args, record: _Record) -> None:
+def run_in_child(args, record: _Record) -> None:
     import torch
 
     from stress import checks
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     record = _Record(args.record)
     try:
         if args.what == "case":
-            run_case(args, record)
+            run_in_child(args, record)
         else:
             run_control(args.name, record)
     except Exception as exc:  # noqa: BLE001 - expected after a sanitizer error; the parent decides

@@ -173,7 +173,7 @@ def describe(finding: sanitizer_xml.Finding, tensors: dict) -> str:
     return "; ".join(parts)
 
 
-def judge(tool: str, status: int, xml_text: str, output: str, record: dict) -> tuple[str, list[str]]:
+def judge_tool_output(tool: str, status: int, xml_text: str, output: str, record: dict) -> tuple[str, list[str]]:
     """The verdict of one sanitized run and its detail lines."""
     try:
         findings = sanitizer_xml.parse(xml_text) if xml_text else None
@@ -212,10 +212,10 @@ def run_task(task, device: str, timeout: float = 0, trace: bool = True) -> Resul
     """``workers.run_case`` for drivers whose tasks may name a tool: those run under it, the rest as usual."""
     from stress.core import workers
 
-    return run_case(task, task.tool, timeout) if task.tool else workers.run_case(task, device, timeout, trace)
+    return run_sanitized(task, task.tool, timeout) if task.tool else workers.run_case(task, device, timeout, trace)
 
 
-def run_case(task, tool: str, timeout: float = 0) -> Result:
+def run_sanitized(task, tool: str, timeout: float = 0) -> Result:
     """One case (a ``cases.Task``) under ``tool``. Never raises but for a signal: a crash is a verdict."""
     from stress import checks
 
@@ -239,7 +239,7 @@ def run_case(task, tool: str, timeout: float = 0) -> Result:
         return result
     result.launch = record.get("launch", result.launch)
     result.note = record.get("note", "")
-    result.verdict, result.details = judge(tool, status, xml_text, output, record)
+    result.verdict, result.details = judge_tool_output(tool, status, xml_text, output, record)
     result.seconds = round(time.perf_counter() - start, 4)
     return result
 
@@ -282,7 +282,7 @@ def gate(tool: str, device: str) -> Gate:
         status, xml_text, output, record = _run_child(tool, ["control", CONTROL[tool]], CONTROL_TIMEOUT)
     except TimeoutError as exc:
         return Gate("unavailable", f"the {CONTROL[tool]} control: {exc}")
-    verdict, details = judge(tool, status, xml_text, output, record)
+    verdict, details = judge_tool_output(tool, status, xml_text, output, record)
     what = f"{CONTROL[tool]} control under {tool}: {verdict}" + (f" ({details[0]})" if details else "")
     if verdict == VERDICT[tool]:
         return Gate("caught", what)
