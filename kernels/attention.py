@@ -273,6 +273,8 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     share one dtype (fp16, bf16 or fp32). Rows of ``out`` outside the batch's queries are untouched.
     ``block_m`` (rows per program: query heads of a GQA group times queries), ``block_n`` (keys per
     tile), ``kv_splits``, ``num_warps`` and ``num_stages`` are launch knobs for stress sweeps and benches.
+    Its branches are the argument checks, one refusal each, in the order a caller reads them, then the launch
+    choice: splitting them would scatter the refusals the refused family checks one by one.
     """
     validate.tensor("query", query, dtype=FLOAT_DTYPES, ndim=3)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):

@@ -124,13 +124,8 @@ def chosen_operators(args) -> list[str]:
     return list(args.operator or allowed)
 
 
-def cmd_mutate(args) -> int:
-    device = select_device(args)
-    from stress.core import workers
-    from stress.mutate import campaign as mutate
-    from stress.mutate import operators as mutate_ops
-
-    operators = chosen_operators(args)
+def _survivors_again(args) -> None:
+    """``--survivors FILE``: the mutants that survived there join ``--mutant``, their checks ``--check``."""
     if args.survivors:
         try:
             earlier = [r["mutant"] for r in map(json.loads, open(args.survivors)) if "mutant" in r]
@@ -141,10 +136,12 @@ def cmd_mutate(args) -> int:
         args.check = args.check or sorted({o for r in earlier if r["status"] == "survived" for o in r["owners"]})
         if not args.mutant:
             raise UsageError("--survivors", f"no mutant survived in {args.survivors}", "nothing to hunt again")
-    selected = checks_named(args.check)
-    if args.mutant:
-        for name in args.mutant:
-            mutate_ops.resolve(name)  # a stale or malformed id is a usage error before anything runs
+
+
+def _resumed(args, device: str) -> tuple[str, dict] | None:
+    """``--resume FILE``: what an earlier run of the same device, iters and seed decided."""
+    from stress.mutate import campaign as mutate
+
     resumed = None
     if args.resume:
         try:
@@ -160,6 +157,21 @@ def cmd_mutate(args) -> int:
             raise UsageError("--resume", f"{args.resume} is this run's own report, which it overwrites",
                              "copy it elsewhere first, or give another --report")
         resumed = (args.resume, decided)
+    return resumed
+
+
+def cmd_mutate(args) -> int:
+    device = select_device(args)
+    from stress.core import workers
+    from stress.mutate import campaign as mutate
+    from stress.mutate import operators as mutate_ops
+
+    operators = chosen_operators(args)
+    _survivors_again(args)
+    selected = checks_named(args.check)
+    for name in args.mutant or ():
+        mutate_ops.resolve(name)  # a stale or malformed id is a usage error before anything runs
+    resumed = _resumed(args, device)
     jobs = workers.default_jobs(device) if args.jobs is None else args.jobs
     summary = mutate.run(selected, device, iters=args.iters, seed=args.seed, jobs=jobs, timeout=args.timeout,
                          operators=operators, only=args.mutant, sample=args.sample, report=args.report, log=log,
@@ -175,6 +187,13 @@ def cmd_mutate(args) -> int:
         out("")
     for line in mutate.survivor_lines(rows, device, args.iters):
         out(line)
+    return _closing_lines(summary, rows, device, args, out, stopped)
+
+
+def _closing_lines(summary: dict, rows: list, device: str, args, out, stopped) -> int:
+    """The stale and refuted data entries, the score line, the survivors' explanations; the exit status."""
+    from stress.mutate import campaign as mutate
+
     entries = {"STALE equivalence entry (matches no generated mutant)": summary["stale_equivalences"],
                "STALE survivor explanation (matches no generated mutant)": summary["stale_explanations"],
                f"REFUTED survivor explanation (killed on {device}: remove it)": summary["refuted_explanations"]}

@@ -229,26 +229,12 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
         for mutant in check.mutants:
             if only and mutant.name not in only:
                 continue
-            oracle = mutant.oracles.get(device)
-            if oracle is None:
-                rows.append(Kill(check.name, mutant.name, device, "-", "not_checked", reason=mutant.why_not))
-                continue
-            if oracle in sanitizer.TOOLS and (reason := _sanitizer_blind(oracle, device, blind)):
-                rows.append(Kill(check.name, mutant.name, device, oracle, "not_checked", reason=reason))
-                continue
-            if reason := impl.replaces(mutant, checks):
-                rows.append(Kill(check.name, mutant.name, device, oracle, "not_checked", reason=reason))
-                continue
-            try:
-                planted.validate(mutant)
-            except planted.StaleMutant as exc:
-                rows.append(Kill(check.name, mutant.name, device, oracle, "stale", reason=str(exc)))
-                continue
-            if path_only:
-                rows.append(Kill(check.name, mutant.name, device, oracle, "not_hunted"))
+            decided = _decided_unhunted(check, mutant, device, checks, blind, path_only)
+            if decided is not None:
+                rows.append(decided)
                 continue
             for launch in (check.sweep(device) if by_shape and check.sweep else [None]):
-                hunts.append(_new_hunt(check, mutant.name, device, oracle, max_iters, seed, launch))
+                hunts.append(_new_hunt(check, mutant.name, device, mutant.oracles[device], max_iters, seed, launch))
                 rows.append(hunts[-1].kill)
     for row in rows:
         if on_row and row.status in ("not_checked", "stale", "not_hunted"):
@@ -267,13 +253,36 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
             if unit.mutant == name:
                 unit.path, unit.path_verdict, unit.path_iterations, unit.path_detail = path_fields[name]
 
+    _set_path_column(rows, path_fields, path_hunts)
+    _run_hunts(hunts + list(path_hunts.values()), device, jobs, timeout, decided, on_case)
+    return rows
+
+
+def _set_path_column(rows: list[Kill], path_fields: dict, path_hunts: dict) -> None:
+    """Each row's path column as far as it is known before the hunts: decided (unreachable), or unfinished."""
     for row in rows:
         if row.mutant in path_fields:
             row.path, row.path_verdict, row.path_iterations, row.path_detail = path_fields[row.mutant]
         elif row.mutant in path_hunts:
             row.path = "unfinished"
-    _run_hunts(hunts + list(path_hunts.values()), device, jobs, timeout, decided, on_case)
-    return rows
+
+
+def _decided_unhunted(check: Check, mutant: Mutant, device: str, checks: list[Check], blind: dict,
+                      path_only: bool) -> Kill | None:
+    """The row of a planted bug that is not hunted here, and why (no oracle on this device, a blind sanitizer, an
+    implementation standing in for its code, a stale patch, a path-only run); None: it is hunted."""
+    oracle = mutant.oracles.get(device)
+    if oracle is None:
+        return Kill(check.name, mutant.name, device, "-", "not_checked", reason=mutant.why_not)
+    if oracle in sanitizer.TOOLS and (reason := _sanitizer_blind(oracle, device, blind)):
+        return Kill(check.name, mutant.name, device, oracle, "not_checked", reason=reason)
+    if reason := impl.replaces(mutant, checks):
+        return Kill(check.name, mutant.name, device, oracle, "not_checked", reason=reason)
+    try:
+        planted.validate(mutant)
+    except planted.StaleMutant as exc:
+        return Kill(check.name, mutant.name, device, oracle, "stale", reason=str(exc))
+    return Kill(check.name, mutant.name, device, oracle, "not_hunted") if path_only else None
 
 
 def _sanitizer_blind(tool: str, device: str, known: dict[str, str | None]) -> str | None:
