@@ -13,7 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUIDE = os.path.join(ROOT, "docs", "adding-a-kernel.md")
 # a "### <path>" heading followed by one fenced block: the file the example adds
 FILE = re.compile(r"^### ((?:kernels|reference|stress|tests|docs)/\S+)\n\n```\w*\n(.*?)^```$", re.MULTILINE | re.DOTALL)
-COPIED = ("kernels", "reference", "stress", "tests", "docs", "conftest.py", "pyproject.toml", "specsan")
+COPIED = ("kernels", "reference", "eager", "stress", "tests", "docs", "records", "tools", "conftest.py",
+          "pyproject.toml", "specsan", "README.md", "Makefile")
 
 
 def example_files() -> dict[str, str]:
@@ -61,5 +62,7 @@ def test_the_worked_example_runs_as_printed(tmp_path):
     assert "2 of 2 checkable mutants killed" in mutants.stdout + mutants.stderr
     its_tests = [path for path in example_files() if path.startswith("tests/")]
     tests = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *its_tests,
-                  os.path.join("tests", "test_docs.py"), os.path.join("tests", "test_layers.py")], copy)
+                  os.path.join("tests", "test_docs.py"), os.path.join("tests", "test_layers.py"),
+                  os.path.join("tests", "test_eager.py"), "-k", "not keeps_the_contract and not violation_is_failed"],
+                 copy)
     assert tests.returncode == 0, tests.stdout[-3000:]
