@@ -11,7 +11,8 @@ import pytest
 from eager import block_table
 from stress import checks, gate
 from stress.__main__ import main
-from stress.core import impl
+from stress.core import impl, pool, workers
+from stress.core.cases import Task
 
 VIOLATIONS = {v.check: v for v in eager_violations.VIOLATIONS}
 
@@ -110,3 +111,11 @@ def test_list_impl_says_what_an_implementation_must_accept(capsys):
     out = capsys.readouterr().out
     assert "--impl sampling.gumbel=module:function  where function(logits" in out
     assert "@temperature-floor:" in out and "not registrable" in out
+
+
+def test_a_case_that_killed_its_worker_keeps_the_implementation_in_its_repro_line(monkeypatch):
+    monkeypatch.setenv(impl.ENV, "block_table.gather=eager.block_table:gather_block_tables@no-padded-rows")
+    task = Task("block_table.gather", "basic", 5)
+    for failure in ("died", "timeout"):
+        result = workers.result_of(pool.Outcome(task, failure=failure, detail="killed by SIGSEGV"), "cpu", 300, True)
+        assert result.repro().endswith("--impl block_table.gather=eager.block_table:gather_block_tables@no-padded-rows")
