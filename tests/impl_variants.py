@@ -52,3 +52,27 @@ def always_causal(query, k_cache, v_cache, block_table, seq_lens, query_start_lo
     """Eager paged attention that attends causally whatever it is asked."""
     attention.paged_attention(query, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale=scale,
                               causal=True, out=out)
+
+
+def slot_mapping_trusting_its_rows(block_table, query_start_loc, positions, block_size, out):
+    """A slot mapping that trusts its caller: no refusals, the null block 0 a real block, each position taken to
+    lie inside its row, only entries from len(positions) on padded, nothing written before the first row."""
+    starts = query_start_loc.tolist()
+    for row in range(len(starts) - 1):
+        for token in range(starts[row], starts[row + 1]):
+            pos = int(positions[token])
+            out[token] = int(block_table[row, pos // block_size]) * block_size + pos % block_size
+    out[positions.numel():] = -1
+
+
+def sampler_greedy_at_zero_only(logits, idx_mapping, temperature, seeds, positions, *, draft=False,
+                                logits_cache=None, cache_cols=None):
+    """The eager Gumbel sampler for which only a temperature of exactly 0 is greedy: a negative or NaN one is
+    divided by as it is, and a row whose every score is NaN gives token 0."""
+    tokens = sampling.gumbel_sample(logits, idx_mapping, temperature, seeds, positions, draft=draft,
+                                    logits_cache=logits_cache, cache_cols=cache_cols)
+    for row, slot in enumerate(idx_mapping.tolist()):
+        temp = float(temperature[slot]) if slot >= 0 else 0.0
+        if temp < 0 or temp != temp:
+            tokens[row] = int(torch.nan_to_num(logits[row] / temp, nan=float("-inf")).argmax())
+    return tokens

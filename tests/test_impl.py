@@ -7,11 +7,14 @@ import json
 import eager_violations
 import impl_variants
 import pytest
+import torch
 
 from eager import block_table
 from stress import checks, gate
 from stress.__main__ import main
-from stress.core import impl
+from stress.core import impl, pool, workers
+from stress.core.cases import Task, build_case
+from stress.core.types import Case
 
 VIOLATIONS = {v.check: v for v in eager_violations.VIOLATIONS}
 
@@ -110,3 +113,48 @@ def test_list_impl_says_what_an_implementation_must_accept(capsys):
     out = capsys.readouterr().out
     assert "--impl sampling.gumbel=module:function  where function(logits" in out
     assert "@temperature-floor:" in out and "not registrable" in out
+
+
+def test_a_case_that_killed_its_worker_keeps_the_implementation_in_its_repro_line(monkeypatch):
+    monkeypatch.setenv(impl.ENV, "block_table.gather=eager.block_table:gather_block_tables@no-padded-rows")
+    task = Task("block_table.gather", "basic", 5)
+    for failure in ("died", "timeout"):
+        result = workers.result_of(pool.Outcome(task, failure=failure, detail="killed by SIGSEGV"), "cpu", 300, True)
+        assert result.repro().endswith("--impl block_table.gather=eager.block_table:gather_block_tables@no-padded-rows")
+
+
+def test_choices_of_an_engine_that_trusts_its_caller_narrow_the_cases_and_map_the_null_block():
+    families = ["basic", "past_width", "padded", "refused"]
+    assert any(r.failed for r in gate.judge("block_table.slot_mapping", impl_variants.slot_mapping_trusting_its_rows,
+                                            iters=3, families=families))
+    declared = impl.Implementation(impl_variants.slot_mapping_trusting_its_rows, profile=(
+        "positions-in-row", "batch-tokens-only", "null-block-slots", "no-refusals"))
+    results = gate.judge("block_table.slot_mapping", declared, iters=3, families=families)
+    assert _verdicts(results) == {"pass", "not_checked"} and any(r.verdict == "pass" for r in results)
+    for choice in ("positions-in-row", "batch-tokens-only", "no-refusals"):
+        assert any(f"profile ({choice}:" in r.verdict for r in results), choice
+
+
+def test_greedy_at_zero_only_leaves_negative_and_nan_temperatures_unjudged():
+    threshold = ["greedy_threshold"]
+    assert any(r.failed for r in gate.judge("sampling.gumbel", impl_variants.sampler_greedy_at_zero_only, iters=4,
+                                            families=threshold))
+    declared = impl.Implementation(impl_variants.sampler_greedy_at_zero_only, profile=("greedy-at-zero-only",))
+    results = gate.judge("sampling.gumbel", declared, iters=4, families=threshold)
+    assert _verdicts(results) <= {"pass", "not_checked"} and any("greedy-at-zero-only" in r.verdict for r in results)
+
+
+def test_shared_row_stride_leaves_out_only_tables_of_two_strides():
+    choice = checks.get("block_table.gather").choices["shared-row-stride"]
+    table = torch.zeros(4, 6, dtype=torch.int32)
+    same = Case(inputs={"persistent": table, "out": torch.zeros(3, 6, dtype=torch.int32)})
+    spread = Case(inputs={"persistent": table, "out": torch.zeros(3, 12, dtype=torch.int32)[:, :6]})
+    assert choice.outside(same) is None and "row strides differ" in choice.outside(spread)
+
+
+def test_finite_attention_reads_only_the_slots_the_rows_reach():
+    check = checks.get("attention.paged")
+    outside = check.choices["finite-attention"].outside
+    poisoned_elsewhere = build_case(check, "decode", 1, "cpu")  # unreached cache slots hold NaN
+    assert torch.isnan(poisoned_elsewhere.inputs["k_cache"]).any() and outside(poisoned_elsewhere) is None
+    assert "NaN or infinity in the attended k_cache" in outside(build_case(check, "infinite_keys", 1, "cpu"))

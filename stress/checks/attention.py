@@ -8,7 +8,7 @@ import kernels.block_table
 import kernels.draft_inputs
 import reference.attention
 from stress.checks.common import EVERYWHERE
-from stress.checks.profiles import CAUSAL_ONLY, FINITE_ATTENTION
+from stress.checks.profiles import CAUSAL_ONLY, FINITE_ATTENTION, NO_REFUSALS
 from stress.core.compare import within_float32_baseline
 from stress.core.types import Check, Mutant, Patch, Reach
 from stress.families import attention as attention_families
@@ -98,7 +98,7 @@ CHECKS = (
         name="attention.paged",
         contract="each batch row's queries (its last tokens) attend over its paged KV, causal or not, with GQA; "
                  "error within twice a float32 baseline's",
-        choices={"causal-only": CAUSAL_ONLY, "finite-attention": FINITE_ATTENTION},
+        choices={"causal-only": CAUSAL_ONLY, "finite-attention": FINITE_ATTENTION, "no-refusals": NO_REFUSALS},
         kernel=kernels.attention.paged_attention,
         reference=attention_families.judged(reference.attention.paged_attention, ("v_cache",)),
         families={**attention_families.FAMILIES, "refused": PAGED_ATTENTION_REFUSALS},

@@ -5,7 +5,14 @@ import torch
 
 import kernels.block_table
 import reference.block_table
-from stress.checks.profiles import NO_PADDED_ROWS
+from stress.checks.profiles import (
+    BATCH_TOKENS_ONLY,
+    NO_PADDED_ROWS,
+    NO_REFUSALS,
+    NULL_BLOCK_SLOTS,
+    POSITIONS_IN_ROW,
+    SHARED_ROW_STRIDE,
+)
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import block_table as bt_families
 from stress.families.refusals import (
@@ -71,7 +78,8 @@ CHECKS = (
         name="block_table.gather",
         contract="out[b] = persistent[idx_mapping[b]] for each batch row b; slot -1 gives null blocks; rows past "
                  "the batch untouched",
-        choices={"no-padded-rows": NO_PADDED_ROWS},
+        choices={"no-padded-rows": NO_PADDED_ROWS, "shared-row-stride": SHARED_ROW_STRIDE,
+                 "no-refusals": NO_REFUSALS},
         kernel=kernels.block_table.gather_block_tables,
         reference=reference.block_table.gather_block_tables,
         families={**bt_families.GATHER_FAMILIES, "refused": GATHER_REFUSALS},
@@ -113,6 +121,8 @@ CHECKS = (
         name="block_table.slot_mapping",
         contract="out[t] = block_table[b, pos // bs] * bs + pos % bs for token t of batch row b; PAD for null "
                  "blocks, positions off the row and tokens past the batch",
+        choices={"positions-in-row": POSITIONS_IN_ROW, "batch-tokens-only": BATCH_TOKENS_ONLY,
+                 "null-block-slots": NULL_BLOCK_SLOTS, "no-refusals": NO_REFUSALS},
         kernel=kernels.block_table.compute_slot_mappings,
         reference=reference.block_table.compute_slot_mappings,
         families={**bt_families.SLOT_MAPPING_FAMILIES, "refused": SLOT_MAPPING_REFUSALS},
@@ -134,7 +144,7 @@ CHECKS = (
         name="block_table.shift",
         contract="batch row b shifted left in place by num_cached_tokens[idx_mapping[b]] // bs entries, only the "
                  "blocks seq_lens[b] needs; race-free (fixes 4, 5)",
-        choices={"no-padded-rows": NO_PADDED_ROWS},
+        choices={"no-padded-rows": NO_PADDED_ROWS, "no-refusals": NO_REFUSALS},
         kernel=kernels.block_table.shift_block_table_rows,
         reference=reference.block_table.shift_block_table_rows,
         families={**bt_families.SHIFT_FAMILIES, "refused": SHIFT_REFUSALS},
@@ -176,6 +186,7 @@ CHECKS = (
         name="block_table.unaligned_prefix",
         contract="True iff some live slot's cached count is not a multiple of a block size: the batch must not "
                  "draft (fix 4)",
+        choices={"no-refusals": NO_REFUSALS},
         kernel=kernels.block_table.has_unaligned_cached_prefix,
         reference=reference.block_table.has_unaligned_cached_prefix,
         families={**bt_families.PREFIX_FAMILIES, "refused": UNALIGNED_PREFIX_REFUSALS},

@@ -5,7 +5,7 @@
 import kernels.draft_inputs
 import reference.draft_inputs
 from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE
-from stress.checks.profiles import NO_PADDED_ROWS
+from stress.checks.profiles import NO_PADDED_ROWS, NO_REFUSALS
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import draft_inputs as di_families
 from stress.families.common import pick
@@ -86,7 +86,7 @@ CHECKS = (
         name="draft_inputs.prepare",
         contract="the draft's context, query and sampling rows and seq_lens for the live batch, everything past it "
                  "inert; a batch with an unaligned cached prefix drafts -1s (fixes 3, 4)",
-        choices={"no-padded-rows": NO_PADDED_ROWS},
+        choices={"no-padded-rows": NO_PADDED_ROWS, "no-refusals": NO_REFUSALS},
         kernel=kernels.draft_inputs.prepare_draft_inputs,
         reference=reference.draft_inputs.prepare_draft_inputs,
         families={**di_families.FAMILIES, "refused": PREPARE_REFUSALS},

@@ -6,7 +6,7 @@ import torch
 
 import kernels.kv_cache
 from stress.checks.common import ENGINE_SAMPLED
-from stress.checks.profiles import NO_PAD_SLOTS
+from stress.checks.profiles import NO_PAD_SLOTS, NO_REFUSALS
 from stress.core.compare import exact_chunked
 from stress.core.types import Check, Mutant, Patch, Reach
 from stress.families import kv_cache as kv_families
@@ -66,7 +66,7 @@ CHECKS = (
         name="kv_cache.write",
         contract="k_cache and v_cache[slot // bs, slot % bs] = key and value[t], bit for bit, for each token whose "
                  "slot is not PAD",
-        choices={"no-pad-slots": NO_PAD_SLOTS},
+        choices={"no-pad-slots": NO_PAD_SLOTS, "no-refusals": NO_REFUSALS},
         launcher=kernels.kv_cache.write_kv,
         kernel=kv_families.write_kv_pair,  # kernels.kv_cache.write_kv on the halves of one combined cache
         reference=kv_families.write_kv_pair_reference,

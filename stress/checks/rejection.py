@@ -8,9 +8,11 @@ from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE, SUBNORMAL_TEMPERATU
 from stress.checks.profiles import (
     DRAFTS_IN_VOCAB,
     FINITE_LOGITS,
+    GREEDY_AT_ZERO_ONLY,
     NO_DRAFT_LOGITS,
     NO_PADDED_ROWS,
     NO_PLACEHOLDER_DRAFTS,
+    NO_REFUSALS,
     TEMPERATURE_FLOOR,
 )
 from stress.core.compare import exact_unless_near_tie
@@ -71,7 +73,8 @@ CHECKS = (
         choices={"no-padded-rows": NO_PADDED_ROWS, "temperature-floor": TEMPERATURE_FLOOR,
                  "finite-logits": FINITE_LOGITS,
                  "no-placeholder-drafts": NO_PLACEHOLDER_DRAFTS, "drafts-in-vocab": DRAFTS_IN_VOCAB,
-                 "no-draft-logits": NO_DRAFT_LOGITS},
+                 "no-draft-logits": NO_DRAFT_LOGITS, "greedy-at-zero-only": GREEDY_AT_ZERO_ONLY,
+                 "no-refusals": NO_REFUSALS},
         kernel=kernels.rejection.verify,
         reference=reference.rejection.verify,
         families={**rejection_families.FAMILIES, "refused": VERIFY_REFUSALS},

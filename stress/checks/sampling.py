@@ -9,8 +9,10 @@ from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE, SUBNORMAL_TEMPERATU
 from stress.checks.profiles import (
     CACHE_AFTER_TEMPERATURE,
     FINITE_LOGITS,
+    GREEDY_AT_ZERO_ONLY,
     NO_LOGITS_CACHE,
     NO_PADDED_ROWS,
+    NO_REFUSALS,
     TEMPERATURE_FLOOR,
 )
 from stress.core.compare import exact_unless_near_tie
@@ -72,7 +74,8 @@ CHECKS = (
                  "rows inert; raw logits cached per (slot, column) (fix 3)",
         choices={"no-padded-rows": NO_PADDED_ROWS, "temperature-floor": TEMPERATURE_FLOOR,
                  "finite-logits": FINITE_LOGITS,
-                 "no-logits-cache": NO_LOGITS_CACHE, "cache-after-temperature": CACHE_AFTER_TEMPERATURE},
+                 "no-logits-cache": NO_LOGITS_CACHE, "cache-after-temperature": CACHE_AFTER_TEMPERATURE,
+                 "greedy-at-zero-only": GREEDY_AT_ZERO_ONLY, "no-refusals": NO_REFUSALS},
         kernel=kernels.sampling.gumbel_sample,
         reference=reference.sampling.gumbel_sample,
         families={**sampling_families.FAMILIES, "refused": GUMBEL_REFUSALS},

@@ -9,7 +9,7 @@ from functools import partial
 
 import torch
 
-from stress.core import gpus, interrupts, pool
+from stress.core import gpus, impl, interrupts, pool
 from stress.core.cases import Task
 from stress.core.gpu_share import GpuShare
 from stress.core.oracle import judge_task
@@ -113,8 +113,11 @@ def result_of(outcome: pool.Outcome, device: str, timeout: float, trace: bool) -
     task = outcome.item
     result = outcome.value
     if outcome.failure:
+        # rebuilt here, in the parent: the registration judged comes from the environment it shares with the worker
+        registration = impl.registered().get(task.check)
         result = Result(task.check, task.family, task.seed, device, Verdict.CRASH, mutant=task.mutant,
-                        launch=dict(task.launch or ()), seconds=round(outcome.seconds, 4))
+                        launch=dict(task.launch or ()), seconds=round(outcome.seconds, 4),
+                        impl=registration.spec() if registration else None)
         if outcome.failure == "timeout":
             result.verdict, result.details = Verdict.TIMEOUT, [f"case ran past {timeout:g} s; its worker was killed"]
         elif outcome.failure == "died":
