@@ -16,12 +16,19 @@ def impl_lines(check) -> list[str]:
     import inspect
 
     from stress.core import impl
+    from stress.core.types import RETURN
 
     if (why := impl.why_not_registrable(check)) is not None:
         return [f"  --impl: not registrable: {why}"]
-    lines = [f"  --impl {check.name}=module:function  where function{inspect.signature(check.kernel)}",
-             f"    writes {', '.join(check.outputs)} in place (or returns it: Implementation.layout places a returned"
-             " value); launch knobs it does not accept are not passed"]
+    launcher = impl.launcher_of(check)
+    written = [name for name in check.outputs if name != RETURN]
+    does = (["returns its result"] if RETURN in check.outputs else []) + (
+        [f"writes {', '.join(written)} in place"] if written else [])
+    if launcher is not check.kernel:  # the check judges it through an adapter of the suite's, named in its outputs
+        does = ["writes its outputs in place"]
+    lines = [f"  --impl {check.name}=module:function  where function{inspect.signature(launcher)}",
+             f"    as {launcher.__module__}.{launcher.__qualname__} does, it {' and '.join(does)} (a returned value"
+             " can be placed by Implementation.layout); launch knobs it does not accept are not passed"]
     lines += [f"    @{name}: {choice.doc}" for name, choice in check.choices.items()]
     return lines
 
