@@ -120,7 +120,7 @@ def test_the_same_source_gives_the_same_mutants_in_the_same_order_in_any_process
     targets = [KERNEL, HOST, CLASS, "kernels.block_table:_slot_mapping_kernel"]
     here = [g.id for t in targets for g in mutate_ops.generate(t, list(mutate_semantic.OPERATORS))]
     assert here == [g.id for t in targets for g in mutate_ops.generate(t, list(mutate_semantic.OPERATORS))]
-    script = ("import sys\nfrom stress import mutate_ops, mutate_semantic\n"
+    script = ("import sys\nfrom stress.mutate import operators as mutate_ops, semantic as mutate_semantic\n"
               f"for t in {targets!r}:\n"
               "    for g in mutate_ops.generate(t, list(mutate_semantic.OPERATORS)):\n        print(g.id)\n")
     for hash_seed in ("1", "2"):  # a set's order would show here

@@ -12,7 +12,7 @@ sanitize() {  # tool name child-args...
   local tool=$1 name=$2; shift 2
   local start=$(date +%s%N)
   local cmd
-  cmd=$("$py" -c 'import shlex, sys; from stress import sanitizer
+  cmd=$("$py" -c 'import shlex, sys; from stress.sanitize import runner as sanitizer
 print(shlex.join(sanitizer.command(sys.argv[1], sys.argv[2], sys.argv[3:])))' \
     "$tool" "$out/${tool}_$name.xml" --record "$out/${tool}_$name.json" "$@")
   timeout 60 bash -c "$cmd" >"$out/${tool}_$name.txt" 2>&1
