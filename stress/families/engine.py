@@ -549,7 +549,7 @@ def combined(rng, device, launch):
     # tokens under a tight budget: a step admits more requests than it can then decode.
     short = (1, 3) if f["budget"] == "tight" else (2, 2 * bs + 2)
     long = (budget // 2 + 1, budget + bs) if f["prompts"] == "chunked" else short
-    max_new = int(rng.integers(3, 10))
+    max_new = int(rng.integers(3, 10))  # under "limit", requests run to max_model_len instead
 
     def requests(rng, vocab):
         cls = int(rng.integers(CLASSES))
@@ -561,7 +561,8 @@ def combined(rng, device, launch):
             arrival = int(rng.integers(1, 4)) if f["arrivals"] == "staggered" and i % 2 else 0
             temperature = float(pick(rng, (0.0, 0.7, 1.0))) if f["sampling"] == "mixed" else 0.0
             length = int(rng.integers(*(long if i % 3 == 1 else short)))
-            made.append(request(rng, i, arrival=arrival, max_new=max_new, temperature=temperature,
+            made.append(request(rng, i, arrival=arrival, temperature=temperature,
+                                max_new=max_model_len if f["length"] == "limit" else max_new,
                                 prompt_tokens=head + prompt(rng, vocab, own_cls, length)))
         return made
 
