@@ -7,8 +7,10 @@ its requests) is never consulted, so a slip there cannot vouch for itself.
 token at that position, written by an earlier step (a restored prefix: by another request with the same
 token there) or by this step's own rows; and no slot is written twice in one step. A block handed back
 to the prefix cache after another request overwrote it, or a table entry that names another request's
-block, reads KV of other tokens: the lockstep comparison sees it only where the logits move.
+block, reads KV of other tokens: the lockstep comparison shows such a read only through whatever field it
+changes first, this names the read.
 """
+
 
 class Tokens:
     """Each request's tokens (prompt, then what it emitted), as its batch rows' verification recorded them,

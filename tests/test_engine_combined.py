@@ -59,7 +59,8 @@ def test_the_combined_family_meets_every_pair_of_settings_and_each_shows_in_its_
     drawn_cases = []
     for i in range(120):
         case = runner.build_case(ENGINE, "combined", runner.case_seed(0, "engine.step", "combined", i), "cpu")
-        drawn = {n: v for n, v in (item.split("=") for item in case.note.split() if "=" in item) if n in families.FEATURES}
+        settings = (item.split("=") for item in case.note.split() if "=" in item)
+        drawn = {name: value for name, value in settings if name in families.FEATURES}
         assert drawn.keys() == families.FEATURES.keys(), case.note
         realized = _realized(case)
         # sampling may draw temperature 0 for every request: "mixed" then shows as greedy

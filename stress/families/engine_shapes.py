@@ -22,7 +22,8 @@ def _sizes(rng: np.random.Generator, device: str) -> dict:
                 "head_dim": int(pick(rng, (20, 24, 40))), "ffn": int(pick(rng, (72, 136, 200))),
                 "block_size": int(pick(rng, (16, 32)))}
     return {"vocab": int(rng.integers(40, 80)), "hidden": int(pick(rng, (20, 28, 36, 44))),
-            "layers": int(pick(rng, (1, 1, 1, 2, 3))), "heads": int(pick(rng, (6, 8))), "kv_heads": int(pick(rng, (2, 3))),
+            "layers": int(pick(rng, (1, 1, 1, 2, 3))), "heads": int(pick(rng, (6, 8))),
+            "kv_heads": int(pick(rng, (2, 3))),
             "head_dim": int(pick(rng, (6, 10, 14))), "ffn": int(pick(rng, (18, 26, 34))),
             "block_size": int(pick(rng, (4, 8, 8, 16)))}
 
