@@ -61,8 +61,6 @@ UNREACHABLE: dict[str, dict[str, str]] = {
                         "the engine builds every launcher argument itself and always validly: no bad input reaches "
                         "gather's guards, whose refusal the block_table.gather refused family proves"),
     }.items()}
-UNREACHABLE["gqa-head-mapping"] = {"cpu": "the CPU model has one KV head: every query head reads it whatever the "
-                                          "mapping (the GPU model has two)"}
 UNREACHABLE["replay-skipped"] = {"cpu": "CUDA graphs exist only on a GPU: the CPU drafts eagerly, no replay to skip"}
 UNREACHABLE["row-overread"] = {"cuda": "the over-read values are never stored, so every output matches: only a tracer "
                                        "sees it (the CPU tracer kills it through the engine)"}
@@ -83,6 +81,7 @@ PATH_FAMILIES: dict[str, tuple[str, ...]] = {
     "zero-width-candidates": ("dsd_bands",), "depth-or-default": ("dsd_bands",), "limit-refuses-zero": ("dsd_bands",),
     "prefill-replays-decode-graph": ("mixed_prefill_decode",), "pad-written": _SAMPLED,
     "replay-skipped": ("padded_graphs",), "pad-written-memcheck": _SAMPLED,
+    "gqa-head-mapping": ("combined",),  # the only CPU model with several KV heads
 }
 NEAR_TIE_SHARE = 0.05  # followed decisions beyond this share of all decisions: the case is not judged
 
