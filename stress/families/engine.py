@@ -495,8 +495,8 @@ def padded_graphs(rng, device, launch):
 # The features a combined case draws, each independently of the others: every pair of settings meets.
 FEATURES = {
     "layout": ("dflash", "dspark"),
-    "depth": ("fixed", "bands", "adaptive"),  # K always; DSD bands of drawn depths (0 included); one adaptive band
-    "budget": ("loose", "tight"),  # tight: fewer decodes fit than requests run, so running ones go unscheduled
+    "depth": ("fixed", "bands", "adaptive"),  # K always; a DSD band per batch size (depths 0..K); one adaptive band
+    "budget": ("loose", "tight"),  # tight: one decode and a little, so running requests go unscheduled
     "blocks": ("ample", "pressed"),  # pressed: pools for about half of every request at full length (preemption)
     "prefix": ("none", "shared"),  # shared: prompts over a common prefix of whole target blocks
     "prompts": ("short", "chunked"),  # chunked: prompts longer than the budget
@@ -513,17 +513,16 @@ def draw_features(rng: np.random.Generator) -> dict[str, str]:
 
 
 def _depth_schedule(rng, depth_mode: str, slots: int, k: int) -> list | None:
-    """None (always K), one band up to K, or bands over 1..slots at drawn edges, each of a drawn depth 0..K
-    other than its neighbour's (so the depth changes at every edge)."""
+    """None (always K), one band up to K, or a band per batch size, each of a drawn depth 0..K other than its
+    neighbour's: the depth changes with every request a step gains or loses."""
     if depth_mode == "fixed":
         return None
     if depth_mode == "adaptive":
         return [(1, slots, k)]
-    edges = sorted(rng.choice(np.arange(2, slots + 1), int(rng.integers(1, 3)), replace=False).tolist())
     bands, depth = [], None
-    for start, end in zip([1, *edges], [*edges, slots + 1], strict=True):
+    for size in range(1, slots + 1):
         depth = int(pick(rng, [d for d in range(k + 1) if d != depth]))
-        bands.append((start, end - 1, depth))
+        bands.append((size, size, depth))
     return bands
 
 
@@ -540,13 +539,13 @@ def combined(rng, device, launch):
     slots = int(rng.integers(*_sized(device, (3, 6), (6, 11))))
     num_requests = slots + int(rng.integers(0, slots))
     decode = k + 1  # a decode's verification width: the bonus token and k drafts
-    budget = (decode * int(rng.integers(1, 3)) + int(pick(rng, (0, 1, k))) if f["budget"] == "tight"
+    budget = (decode + int(pick(rng, (0, 1, k))) if f["budget"] == "tight"
               else _sized(device, 48, 2048))
     # whole draft blocks too (a restored prefix the draft's blocks cut is refused: at most by a preemption)
     common = max(block_sizes) * int(rng.integers(1, 3)) if f["prefix"] == "shared" else 0
-    # Each feature touches part of the stream, so the others still meet: every other request starts with the
-    # common prefix, every third is long (chunked), every other arrives late. Short prompts are one or two
-    # tokens under a tight budget: a step admits more requests than it can then decode.
+    # Each feature touches part of the stream, so the others still meet: the second half starts with the
+    # common prefix and (staggered) arrives late, the last third is long (chunked). The first requests are
+    # short, one or two tokens under a tight budget: step 0 admits more of them than a step can then decode.
     short = (1, 3) if f["budget"] == "tight" else (2, 2 * bs + 2)
     long = (budget // 2 + 1, budget + bs) if f["prompts"] == "chunked" else short
     max_new = int(rng.integers(3, 10))  # under "limit", requests run to max_model_len instead
@@ -556,11 +555,11 @@ def combined(rng, device, launch):
         shared = prompt(rng, vocab, cls, common)
         made = []
         for i in range(num_requests):
-            head = shared if i % 2 == 0 else []
+            head = shared if 2 * i + 1 >= num_requests else []  # at least two requests
             own_cls = cls if head else int(rng.integers(CLASSES))
-            arrival = int(rng.integers(1, 4)) if f["arrivals"] == "staggered" and i % 2 else 0
+            arrival = int(rng.integers(1, 4)) if f["arrivals"] == "staggered" and 2 * i >= num_requests else 0
             temperature = float(pick(rng, (0.0, 0.7, 1.0))) if f["sampling"] == "mixed" else 0.0
-            length = int(rng.integers(*(long if i % 3 == 1 else short)))
+            length = int(rng.integers(*(long if 3 * i >= 2 * num_requests else short)))
             made.append(request(rng, i, arrival=arrival, temperature=temperature,
                                 max_new=max_model_len if f["length"] == "limit" else max_new,
                                 prompt_tokens=head + prompt(rng, vocab, own_cls, length)))
