@@ -497,9 +497,9 @@ FEATURES = {
     "layout": ("dflash", "dspark"),
     "depth": ("fixed", "bands", "adaptive"),  # K always; a DSD band per batch size (depths 0..K); one adaptive band
     "budget": ("loose", "tight"),  # tight: one decode and a little, so running requests go unscheduled
-    "blocks": ("ample", "pressed"),  # pressed: pools for about half of every request at full length (preemption)
-    "prefix": ("none", "shared"),  # shared: prompts over a common prefix of whole target blocks
-    "prompts": ("short", "chunked"),  # chunked: prompts longer than the budget
+    "blocks": ("ample", "pressed"),  # pressed: pools for half or 70% of every request at full length (preemption)
+    "prefix": ("none", "shared"),  # shared: the later half's prompts over a common prefix of whole blocks
+    "prompts": ("short", "chunked"),  # chunked: the last third's prompts over half the budget, up to past it
     "length": ("free", "limit"),  # limit: max_model_len a few tokens past the longest prompt (drafts cut to room)
     "sampling": ("greedy", "mixed"),
     "verify": ("one-hot", "cached"),  # the draft-logits cache in probabilistic verification
@@ -529,8 +529,8 @@ def _depth_schedule(rng, depth_mode: str, slots: int, k: int) -> list | None:
 def combined(rng, device, launch):
     """Every feature at once, each setting drawn independently (``FEATURES``), over a model whose sizes all
     differ (``engine_shapes``): head dim unrelated to hidden / heads, grouped-query attention, draft blocks
-    half or twice the target's. Slips that need two features together (an adaptive depth in a step whose
-    budget leaves running requests out, preemption of a request on a shared prefix, graphs over chunked
+    half or twice the target's. Slips that need two features together (a DSD depth in a step whose budget
+    leaves running requests out, preemption of a request on a shared prefix, graphs over chunked
     prefill, drafts cut at the length limit) meet them here."""
     f = draw_features(rng)
     dims, block_sizes = engine_shapes.distinct_shape(rng, device)
@@ -543,7 +543,7 @@ def combined(rng, device, launch):
               else _sized(device, 48, 2048))
     # whole draft blocks too (a restored prefix the draft's blocks cut is refused: at most by a preemption)
     common = max(block_sizes) * int(rng.integers(1, 3)) if f["prefix"] == "shared" else 0
-    # Each feature touches part of the stream, so the others still meet: the second half starts with the
+    # Each feature touches part of the stream, so the others still meet: the later half starts with the
     # common prefix and (staggered) arrives late, the last third is long (chunked). The first requests are
     # short, one or two tokens under a tight budget: step 0 admits more of them than a step can then decode.
     short = (1, 3) if f["budget"] == "tight" else (2, 2 * bs + 2)
