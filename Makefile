@@ -55,7 +55,7 @@ mutate:
 		$(if $(HUNT_SECONDS),--hunt-seconds $(HUNT_SECONDS)) --report $(MUTATE_REPORT)
 
 bench:
-	$(if $(DEVICE),SPECSAN_DEVICE=$(DEVICE)) $(PY) -m stress.bench
+	$(if $(DEVICE),SPECSAN_DEVICE=$(DEVICE)) $(PY) -m stress.bench.kernels
 
 lint:
 	$(PY) -m ruff check .

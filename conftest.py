@@ -102,7 +102,8 @@ def pytest_configure(config):
 
     pin_worker_gpu()
     if os.environ.get("SPECSAN_MUTANT"):  # built now: a mutant that cannot be is a usage error (exit 4), never a
-        from stress import mutants, mutate_ops  # failing test, which would read as a kill
+        from stress import mutate_ops  # failing test, which would read as a kill
+        from stress.core import patches as mutants
 
         try:
             config.specsan_mutant = mutate_ops.resolve(os.environ["SPECSAN_MUTANT"])
@@ -162,7 +163,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "cpu"))
 def _mutant_under_test(request):
     """SPECSAN_MUTANT=<generated mutant id>: the whole session runs with that one slip swapped in (``stress
     mutate`` runs a check's ``unit_tests`` so against a mutant its families did not kill)."""
-    from stress import mutants
+    from stress.core import patches as mutants
 
     with mutants.applied(getattr(request.config, "specsan_mutant", None)):
         yield

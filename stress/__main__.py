@@ -15,9 +15,9 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict
 
-from stress import interrupts
-from stress.pool import PoolError
-from stress.types import DEFAULT_TIMEOUT
+from stress.core import interrupts
+from stress.core.pool import PoolError
+from stress.core.types import DEFAULT_TIMEOUT
 
 
 class UsageError(Exception):
@@ -330,7 +330,7 @@ def _family(check, family: str, argument: str = "FAMILY") -> str:
 def _mutant(check, name: str | None):
     if name is None:
         return None
-    from stress import mutate_ops
+    from stress.mutate import operators as mutate_ops
 
     if name.startswith(mutate_ops.PREFIX):  # a generated mutant (python -m stress mutate) names its own patch
         return mutate_ops.resolve(name)
@@ -429,7 +429,7 @@ def _run_report(directory: str, argument: str) -> None:
 
 
 def _open_report(directory: str | None, header: dict, argument: str = "--report"):
-    from stress import report
+    from stress.report import summary as report
 
     try:
         return report.Report(directory, header)
@@ -440,13 +440,13 @@ def _open_report(directory: str | None, header: dict, argument: str = "--report"
 
 def _gpu_header(device: str, jobs: int) -> dict:
     """The header's ``gpus``: every visible GPU and how many of the ``jobs`` workers take it (none on the CPU)."""
-    from stress import gpus
+    from stress.core import gpus
 
     return {"gpus": gpus.describe(jobs)} if device == "cuda" else {}
 
 
 def _gpu_log(header: dict) -> str:
-    from stress import gpus
+    from stress.core import gpus
 
     return f"\n  {gpus.line(header['gpus'])}" if header.get("gpus") else ""
 
@@ -466,7 +466,7 @@ def _streamed(report, bar):
 
 def _run_matrix(report, selected, device: str, args, jobs: int) -> None:
     """The kill matrix into ``report.kills`` (planned rows first), each decided row streamed and shown."""
-    from stress import matrix
+    from stress.mutate import kill_matrix as matrix
 
     def on_row(row):
         report.add_kill(row)
@@ -525,11 +525,13 @@ def _selected(args) -> list:
 
 def cmd_run(args) -> int:
     device = _select_device(args)
-    from stress import hunt, matrix, runner, telemetry
+    from stress import hunt
+    from stress.core import cases, oracle, telemetry, workers
+    from stress.mutate import kill_matrix as matrix
 
     selected = _selected(args)
-    tasks = runner.plan(selected, args.family, args.iters, args.seed, args.mutant)
-    jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
+    tasks = cases.plan(selected, args.family, args.iters, args.seed, args.mutant)
+    jobs = workers.default_jobs(device) if args.jobs is None else args.jobs
     header = {"device": device, "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
               "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix, "hunt": args.hunt,
               **({"hunts": len(hunt.planned(selected, device))} if args.hunt else {}),
@@ -542,7 +544,7 @@ def cmd_run(args) -> int:
              + _gpu_log(header))
         with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
             with _progress(len(tasks)) as bar:
-                runner.execute(tasks, device, jobs, _streamed(report, bar), args.timeout, trace=not args.no_trace,
+                workers.execute(tasks, device, jobs, _streamed(report, bar), args.timeout, trace=not args.no_trace,
                                on_abandoned=report.abandoned.extend)
             if args.hunt:
                 def on_hunt(result):
@@ -582,7 +584,8 @@ def cmd_run(args) -> int:
 
 def cmd_repro(args) -> int:
     device = _select_device(args)
-    from stress import refusal, runner, sanitizer
+    from stress.core import cases, oracle, refusal, workers
+    from stress.sanitize import runner as sanitizer
 
     check = _checks([args.check], "CHECK")[0]
     _family(check, args.family)
@@ -591,14 +594,14 @@ def cmd_repro(args) -> int:
         raise UsageError("--sanitizer", f"{args.family!r} is a refusal family: its cases launch no kernel",
                          "rerun it without --sanitizer")
     _launch_in_sweep(check, device, args.launch)
-    case = runner.build_case(check, args.family, args.seed, device, args.launch)
+    case = cases.build_case(check, args.family, args.seed, device, args.launch)
     print(f"{check.name} / {args.family} / seed {args.seed} on {device}: {case.note}")
     print(f"launch: {case.launch or 'default'}")
     for name, value in case.inputs.items():
         shown = f"{tuple(value.shape)} {value.dtype}" if hasattr(value, "shape") else repr(value)
         print(f"  {name}: {shown}")
     forced = tuple(sorted(args.launch.items())) if args.launch is not None else None
-    task = runner.Task(args.check, args.family, args.seed, args.mutant, forced, args.sanitizer)
+    task = cases.Task(args.check, args.family, args.seed, args.mutant, forced, args.sanitizer)
     results = []
     # Here a deadline is an alarm signal; a kernel spinning on a GPU never sees it, so there a
     # deadline runs the case in one worker process the pool can kill (a sanitized case has its own).
@@ -606,7 +609,7 @@ def cmd_repro(args) -> int:
     if args.sanitizer and (gate := sanitizer.gate(args.sanitizer, device)).state != "caught":
         print(f"verdict: not_checked:{gate.text}")
         return _not_judged([gate.text]) if gate.state == "unavailable" else 1  # blind: the tool missed its control
-    runner.execute([task], device, jobs, results.append, args.timeout, trace=not args.no_trace)
+    workers.execute([task], device, jobs, results.append, args.timeout, trace=not args.no_trace)
     result = results[0]
     print(f"verdict: {result.verdict}")
     for line in result.details:
@@ -623,7 +626,8 @@ def cmd_trace(args) -> int:
 
     if runtime.DEVICE != "cpu":
         raise UsageError("SPECSAN_DEVICE", "trace needs the CPU interpreter", "run with SPECSAN_DEVICE=cpu")
-    from stress import mutants, runner
+    from stress.core import cases, oracle, workers
+    from stress.core import patches as mutants
 
     if args.kernel:
         return _trace_own(args)
@@ -637,15 +641,15 @@ def cmd_trace(args) -> int:
     if args.family is not None:
         cases = [(_family(check, args.family), args.seed)]
     else:
-        cases = [(f, runner.case_seed(0, check.name, f, i)) for f in check.families for i in range(args.seeds)]
+        cases = [(f, cases.case_seed(0, check.name, f, i)) for f in check.families for i in range(args.seeds)]
     failed = 0
     for family, seed in cases:
-        case = runner.build_case(check, family, seed, "cpu")
+        case = cases.build_case(check, family, seed, "cpu")
         if case.refused:
             print(f"{check.name} / {family} / seed {seed} ({case.note}): a refusal case, nothing to trace")
             continue
         with mutants.applied(mutant):
-            recording = runner.trace_case(check, case, seed, permute="always")
+            recording = oracle.trace_case(check, case, seed, permute="always")
         print(f"{check.name} / {family} / seed {seed} ({case.note}) launch {case.launch or 'default'}: "
               f"{recording.verdict}")
         for report in recording.reports:
@@ -658,7 +662,7 @@ def cmd_trace(args) -> int:
 
 def _trace_own(args) -> int:
     """``trace --kernel``: one launch of the user's kernel (or every launch of a launcher)."""
-    from stress import trace_own
+    from stress.trace import own as trace_own
 
     if args.check or args.mutant:
         raise UsageError("--kernel", "traces your own kernel, not a registered check", "drop CHECK and --mutant")
@@ -699,10 +703,11 @@ def cmd_list(args) -> int:
 
 def cmd_mutants(args) -> int:
     device = _select_device(args)
-    from stress import matrix, runner, telemetry
+    from stress.core import cases, oracle, telemetry, workers
+    from stress.mutate import kill_matrix as matrix
 
     selected = _checks(args.check)
-    jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
+    jobs = workers.default_jobs(device) if args.jobs is None else args.jobs
     header = {"device": device, "max_iters": args.max_iters, "seed": args.seed, "jobs": jobs, "timeout": args.timeout,
               "by_shape": args.by_shape, "started": time.strftime("%Y-%m-%d %H:%M:%S"), **_gpu_header(device, jobs)}
     report = _open_report(args.report, header)
@@ -731,11 +736,12 @@ def cmd_sanitize(args) -> int:
     if args.baseline:
         _run_report(args.baseline, "--baseline")
     device = _select_device(args)
-    from stress import runner, sanitizer
-    from stress.types import Result
+    from stress.core import cases, oracle, workers
+    from stress.core.types import Result
+    from stress.sanitize import runner as sanitizer
 
     selected = _selected(args)
-    tasks = runner.plan(selected, args.family, args.iters, args.seed, args.mutant, tool=args.tool)
+    tasks = cases.plan(selected, args.family, args.iters, args.seed, args.mutant, tool=args.tool)
     jobs = sanitizer.default_jobs() if args.jobs is None else args.jobs
     outcome = []  # the tool's Gate, once its control has run
     header = {"device": device, "tool": args.tool, "iters": args.iters, "seed": args.seed, "cases": len(tasks),
@@ -758,7 +764,7 @@ def cmd_sanitize(args) -> int:
         _log(f"specsan sanitize: {gate.text}")
         _log(f"specsan sanitize: {len(tasks)} cases under {args.tool} ({jobs} worker(s)), report in {args.report}")
         with _progress(len(tasks)) as bar:
-            runner.execute(tasks, device, jobs, _streamed(report, bar), args.timeout, trace=False,
+            workers.execute(tasks, device, jobs, _streamed(report, bar), args.timeout, trace=False,
                            on_abandoned=report.abandoned.extend)
         ran = [r for r in report.results if r.verdict == "pass" or r.failed]
         report.header["cost"] = (f"{len(ran)} case(s) sanitized in {time.perf_counter() - started:.1f} s (control "
@@ -818,7 +824,9 @@ def cmd_hunt(args) -> int:
 
 def cmd_mutate(args) -> int:
     device = _select_device(args)
-    from stress import mutate, mutate_ops, runner
+    from stress.core import cases, oracle, workers
+    from stress.mutate import campaign as mutate
+    from stress.mutate import operators as mutate_ops
 
     unknown = [o for o in args.operator or () if o not in mutate_ops.OPERATORS]
     if unknown:
@@ -853,7 +861,7 @@ def cmd_mutate(args) -> int:
             raise UsageError("--resume", f"{args.resume} is this run's own report, which it overwrites",
                              "copy it elsewhere first, or give another --report")
         resumed = (args.resume, decided)
-    jobs = runner.default_jobs(device) if args.jobs is None else args.jobs
+    jobs = workers.default_jobs(device) if args.jobs is None else args.jobs
     summary = mutate.run(selected, device, iters=args.iters, seed=args.seed, jobs=jobs, timeout=args.timeout,
                          operators=args.operator, only=args.mutant, sample=args.sample, report=args.report, log=_log,
                          resumed=resumed, hunt_seconds=args.hunt_seconds)

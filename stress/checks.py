@@ -21,10 +21,10 @@ import reference.spec.depth
 import reference.spec.draft_step
 import reference.spec.graphs
 import reference.spec.slots
-import stress.graph_replay
-import stress.schedule
-from stress import distribution, engine_check, host
-from stress.compare import exact_chunked, exact_unless_near_tie, within_float32_baseline
+import stress.families.schedule
+import stress.oracles.graph_replay
+from stress.core.compare import exact_chunked, exact_unless_near_tie, within_float32_baseline
+from stress.core.types import RETURN, Check, Mutant, Patch
 from stress.families import attention as attention_families
 from stress.families import backends as backend_families
 from stress.families import block_table as bt_families
@@ -38,7 +38,8 @@ from stress.families import refusals
 from stress.families import rejection as rejection_families
 from stress.families import sampling as sampling_families
 from stress.families import slots as slot_families
-from stress.types import RETURN, Check, Mutant, Patch
+from stress.oracles import distribution, host
+from stress.oracles import engine as engine_check
 
 _BT = "kernels.block_table"
 
@@ -62,7 +63,7 @@ BLOCK_TABLE_CHECKS = (
                    (Patch(f"{_BT}:_gather_rows_kernel", "persistent_stride + cols, mask=live, other=0)",
                           "persistent_stride + cols)"),),
                    oracles={"cpu": "oob", "cuda": "memcheck"}),
-            # positive controls of the refusal verdict (stress.refusal): the refused family must kill each
+            # positive controls of the refusal verdict (stress.core.refusal): the refused family must kill each
             Mutant("width-guard-removed", "out's width is not compared with persistent's: a narrower out is "
                    "accepted and its rows are overrun",
                    (Patch(f"{_BT}:gather_block_tables", "if out.shape[1] != persistent.shape[1]:", "if False:"),),
@@ -240,7 +241,7 @@ SLOT_CHECKS = (
         name="spec.slots",
         contract="request slots and fallback seeds identical on every TP rank: sorted slot recycling, a private "
                  "seed generator (fix 2)",
-        kernel=stress.schedule.replay,  # drives the production kernels.spec.slots.RequestSlots
+        kernel=stress.families.schedule.replay,  # drives the production kernels.spec.slots.RequestSlots
         reference=reference.spec.slots.replay,
         families={**slot_families.FAMILIES, "refused": refusals.SLOTS},
         outputs=(RETURN,),
@@ -357,7 +358,7 @@ NON_CAUSAL_CLAIMS_FULL = Mutant(
 
 
 def _host_check(name: str, contract: str, driver, impl, families: dict, compare, mutants: tuple[Mutant, ...]) -> Check:
-    """A host-logic check: ``driver`` (stress.host) runs the production module by default, and the
+    """A host-logic check: ``driver`` (stress.oracles.host) runs the production module by default, and the
     reference module ``impl`` of the same names for the expected records."""
     return Check(name=name, contract=contract, kernel=driver, reference=functools.partial(driver, impl=impl),
                  families=families,
@@ -568,7 +569,7 @@ _GRAPHS_UNCACHED = ("CUDA graph capture needs the caching allocator's private po
 
 def _graph_check(name: str, contract: str, driver, reference_driver, families: dict, judge, mutants: tuple[Mutant, ...],
                  unit_tests: tuple[str, ...] = ()) -> Check:
-    """A GPU-only check whose ``driver`` (stress.graph_replay) captures and replays kernels.spec.draft_graphs;
+    """A GPU-only check whose ``driver`` (stress.oracles.graph_replay) captures and replays kernels.spec.draft_graphs;
     each case replays its graphs many times already, so it runs once."""
     return Check(name=name, contract=contract, kernel=driver, reference=reference_driver, families=families,
                  outputs=(RETURN,), compare=judge, devices=("cuda",), why_not=_NO_GRAPHS, repeats={"cuda": 1},
@@ -579,8 +580,8 @@ GRAPH_CHECKS = (
     _graph_check(
         "graphs.replay", "a padded CUDA-graph replay of the draft step equals the eager step bit for bit, and the "
                          "eager step the float64 reference (GPU)",
-        stress.graph_replay.replay_draft_graphs, reference.spec.draft_step.expected_replay,
-        replay_families.REPLAY_FAMILIES, stress.graph_replay.judge_replay,
+        stress.oracles.graph_replay.replay_draft_graphs, reference.spec.draft_step.expected_replay,
+        replay_families.REPLAY_FAMILIES, stress.oracles.graph_replay.judge_replay,
         (
             Mutant("replay-skipped", "a graph that does nothing: the dispatched graph is never replayed",
                    (Patch(_DRAFT_GRAPHS, "graph.replay()", "pass"),), oracles=_ON_GPU, why_not=_NO_GRAPHS),
@@ -607,8 +608,8 @@ GRAPH_CHECKS = (
     _graph_check(
         "graphs.lifetime", "a captured graph's backbone output is not handed to a later capture in the shared pool "
                            "(fix 8, GPU)",
-        stress.graph_replay.lifetime_experiment, reference.spec.draft_step.expected_lifetime,
-        replay_families.LIFETIME_FAMILIES, stress.graph_replay.judge_lifetime,
+        stress.oracles.graph_replay.lifetime_experiment, reference.spec.draft_step.expected_lifetime,
+        replay_families.LIFETIME_FAMILIES, stress.oracles.graph_replay.judge_lifetime,
         (
             Mutant("backbone-not-retained", "fix 8, pre-fix (docs/fixes.md#fix-8): captured backbone outputs are "
                                             "not retained, so "
@@ -658,7 +659,7 @@ ENGINE_CHECKS = (
                    (Patch(_ENGINE, "        self.model.write_context_kv(",
                           "        prepared and self.model.write_context_kv("),),
                    oracles=_EVERYWHERE, families=("unaligned_prefix", "dsd_bands")),
-            # the step's own invariants (stress.engine_invariants), each killing a slip that no recorded field
+            # the step's own invariants (stress.oracles.engine_invariants), each killing a slip that no recorded field
             # shows until a workload happens to make it decide something
             Mutant("free-count-per-hit-twice", "the target pool's free count for an admission takes two blocks "
                    "per unreferenced cache hit: admission refuses too early only when it is tight to that block",
@@ -708,8 +709,8 @@ BY_NAME = {check.name: check for check in REGISTRY}
 
 def find_mutant(name: str, check: Check) -> Mutant:
     """``check``'s planted bug ``name``; a whole-path check (``unreachable`` set) also takes any other's.
-    A generated mutant's id (``stress.mutate_ops``) names its own patch and applies to any check."""
-    from stress import mutate_ops
+    A generated mutant's id (``stress.mutate.operators``) names its own patch and applies to any check."""
+    from stress.mutate import operators as mutate_ops
 
     if name.startswith(mutate_ops.PREFIX):
         return mutate_ops.resolve(name)

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from stress import compare, mutants, refusal, runner
-from stress.types import RETURN, Check, Result
+from stress.core import cases, compare, guards, oracle, refusal, workers
+from stress.core import patches as mutants
+from stress.core.types import RETURN, Check, Result
 
 
 @dataclass
@@ -216,7 +217,7 @@ class _Staged:
 def _load(device: str, dev: torch.device):
     if device != "cuda":
         return None
-    from stress.load import MemoryTraffic
+    from stress.core.load import MemoryTraffic
 
     return MemoryTraffic(dev)
 
@@ -241,11 +242,11 @@ def hunt(check: Check, device: str, *, seconds: float, families: list[str] | Non
     fams = [f for f in families or (planted.families if planted and planted.families else check.families)
             if not refusal.is_family(check.families[f])]  # a refusal case launches nothing to hammer
     shapes = [dict(launch)] if launch is not None else (check.sweep(device) if check.sweep else [{}])
-    dev = runner.torch_device(device)
+    dev = guards.torch_device(device)
     result = HuntResult(check.name, device, "pass", mutant=mutant, load=load,
                         shapes={shape_key(s): ShapeStats() for s in shapes})
     with mutants.applied(planted):
-        kernel = runner._current(check.kernel)
+        kernel = oracle._current(check.kernel)
         start = time.perf_counter()
         for shape in shapes:  # compile every shape first, so hunting time is launch time
             _Staged(check, *_fresh(check, fams[0], seed, device, shape), dev, 1).launch(kernel, 0)
@@ -271,8 +272,8 @@ def _sync(device: str) -> None:
 
 
 def _fresh(check: Check, family: str, seed: int, device: str, shape: dict):
-    case = runner.build_case(check, family, seed, device, shape)
-    return case, runner.expected_outputs(check, case)
+    case = cases.build_case(check, family, seed, device, shape)
+    return case, cases.expected_outputs(check, case)
 
 
 def _hunt_group(check, device, dev, kernel, result: HuntResult, shapes, fams, seed, case_seed, seconds,
@@ -286,7 +287,7 @@ def _hunt_group(check, device, dev, kernel, result: HuntResult, shapes, fams, se
     while True:
         i = first + cases
         family, shape = fams[i % len(fams)], shapes[i % len(shapes)]
-        case_i = case_seed if case_seed is not None else runner.case_seed(seed, check.name, family, i)
+        case_i = case_seed if case_seed is not None else cases.case_seed(seed, check.name, family, i)
         staged = _Staged(check, *_fresh(check, family, case_i, device, shape), dev, launches_per_case)
         if traffic is not None:
             traffic.kick()
@@ -376,14 +377,14 @@ def hunt_processes(check: Check, device: str, jobs: int, *, seed: int = 0, **opt
     building cases in Python, so processes add launches until the device is full); merged."""
     from functools import partial
 
-    items = iter([(check.name, {**options, "seed": runner.case_seed(seed, check.name, "hunt process", k)})
+    items = iter([(check.name, {**options, "seed": cases.case_seed(seed, check.name, "hunt process", k)})
                   for k in range(jobs)])
     results = []
 
     def on_outcome(outcome) -> None:
         results.append(_failed_process(check.name, device, seed, outcome) if outcome.failure else outcome.value)
 
-    with runner.worker_pool(partial(_hunt_task, device=device), device, jobs, 0.0) as workers:
+    with workers.worker_pool(partial(_hunt_task, device=device), device, jobs, 0.0) as workers:
         workers.run(lambda: next(items, None), on_outcome)
     return merged(results)
 
@@ -403,5 +404,5 @@ def run_hunts(checks: list[Check], device: str, seed: int, jobs: int, timeout: f
     def on_outcome(outcome) -> None:
         on_result(_failed_process(outcome.item[0], device, seed, outcome) if outcome.failure else outcome.value)
 
-    with runner.worker_pool(partial(_hunt_task, device=device), device, min(jobs, 1), timeout) as workers:
+    with workers.worker_pool(partial(_hunt_task, device=device), device, min(jobs, 1), timeout) as workers:
         workers.run(lambda: next(items, None), on_outcome)

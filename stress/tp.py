@@ -165,7 +165,7 @@ def _disagreement(world, step_index, payload, gather_device) -> str | None:
 def _replay(world, steps, seed, max_num_reqs, device, gather_device) -> str:
     """One replay in lockstep with the other ranks; the first divergence, or the agreement, as a line."""
     from kernels.spec import slots
-    from stress import schedule
+    from stress.families import schedule
 
     state = slots.RequestSlots(max_num_reqs, seed)  # looked up now, so an applied mutant is the one used
     for step_index, step in enumerate(steps):
@@ -210,7 +210,9 @@ def rank_main(rank: int, world: int, init_file: str, seed: int, num_steps: int, 
     import torch.distributed as dist
 
     from kernels import runtime
-    from stress import gpus, mutants, schedule
+    from stress.core import gpus
+    from stress.core import patches as mutants
+    from stress.families import schedule
 
     device = torch.device("cpu")
     if runtime.DEVICE == "cuda":  # rank r takes GPU r mod count: one GPU per rank whenever there are enough
@@ -252,7 +254,7 @@ def choose_backend(requested: str, world: int) -> str:
     a GPU per rank is refused: two ranks on one GPU is not a supported NCCL set-up.
     """
     from kernels import runtime
-    from stress import gpus
+    from stress.core import gpus
 
     if requested not in BACKENDS:
         raise ValueError(f"--backend: {requested!r} is not one of {', '.join(BACKENDS)}; pick one of them")

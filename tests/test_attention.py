@@ -8,7 +8,9 @@ import torch
 import kernels.attention as katt
 import reference.attention as ratt
 from kernels import runtime
-from stress import checks, compare, mutants, runner
+from stress import checks
+from stress.core import cases, compare, guards
+from stress.core import patches as mutants
 from stress.families import attention as families
 
 DEV = runtime.device()
@@ -183,8 +185,8 @@ def test_launch_shape_follows_shapes_only(monkeypatch):
 
 def _judged_case(family="multi_query", seed=11):
     check = checks.get("attention.paged")
-    case = runner.build_case(check, family, seed, "cpu", launch={})
-    return case, runner.expected_outputs(check, case)["out"]
+    case = cases.build_case(check, family, seed, "cpu", launch={})
+    return case, cases.expected_outputs(check, case)["out"]
 
 
 def _padded_case():
@@ -192,19 +194,19 @@ def _padded_case():
     case = families.attention_case(np.random.default_rng(0), query_lens=[3, 2], seq_lens=[20, 0], kv_heads=1,
                                    group=2, head_dim=8, block_size=16, dtype=torch.bfloat16, causal=True,
                                    pad_tokens=2)
-    return case, runner.expected_outputs(checks.get("attention.paged"), case)["out"]
+    return case, cases.expected_outputs(checks.get("attention.paged"), case)["out"]
 
 
 def test_oracle_passes_the_kernel_and_logs_the_ratio():
     case, expected = _judged_case()
-    got = attend_on_device(runner.fresh_inputs(case))
+    got = attend_on_device(guards.fresh_inputs(case))
     found = compare.within_float32_baseline("out", expected, got)
     assert isinstance(found, compare.Tolerated) and "the float32 baseline's" in found.lines()[0]
 
 
 def test_oracle_fails_an_error_beyond_the_allowance():
     case, expected = _judged_case()
-    got = attend_on_device(runner.fresh_inputs(case))
+    got = attend_on_device(guards.fresh_inputs(case))
     baseline_error = float((expected.baseline.double() - expected.value).abs()[expected.computed].max())
     allowed = 2 * baseline_error + expected.floor
     row = int(expected.computed.any(-1).any(-1).nonzero()[0])
@@ -220,7 +222,7 @@ def test_oracle_fails_an_error_beyond_the_allowance():
 def test_oracle_holds_untouched_rows_bit_for_bit():
     case, expected = _padded_case()
     assert torch.equal(expected.computed.any(-1).any(-1), torch.tensor([True] * 3 + [False] * 4))
-    got = attend_on_device(runner.fresh_inputs(case))
+    got = attend_on_device(guards.fresh_inputs(case))
     assert isinstance(compare.within_float32_baseline("out", expected, got), compare.Tolerated)
     got[5, 0, 0] = 0.0  # what a stray write of an attention output would leave there
     assert isinstance(compare.within_float32_baseline("out", expected, got), compare.Divergence)
@@ -232,14 +234,14 @@ def test_oracle_holds_untouched_rows_bit_for_bit():
 def _prefix_case(seed):
     check = checks.get("attention.prefix_masked")
     for offset in range(50):  # a case with a restored block
-        case = runner.build_case(check, "restored", seed + offset, "cpu", launch={})
+        case = cases.build_case(check, "restored", seed + offset, "cpu", launch={})
         if (case.inputs["num_cached_tokens"][case.inputs["idx_mapping"].long()] > 0).any():
             return check, case
     raise AssertionError("no restored prefix in 50 seeds")
 
 
 def _draft_step(case):
-    inputs = {k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in runner.fresh_inputs(case).items()}
+    inputs = {k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in guards.fresh_inputs(case).items()}
     families.prefix_masked_draft(**inputs)
     return inputs["out"].cpu()
 
@@ -247,7 +249,7 @@ def _draft_step(case):
 def test_draft_step_hides_the_restored_prefix():
     check, case = _prefix_case(21)
     out = _draft_step(case)
-    expected = runner.expected_outputs(check, case)["out"]
+    expected = cases.expected_outputs(check, case)["out"]
     assert not out.isnan().any()
     assert isinstance(compare.within_float32_baseline("out", expected, out), compare.Tolerated)
 
@@ -270,7 +272,7 @@ def test_reference_attends_exactly_the_computed_tokens():
     """The prefix reference equals plain attention over positions [restored, last query] of each request."""
     check, case = _prefix_case(40)
     inputs = case.inputs
-    out, k_cache, v_cache, table = ratt.prefix_masked_draft(**runner.fresh_inputs(case))
+    out, k_cache, v_cache, table = ratt.prefix_masked_draft(**guards.fresh_inputs(case))
     q = inputs["num_draft_tokens"] + (0 if inputs["anchor_first"] else 1)
     bs = inputs["block_size"]
     starts = inputs["target_query_start_loc"].tolist()

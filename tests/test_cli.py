@@ -417,7 +417,7 @@ def test_a_by_shape_repro_line_runs_as_printed_from_the_checkout():
 def test_a_junit_repro_line_under_specsan_mutant_names_the_mutant_and_reruns_as_it_ran(tmp_path):
     from xml.etree import ElementTree
 
-    from stress import mutate_ops
+    from stress.mutate import operators as mutate_ops
 
     mutant = mutate_ops.generate("kernels.block_table:_shift_rows_kernel", ["cmp-flip"])[0].id
     junit = tmp_path / "junit.xml"
@@ -437,7 +437,7 @@ def test_a_junit_repro_line_under_specsan_mutant_names_the_mutant_and_reruns_as_
 def test_importing_triton_first_leaves_the_kernels_working():
     script = ("import triton\n"
               "from stress import runner\n"
-              "print(runner.run_case(runner.Task('block_table.shift', 'overlap', 1), 'cpu').verdict)\n")
+              "print(workers.run_case(cases.Task('block_table.shift', 'overlap', 1), 'cpu').verdict)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "SPECSAN_DEVICE": "cpu"})
     assert done.stdout.strip() == "pass", done.stdout + done.stderr

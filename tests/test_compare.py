@@ -1,10 +1,10 @@
-"""stress.compare.exact_unless_near_tie: near-tie rows are counted, not judged; too many leave a case unjudged."""
+"""stress.core.compare.exact_unless_near_tie: near-tie rows are counted, not judged; too many leave a case unjudged."""
 
 import torch
 
 from reference.sampling import Decided
-from stress import compare
-from stress.compare import Divergence, Tolerated, Unjudged, exact_unless_near_tie
+from stress.core import compare
+from stress.core.compare import Divergence, Tolerated, Unjudged, exact_unless_near_tie
 
 
 def _decided(values, near_tie):
@@ -43,16 +43,16 @@ def test_a_flood_does_not_hide_a_wrong_judged_row():
 
 
 def test_runner_reports_an_unjudged_case_as_not_checked():
-    from stress import runner
-    from stress.types import RETURN, Case, Check
+    from stress.core import cases, oracle
+    from stress.core.types import RETURN, Case, Check
 
     def family(rng, device, launch):
         return Case(inputs={"x": torch.arange(10)})
 
     check = Check(name="flood", kernel=lambda x: x.clone(), families={"f": family}, outputs=(RETURN,),
                   reference=lambda x: _decided(x.tolist(), [True] * 3 + [False] * 7), compare=exact_unless_near_tie)
-    case = runner.build_case(check, "f", 1, "cpu")
-    verdict, details = runner.differential(check, case, runner.expected_outputs(check, case), "cpu")
+    case = cases.build_case(check, "f", 1, "cpu")
+    verdict, details = oracle.differential(check, case, cases.expected_outputs(check, case), "cpu")
     assert verdict == "not_checked:near ties" and "too few rows judged" in details[0]
 
 

@@ -1,10 +1,10 @@
-"""stress.distribution: the chi-square judge passes honest samples and catches planted skews."""
+"""stress.oracles.distribution: the chi-square judge passes honest samples and catches planted skews."""
 
 import numpy as np
 import torch
 
-from stress import distribution
-from stress.compare import Divergence
+from stress.core.compare import Divergence
+from stress.oracles import distribution
 
 
 def _expected(probs, greedy=False, drafts=None):

@@ -13,9 +13,12 @@ from kernels.spec.draft_graphs import DraftGraphs
 from kernels.spec.draft_step import DraftConfig, random_weights
 from kernels.spec.graphs import Mode
 from reference import attention as reference_attention
-from stress import checks, compare, graph_replay, mutants, runner
-from stress.graph_replay import POISON, Batch
-from stress.types import RETURN
+from stress import checks
+from stress.core import cases, compare, guards, workers
+from stress.core import patches as mutants
+from stress.core.types import RETURN
+from stress.oracles import graph_replay
+from stress.oracles.graph_replay import POISON, Batch
 
 MASK = 63
 LAST_SAMPLED = (40, 41, 42, 43, 44)  # by slot
@@ -176,8 +179,8 @@ def test_host_planned_attention_uses_the_lengths_of_its_last_plan():
 def test_every_planted_bug_reaches_what_the_drivers_build(check_name):
     """The drivers look their classes up when they build, so a patched class is the one that runs."""
     check = checks.get(check_name)
-    case = runner.build_case(check, next(iter(check.families)), 1, "cpu")
-    inputs = runner.fresh_inputs(case)
+    case = cases.build_case(check, next(iter(check.families)), 1, "cpu")
+    inputs = guards.fresh_inputs(case)
     weights = draft_step.DraftWeights(*(inputs[name].to(runtime.device()) for name in draft_step.DraftWeights._fields))
     k_cache, v_cache = inputs["k_cache"].to(runtime.device()), inputs["v_cache"].to(runtime.device())
     for mutant in check.mutants:
@@ -213,7 +216,7 @@ def test_capture_needs_a_gpu():
 def test_graph_checks_are_not_checked_on_the_cpu_and_say_why():
     for name in ("graphs.replay", "graphs.lifetime"):
         family = next(iter(checks.get(name).families))
-        result = runner.run_case(runner.Task(name, family, 1), "cpu")
+        result = workers.run_case(cases.Task(name, family, 1), "cpu")
         assert result.verdict.startswith("not_checked:CUDA graphs need a GPU"), result.verdict
 
 
@@ -229,12 +232,12 @@ def eager_run():
     eagerly at the padded size, so it equals the twin bit for bit, and every FULL dispatch is a silent
     fallback the judge must name."""
     check = checks.get("graphs.replay")
-    case = runner.build_case(check, "non_causal_draft", 3, runtime.DEVICE)
-    expected = runner.expected_outputs(check, case)[RETURN]
+    case = cases.build_case(check, "non_causal_draft", 3, runtime.DEVICE)
+    expected = cases.expected_outputs(check, case)[RETURN]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DraftGraphs, "capture", lambda self: None)
         inputs = {k: v.to(runtime.device()) if isinstance(v, torch.Tensor) else v
-                  for k, v in runner.fresh_inputs(case).items()}
+                  for k, v in guards.fresh_inputs(case).items()}
         got = graph_replay.replay_draft_graphs(**inputs)
     return expected, got
 
@@ -321,8 +324,8 @@ def test_non_causal_host_planned_replays_stale_lengths_once_it_claims_full_graph
 @pytest.mark.gpu
 @pytest.mark.parametrize("mutant", [None, "backbone-not-retained"])
 def test_lifetime_shows_address_reuse_only_without_retention(mutant):
-    seed = runner.case_seed(0, "graphs.lifetime", "shared_pool", 0)
-    result = runner.run_case(runner.Task("graphs.lifetime", "shared_pool", seed, mutant), "cuda")
+    seed = cases.case_seed(0, "graphs.lifetime", "shared_pool", 0)
+    result = workers.run_case(cases.Task("graphs.lifetime", "shared_pool", seed, mutant), "cuda")
     evidence = [line for line in result.details if "the second capture allocated" in line]
     if mutant is None:
         assert result.verdict == "pass" and not evidence, result.details

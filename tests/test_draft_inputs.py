@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from kernels import draft_inputs
 from reference import draft_inputs as ref
-from stress import checks, runner
+from stress import checks
+from stress.core import cases, workers
 from stress.families.common import SENTINEL
 
 MASK = 900
@@ -142,5 +143,5 @@ CHECK = checks.get("draft_inputs.prepare")
 def test_kernel_matches_reference(family, seed):
     from kernels import runtime
 
-    result = runner.run_case(runner.Task(CHECK.name, family, seed), runtime.DEVICE)
+    result = workers.run_case(cases.Task(CHECK.name, family, seed), runtime.DEVICE)
     assert result.verdict == "pass", "\n".join([result.repro(), *result.details])

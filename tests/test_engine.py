@@ -10,8 +10,11 @@ import torch
 from kernels.spec import scheduler
 from reference.spec import engine as reference_engine
 from reference.spec import scheduler as ref_scheduler
-from stress import checks, engine_check, mutants, runner
-from stress.compare import Divergence, Tolerated
+from stress import checks
+from stress.core import cases, guards
+from stress.core import patches as mutants
+from stress.core.compare import Divergence, Tolerated
+from stress.oracles import engine as engine_check
 
 # ---------------------------------------------------------------- scheduling policy, without a model
 
@@ -107,15 +110,15 @@ def test_prefix_cache_hits_full_blocks_and_evicts_in_free_order():
 def _case_and_reference(family, seed):
     """Built once a process: the tests below meet the same (family, seed) with and without a mutant, and in more
     than one test; the reference never runs under a mutant, and each engine run gets fresh inputs of the case."""
-    case = runner.build_case(checks.get("engine.step"), family, seed, "cpu")
-    return case, engine_check.reference(**runner.fresh_inputs(case))
+    case = cases.build_case(checks.get("engine.step"), family, seed, "cpu")
+    return case, engine_check.reference(**guards.fresh_inputs(case))
 
 
 def _run(family, seed, mutant=None):
     check = checks.get("engine.step")
     case, expected = _case_and_reference(family, seed)
     with mutants.applied(mutant and checks.find_mutant(mutant, check)):
-        got = engine_check.run_engine(**runner.fresh_inputs(case))
+        got = engine_check.run_engine(**guards.fresh_inputs(case))
     return case, expected, got
 
 
@@ -164,7 +167,7 @@ WANTED = {"shared_prefix": {"restored prefix", "shifted"},
 
 
 # The scheduler's input classes the newer families exist for, each proven reached by a generated one-line slip
-# that only that class shows (stress/mutate_ops.py; each id names its patch): its family must kill it.
+# that only that class shows (stress/mutate/operators.py; each id names its patch): its family must kill it.
 _SCHED = "gen:kernels.spec.scheduler"
 WITNESSES = [
     ("prefix_chain", f"{_SCHED}:PrefixCachingPool:const:654d9e32"),  # a key chained to the first block's key
@@ -185,10 +188,10 @@ WITNESSES = [
 @pytest.mark.slow
 def test_scheduler_families_kill_the_slip_only_their_class_shows(family, mutant):
     for i in range(4):
-        case, expected, got = _run(family, runner.case_seed(7, "engine.step", family, i))
+        case, expected, got = _run(family, cases.case_seed(7, "engine.step", family, i))
         assert engine_check.compare("engine", expected, got) is None, case.note
         try:
-            case, expected, got = _run(family, runner.case_seed(7, "engine.step", family, i), mutant)
+            case, expected, got = _run(family, cases.case_seed(7, "engine.step", family, i), mutant)
         except Exception:  # noqa: BLE001 - a crash kills it as well (fail:crash)
             return
         if engine_check.compare("engine", expected, got) is not None:
@@ -205,7 +208,7 @@ SAMPLED = {"seeded_sampling", "padded_graphs", "dsd_bands", "unaligned_prefix"}
 def test_family_exercises_what_it_names_and_greedy_accepts_every_draft(family):
     seen, drafted_total = set(), 0
     for i in range(3):
-        case, expected, got = _run(family, runner.case_seed(7, "engine.step", family, i))
+        case, expected, got = _run(family, cases.case_seed(7, "engine.step", family, i))
         assert engine_check.compare("engine", expected, got) is None, case.note
         seen |= _features(case, got)
         drafted, accepted = engine_check.acceptance(got)
@@ -217,7 +220,7 @@ def test_family_exercises_what_it_names_and_greedy_accepts_every_draft(family):
 
 
 def test_prefix_masking_mutant_collapses_acceptance_and_names_the_first_divergence():
-    case, expected, got = _run("shared_prefix", runner.case_seed(0, "engine.step", "shared_prefix", 0),
+    case, expected, got = _run("shared_prefix", cases.case_seed(0, "engine.step", "shared_prefix", 0),
                                mutant="prefix-blocks-visible")
     drafted, accepted = engine_check.acceptance(got)
     ref_drafted, ref_accepted = engine_check.acceptance(expected.trace.records)
@@ -254,12 +257,12 @@ def test_first_divergence_reports_step_field_index_expected_got():
 def test_near_ties_follow_the_engine(monkeypatch):
     """An inert padded row's draft token changed by hand: a divergence; once the reference deems every
     sampling decision undecidable, it takes the engine's token and the case is tolerated, not failed."""
-    case, _, got = _run("seeded_sampling", runner.case_seed(0, "engine.step", "seeded_sampling", 0))
+    case, _, got = _run("seeded_sampling", cases.case_seed(0, "engine.step", "seeded_sampling", 0))
     step = next(i for i, r in enumerate(got) if "draft.sampled" in r and (r["draft.sample_idx_mapping"] < 0).any())
     row = int((got[step]["draft.sample_idx_mapping"] < 0).nonzero()[0])
     got = got[:step + 1]  # the case ends there, so the changed token shows nowhere later
     got[step]["draft.sampled"][row] = (got[step]["draft.sampled"][row] + 1) % 64
-    inputs = dict(runner.fresh_inputs(case), num_steps=step + 1)
+    inputs = dict(guards.fresh_inputs(case), num_steps=step + 1)
     found = engine_check.compare("engine", engine_check.reference(**inputs), got)
     assert isinstance(found, Divergence) and f"step {step} draft.sampled" in found.output
     monkeypatch.setitem(reference_engine.HIDDEN_ERROR, "float32", 1.0)
@@ -286,7 +289,7 @@ def test_tp_ranks_agree_on_the_engine_and_diverge_under_the_fix2_mutants():
 @pytest.mark.slow
 def test_path_column_is_opt_in_and_kills_through_the_whole_step():
     """Without a path budget the matrix hunts only the unit checks; with one, engine.step kills the slot bugs too."""
-    from stress import matrix
+    from stress.mutate import kill_matrix as matrix
 
     slots = [checks.get("spec.slots")]
     plain = matrix.kill_matrix(slots, "cpu", max_iters=20, seed=0, jobs=0, path_iters=0)

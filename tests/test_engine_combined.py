@@ -6,9 +6,12 @@ import itertools
 import numpy as np
 import pytest
 
-from stress import checks, engine_check, mutants, runner
+from stress import checks
+from stress.core import cases, guards
+from stress.core import patches as mutants
 from stress.families import engine as families
 from stress.families import engine_shapes
+from stress.oracles import engine as engine_check
 
 ENGINE = checks.get("engine.step")
 
@@ -58,7 +61,7 @@ def _realized(case) -> dict[str, str]:
 def test_the_combined_family_meets_every_pair_of_settings_and_each_shows_in_its_case():
     drawn_cases = []
     for i in range(120):
-        case = runner.build_case(ENGINE, "combined", runner.case_seed(0, "engine.step", "combined", i), "cpu")
+        case = cases.build_case(ENGINE, "combined", cases.case_seed(0, "engine.step", "combined", i), "cpu")
         settings = (item.split("=") for item in case.note.split() if "=" in item)
         drawn = {name: value for name, value in settings if name in families.FEATURES}
         assert drawn.keys() == families.FEATURES.keys(), case.note
@@ -79,10 +82,10 @@ def test_the_scale_slip_shows_only_where_head_dim_is_not_hidden_over_heads():
     in the target's logits."""
     slip = ENGINE.mutant("scale-from-hidden")
     for family, killed in (("shared_prefix", False), ("combined", True)):
-        case = runner.build_case(ENGINE, family, runner.case_seed(0, "engine.step", family, 0), "cpu")
-        expected = engine_check.reference(**runner.fresh_inputs(case))
+        case = cases.build_case(ENGINE, family, cases.case_seed(0, "engine.step", family, 0), "cpu")
+        expected = engine_check.reference(**guards.fresh_inputs(case))
         with mutants.applied(slip):
-            got = engine_check.run_engine(**runner.fresh_inputs(case))
+            got = engine_check.run_engine(**guards.fresh_inputs(case))
         found = engine_check.compare("engine", expected, got)
         assert (found is not None) == killed, (family, found and found.lines())
         if killed:

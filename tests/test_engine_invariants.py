@@ -1,4 +1,4 @@
-"""The engine step's own invariants (``stress.engine_invariants``): silent on the production engine, each
+"""The engine step's own invariants (``stress.oracles.engine_invariants``): silent on the production engine, each
 planted bug killed by its oracle (the accounting one where the lockstep comparison passes), and each broken
 promise reported as one line."""
 
@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 
 from kernels.spec import scheduler
-from stress import checks, engine_check, engine_invariants, mutants, runner
+from stress import checks
+from stress.core import cases, guards, workers
+from stress.core import patches as mutants
+from stress.oracles import engine as engine_check
+from stress.oracles import engine_invariants
 
 ENGINE = checks.get("engine.step")
 
@@ -74,9 +78,9 @@ def test_the_audit_names_a_free_queue_that_disagrees_with_the_holders():
 
 
 def _records(family: str, i: int, mutant: str | None = None):
-    case = runner.build_case(ENGINE, family, runner.case_seed(0, "engine.step", family, i), "cpu")
+    case = cases.build_case(ENGINE, family, cases.case_seed(0, "engine.step", family, i), "cpu")
     with mutants.applied(mutant and checks.find_mutant(mutant, ENGINE)):
-        return case.inputs["config"], engine_check.run_engine(**runner.fresh_inputs(case))
+        return case.inputs["config"], engine_check.run_engine(**guards.fresh_inputs(case))
 
 
 @pytest.fixture(scope="module")
@@ -122,9 +126,9 @@ def test_one_request_drafting_nothing_is_named_at_step_0():
 @pytest.mark.slow
 def test_the_drafts_oracle_kills_its_planted_bug_through_the_runner_in_one_line():
     assert ENGINE.mutant("one-request-drafts-nothing").oracles == {"cpu": "drafts", "cuda": "drafts"}
-    task = runner.Task("engine.step", "padded_graphs", runner.case_seed(0, "engine.step", "padded_graphs", 0),
+    task = cases.Task("engine.step", "padded_graphs", cases.case_seed(0, "engine.step", "padded_graphs", 0),
                        mutant="one-request-drafts-nothing")
-    result = runner.run_case(task, "cpu", trace=False)
+    result = workers.run_case(task, "cpu", trace=False)
     assert result.verdict == "fail:drafts", result.details
     assert len(result.details) == 1 and result.details[0].startswith("step 0 drafts: request 0 "), result.details
     assert "--mutant one-request-drafts-nothing" in result.repro()
@@ -134,10 +138,10 @@ def test_the_drafts_oracle_kills_its_planted_bug_through_the_runner_in_one_line(
 def test_the_accounting_oracle_alone_kills_the_miscount_at_the_first_iteration():
     """The lockstep comparison passes it: the miscount changes no recorded field of this case."""
     assert ENGINE.mutant("free-count-per-hit-twice").oracles == {"cpu": "accounting", "cuda": "accounting"}
-    case = runner.build_case(ENGINE, "preempt_resume", runner.case_seed(0, "engine.step", "preempt_resume", 0), "cpu")
-    expected = engine_check.reference(**runner.fresh_inputs(case))
+    case = cases.build_case(ENGINE, "preempt_resume", cases.case_seed(0, "engine.step", "preempt_resume", 0), "cpu")
+    expected = engine_check.reference(**guards.fresh_inputs(case))
     with mutants.applied(ENGINE.mutant("free-count-per-hit-twice")):
-        got = engine_check.run_engine(**runner.fresh_inputs(case))
+        got = engine_check.run_engine(**guards.fresh_inputs(case))
     assert engine_check.first_divergence(expected.trace, got) is None
     found = engine_check.compare("engine", expected, got)
     assert found.verdict == "accounting" and len(found.lines()) == 1, found.lines()
@@ -183,9 +187,9 @@ def test_the_replay_audit_names_a_full_dispatch_that_ran_eagerly(mode, hidden, r
 @pytest.mark.gpu
 def test_the_graphs_oracle_kills_an_engine_that_never_captures():
     assert ENGINE.mutant("draft-graphs-never-captured").oracles == {"cuda": "graphs"}
-    task = runner.Task("engine.step", "padded_graphs", runner.case_seed(0, "engine.step", "padded_graphs", 0),
+    task = cases.Task("engine.step", "padded_graphs", cases.case_seed(0, "engine.step", "padded_graphs", 0),
                        mutant="draft-graphs-never-captured")
-    result = runner.run_case(task, "cuda", trace=False)
+    result = workers.run_case(task, "cuda", trace=False)
     assert result.verdict == "fail:graphs", result.details
     assert "but ran eagerly" in result.details[0], result.details
 
@@ -196,8 +200,8 @@ def test_the_graphs_oracle_kills_an_engine_that_never_captures():
 @pytest.fixture(scope="module")
 def chained():
     """prefix_chain: later requests restore blocks other requests wrote."""
-    case = runner.build_case(ENGINE, "prefix_chain", runner.case_seed(0, "engine.step", "prefix_chain", 0), "cpu")
-    return case.inputs, engine_check.run_engine(**runner.fresh_inputs(case))
+    case = cases.build_case(ENGINE, "prefix_chain", cases.case_seed(0, "engine.step", "prefix_chain", 0), "cpu")
+    return case.inputs, engine_check.run_engine(**guards.fresh_inputs(case))
 
 
 def test_every_read_finds_its_token_and_every_row_keeps_its_cut_drafts(chained):
@@ -234,10 +238,10 @@ def test_the_kv_and_kept_oracles_kill_their_planted_slips(mutant, family, oracle
     names the read or the kept drafts."""
     assert ENGINE.mutant(mutant).oracles == {"cpu": oracle, "cuda": oracle}
     for i in range(12):
-        case = runner.build_case(ENGINE, family, runner.case_seed(0, "engine.step", family, i), "cpu")
-        expected = engine_check.reference(**runner.fresh_inputs(case))
+        case = cases.build_case(ENGINE, family, cases.case_seed(0, "engine.step", family, i), "cpu")
+        expected = engine_check.reference(**guards.fresh_inputs(case))
         with mutants.applied(ENGINE.mutant(mutant)):
-            got = engine_check.run_engine(**runner.fresh_inputs(case))
+            got = engine_check.run_engine(**guards.fresh_inputs(case))
         found = engine_check.compare("engine", expected, got)
         if found is not None:
             assert found.verdict == oracle and says in found.lines()[0], found.lines()

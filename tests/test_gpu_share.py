@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from kernels import runtime
-from stress import checks, gpu_share, runner
+from stress import checks
+from stress.core import cases, gpu_share, oracle, workers
 
 
 def _holding(share: gpu_share.GpuShare, how: str, hold: threading.Event, log: list, name: str):
@@ -70,28 +71,28 @@ def _gather_once_short_of_memory(monkeypatch, tmp_path, part: str) -> tuple[list
 
 def test_a_case_that_runs_out_of_device_memory_runs_again_alone(tmp_path, monkeypatch):
     calls, name = _gather_once_short_of_memory(monkeypatch, tmp_path, "kernel")
-    result = runner.run_case(runner.Task(name, "basic", 1), runtime.DEVICE, trace=False)
+    result = workers.run_case(cases.Task(name, "basic", 1), runtime.DEVICE, trace=False)
     assert result.verdict == "pass" and len(calls) == 2, result.details
     assert "ran again alone on its GPU" in result.details[-1]
 
     calls.clear()
     monkeypatch.setattr(runner, "_SHARE", None)  # no share (one process): the out-of-memory case is a crash
-    result = runner.run_case(runner.Task(name, "basic", 1), runtime.DEVICE, trace=False)
+    result = workers.run_case(cases.Task(name, "basic", 1), runtime.DEVICE, trace=False)
     assert result.verdict == "fail:crash" and "OutOfMemoryError" in result.details[0] and len(calls) == 1
 
 
 def test_a_reference_that_runs_out_of_device_memory_runs_again_alone(tmp_path, monkeypatch):
     calls, name = _gather_once_short_of_memory(monkeypatch, tmp_path, "reference")
-    result = runner.run_case(runner.Task(name, "basic", 1), runtime.DEVICE, trace=False)
+    result = workers.run_case(cases.Task(name, "basic", 1), runtime.DEVICE, trace=False)
     assert result.verdict == "pass" and len(calls) == 2, result.details
     assert "ran again alone on its GPU" in result.details[-1]
 
 
 def test_a_result_says_where_its_time_went():
-    result = runner.run_case(runner.Task("block_table.gather", "basic", 3), runtime.DEVICE)
+    result = workers.run_case(cases.Task("block_table.gather", "basic", 3), runtime.DEVICE)
     assert {"build", "reference", "judge"} <= set(result.phases)
     assert sum(result.phases.values()) <= result.seconds + 1e-3
-    refused = runner.run_case(runner.Task("block_table.gather", "refused", 3), runtime.DEVICE)
+    refused = workers.run_case(cases.Task("block_table.gather", "refused", 3), runtime.DEVICE)
     assert refused.verdict == "pass" and set(refused.phases) == {"build", "judge"}
 
 
@@ -102,10 +103,10 @@ def test_a_repeat_waits_for_the_gpu_once(monkeypatch):
     if runtime.DEVICE != "cuda":
         pytest.skip("needs a GPU")
     check = checks.get("block_table.gather")
-    case = runner.build_case(check, "padded", 5, "cuda", {})
-    expected = runner.expected_outputs(check, case)
+    case = cases.build_case(check, "padded", 5, "cuda", {})
+    expected = cases.expected_outputs(check, case)
     waits = []
     real = torch.cuda.synchronize
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: (waits.append(1), real(*a))[1])
-    verdict, _ = runner.differential(check, case, expected, "cuda")
+    verdict, _ = oracle.differential(check, case, expected, "cuda")
     assert verdict == "pass" and len(waits) == check.repeats["cuda"]

@@ -1,7 +1,8 @@
 """The failures heat map stays readable for a registry-wide run: bounded width, the failing families shown."""
 
-from stress import checks, heatmap
-from stress.types import Result
+from stress import checks
+from stress.core.types import Result
+from stress.report import heatmap
 
 PAIRS = [(c.name, f) for c in checks.REGISTRY for f in c.families]
 

@@ -7,7 +7,7 @@ import torch
 from reference.spec import depth as ref_depth
 from reference.spec import graphs as ref_graphs
 from reference.spec.graphs import Descriptor
-from stress import host
+from stress.oracles import host
 
 CONFIG = {"capture_sizes": [4, 8], "max_num_reqs": 4, "decode_query_len": 4, "max_spec_tokens": 3, "small_grid": 0}
 QUERIES = [(2, 8, 4, False, None), (2, 8, 4, True, 4), (3, 7, None, False, 3)]

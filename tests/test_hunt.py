@@ -6,8 +6,9 @@ import json
 import pytest
 
 from kernels import runtime
-from stress import checks, hunt, runner
+from stress import checks, hunt
 from stress.__main__ import main
+from stress.core import cases, workers
 
 DEV = runtime.DEVICE
 SHIFT = checks.get("block_table.shift")
@@ -20,7 +21,7 @@ def test_hunt_catches_a_planted_bug_and_names_the_case_that_reruns_it():
     assert failure.details and "element(s) differ" in failure.details[0]
     assert found.shapes[hunt.shape_key(failure.launch)].caught_after_s is not None
     # The printed repro line's case fails in the replay too ...
-    rerun = runner.run_case(runner.Task(SHIFT.name, failure.family, failure.seed, "ignores-seq-lens",
+    rerun = workers.run_case(cases.Task(SHIFT.name, failure.family, failure.seed, "ignores-seq-lens",
                                         tuple(sorted(failure.launch.items()))), DEV, trace=False)
     assert rerun.verdict == "fail:divergence"
     assert f"--launch {hunt.shape_key(failure.launch)}" in failure.repro()

@@ -9,13 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from stress.core.cases import Task
 
 import conftest
 from kernels import runtime
-from stress import gpus, pool, runner, telemetry, tp
-from stress.report import Report
-from stress.runner import Task
-from stress.types import Result
+from stress import tp
+from stress.core import gpus, pool, telemetry, workers
+from stress.core.types import Result
+from stress.report.summary import Report
 
 FAKE_GPUS = 4
 
@@ -37,10 +38,10 @@ def fake_gpus(monkeypatch):
 def test_stress_workers_default_to_an_even_share_of_every_gpu(fake_gpus, monkeypatch, cores, per_gpu):
     monkeypatch.setattr(gpus, "cores", lambda: cores)
     monkeypatch.setenv("SPECSAN_DEVICE", runtime.DEVICE)  # _init_worker sets it; restored after the test
-    jobs = runner.default_jobs("cuda")
+    jobs = workers.default_jobs("cuda")
     assert jobs == FAKE_GPUS * per_gpu
     for slot in range(jobs):
-        runner._init_worker(slot, "cuda", torch.get_num_threads())
+        workers._init_worker(slot, "cuda", torch.get_num_threads())
     assert Counter(fake_gpus) == {gpu: per_gpu for gpu in range(FAKE_GPUS)}
     assert [g["workers"] for g in gpus.describe(jobs)] == [per_gpu] * FAKE_GPUS
 
@@ -104,9 +105,9 @@ def test_per_gpu_counts_add_up_and_carry_each_gpus_own_telemetry(fake_gpus, monk
             outcome = pool.Outcome(task, value=Result(task.check, task.family, seed, "cuda", verdict), slot=seed % jobs)
             if seed == 9:  # a worker that died is charged to its case on its worker's GPU too
                 outcome = pool.Outcome(task, failure="died", detail="killed by SIGSEGV", slot=seed % jobs)
-            report.add(runner.result_of(outcome, "cuda", 300, True))
+            report.add(workers.result_of(outcome, "cuda", 300, True))
         for slot in (1, 5, 2):
-            report.add_matrix_case(runner.result_of(pool.Outcome(Task("c", "f", 0, "m"), failure="raised", slot=slot),
+            report.add_matrix_case(workers.result_of(pool.Outcome(Task("c", "f", 0, "m"), failure="raised", slot=slot),
                                                     "cuda", 300, True))
     report.close()
 

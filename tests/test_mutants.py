@@ -4,7 +4,9 @@ import pytest
 import slow_cases
 
 from kernels import runtime
-from stress import checks, matrix, mutants
+from stress import checks
+from stress.core import patches as mutants
+from stress.mutate import kill_matrix as matrix
 
 MUTANTS = [(c.name, m.name) for c in checks.REGISTRY for m in c.mutants]
 # hunted through engine steps or a sampled distribution: 5-8 s each on a CPU core; the cheapest of each check
@@ -63,7 +65,7 @@ def test_a_class_held_by_a_module_level_registry_is_swapped_there_too():
     """``attention_backends.make`` finds a backend class by name in a module-level dict: a mutant of the class
     that only replaced module attributes never ran (a slip in the host-planned backend survived every check)."""
     from kernels.spec import attention_backends
-    from stress import mutate_ops
+    from stress.mutate import operators as mutate_ops
 
     original = attention_backends.HostPlannedBackend
     mutant = mutate_ops.resolve("gen:kernels.spec.attention_backends:HostPlannedBackend:const:b5c65493")

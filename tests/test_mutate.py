@@ -7,8 +7,13 @@ import pytest
 import torch
 
 from kernels import runtime
-from stress import checks, mutants, mutate, mutate_equiv, mutate_ops, pool
-from stress.mutants import source_of
+from stress import checks
+from stress.core import patches as mutants
+from stress.core import pool
+from stress.core.patches import source_of
+from stress.mutate import campaign as mutate
+from stress.mutate import equivalence as mutate_equiv
+from stress.mutate import operators as mutate_ops
 
 WIDEN = "tests.mutate_targets:widen_kernel"
 HOST = "tests.mutate_targets:first_positive"
@@ -61,8 +66,11 @@ def test_a_helper_mutant_reaches_a_kernel_of_another_module_compiled_before_it()
     the production case after it the production one: a compiled kernel keeps the helpers it was built with, so
     a kernel left out of the rebuild runs the production binary under the mutant, or (another launch shape,
     compiled meanwhile) keeps the mutant's after it, in this process and in Triton's disk cache."""
+    from stress.core.cases import Task
+    from stress.core.workers import run_case
+
     from kernels import runtime
-    from stress.runner import PASS, Task, run_case
+    from stress.core.types import PASS
 
     case = Task("rejection.verify", "mixed", 0)
     slip = case._replace(mutant="gen:kernels.sampling:running_best:where-swap:2a5536c0")
@@ -263,7 +271,8 @@ def test_a_hunt_stopped_by_a_signal_leaves_its_mutants_undecided(monkeypatch, tm
     import json
     import signal
 
-    from stress import interrupts, matrix
+    from stress.core import interrupts
+    from stress.mutate import kill_matrix as matrix
 
     def stopped(hunts, device, jobs, timeout, on_row, on_case=None, deadline=None):
         for h in hunts:
@@ -290,7 +299,8 @@ def test_a_resumed_run_hunts_only_what_the_earlier_run_left_undecided(monkeypatc
     import shutil
     import signal
 
-    from stress import interrupts, matrix
+    from stress.core import interrupts
+    from stress.mutate import kill_matrix as matrix
 
     real = matrix._run_hunts
 
@@ -404,7 +414,8 @@ def test_a_run_stopped_during_memcheck_keeps_the_unit_tests_kills(monkeypatch):
 def test_memcheck_judges_gpu_survivors_after_its_control_and_only_on_a_gpu(monkeypatch):
     """On a GPU, a survivor meets memcheck in one case per family of its first sanitizable owner; a finding kills
     it with memcheck's verdict. A check that cannot be sanitized, a control not caught, or the CPU leave it as it is."""
-    from stress import matrix, sanitizer
+    from stress.mutate import kill_matrix as matrix
+    from stress.sanitize import runner as sanitizer
 
     over_read, graph = _memcheck_survivors()
     hunted = []
@@ -433,7 +444,8 @@ def test_memcheck_judges_gpu_survivors_after_its_control_and_only_on_a_gpu(monke
 
 def test_a_survivor_whose_memcheck_hunt_a_signal_stopped_says_how_far_it_got(monkeypatch):
     """Its clean cases so far are no verdict: the row must not read as judged, nor as never sanitized."""
-    from stress import matrix, sanitizer
+    from stress.mutate import kill_matrix as matrix
+    from stress.sanitize import runner as sanitizer
 
     over_read, _ = _memcheck_survivors()
 
@@ -455,7 +467,8 @@ def test_a_survivor_whose_memcheck_hunt_a_signal_stopped_says_how_far_it_got(mon
 
 
 def test_memcheck_without_a_caught_control_judges_nothing(monkeypatch):
-    from stress import matrix, sanitizer
+    from stress.mutate import kill_matrix as matrix
+    from stress.sanitize import runner as sanitizer
 
     over_read, _ = _memcheck_survivors()
     monkeypatch.setattr(matrix, "_run_hunts", lambda *a, **k: pytest.fail("hunted without a caught control"))
@@ -492,7 +505,7 @@ def test_a_target_of_a_check_that_failed_unmutated_says_which_check_did_not_hunt
 
 
 def test_a_kill_keeps_its_first_detail_and_where_a_crash_was_raised():
-    from stress import matrix
+    from stress.mutate import kill_matrix as matrix
 
     crash = ["ValueError: not enough values to unpack\n", "Traceback (most recent call last):",
              '  File "/x/engine.py", line 10, in step', "    a, b = f()", '  File "/x/models.py", line 3, in f',
@@ -510,7 +523,8 @@ def test_hunt_seconds_leaves_the_rest_pending_and_still_judges_the_survivors_fou
     and the survivors decided before the deadline still meet the second oracles (a time limit never lets them)."""
     import json
 
-    from stress import matrix, runner
+    from stress.core import oracle
+    from stress.mutate import kill_matrix as matrix
 
     real, judged = matrix._run_hunts, []
 
@@ -544,7 +558,7 @@ def test_the_launched_kernels_name_every_jit_helper_the_interpreter_runs(monkeyp
     """On a GPU a kernel's jit helpers are compiled into it and no frame of theirs runs, so discovery takes them
     from the launched kernels' source. Every helper the CPU's trace sees running must be found that way, or the
     GPU generates no mutant of it (rejection's _argmax among them)."""
-    from stress.runner import Task, case_seed
+    from stress.core.cases import Task, case_seed
 
     monkeypatch.setattr(mutate_ops, "jit_helpers", lambda kernel: [])  # the trace alone, as on a GPU
     family = next(iter(checks.get(check).families))
@@ -580,7 +594,7 @@ def test_equivalence_compares_every_launch_variant_the_cases_used():
 
 def test_a_resumed_survivor_that_a_signal_left_without_memcheck_meets_it_without_its_families(monkeypatch):
     """Same kernels and suite: its families would run the same cases again, only the cut oracle is owed."""
-    from stress import matrix
+    from stress.mutate import kill_matrix as matrix
 
     left = dataclasses.replace(_memcheck_survivors()[0], status="pending", fingerprint="f" * 16, tree="t" * 16)
     earlier = {left.id: {**dataclasses.asdict(left), "status": "survived", "unjudged_by": "memcheck",

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from stress import interrupts, pool
+from stress.core import interrupts, pool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -170,7 +170,8 @@ def test_in_this_process_a_signal_abandons_the_running_task_at_once():
 _INTERRUPTED_RUN = textwrap.dedent("""
     import sys
     sys.path[:0] = [{root!r}, {tests!r}]
-    from stress import interrupts, pool
+    from stress.core import interrupts
+    from stress.core import pool
     from test_pool import task
     queue = ["sleep0.2"] * 50 + ["sleep60"] * 4
     done = []

@@ -1,13 +1,14 @@
-"""The refusal verdict (stress.refusal) and the refused families (stress.families.refusals)."""
+"""The refusal verdict (stress.core.refusal) and the refused families (stress.families.refusals)."""
 
 import numpy as np
 import pytest
 import torch
 
 from kernels import runtime
-from stress import checks, refusal, runner
+from stress import checks
+from stress.core import cases, refusal, workers
+from stress.core.types import Case, Check
 from stress.families import refusals
-from stress.types import Case, Check
 
 
 def _refusing(kernel, reference=lambda out, n: None):
@@ -20,7 +21,7 @@ def _refusing(kernel, reference=lambda out, n: None):
 
 def _judge(kernel):
     check = _refusing(kernel)
-    return refusal.judge(check, runner.build_case(check, "f", 1, "cpu"), "cpu", kernel)
+    return refusal.judge(check, cases.build_case(check, "f", 1, "cpu"), "cpu", kernel)
 
 
 def _guarded(out, n):
@@ -82,7 +83,7 @@ def test_a_validating_reference_must_refuse_the_same_argument():
         raise ValueError(f"out: cannot take n={n}")
 
     check = _refusing(_guarded, reference)
-    case = runner.build_case(check, "f", 1, "cpu")
+    case = cases.build_case(check, "f", 1, "cpu")
     with pytest.raises(RuntimeError, match="expects a refusal naming 'n'.*out: cannot take"):
         refusal.check_reference(check, case)
     refusal.check_reference(_refusing(_guarded, lambda out, n: out[n]), case)  # not validating: the family decides
@@ -127,8 +128,8 @@ def test_every_corruption_of_a_refused_family_is_refused(check_name, family):
 
 
 def test_a_refusal_case_tries_every_guard_and_reruns_from_its_repro_line():
-    result = runner.run_case(runner.Task("block_table.gather", "refused", 11), runtime.DEVICE)
-    again = runner.run_case(runner.Task("block_table.gather", "refused", 11), runtime.DEVICE)
+    result = workers.run_case(cases.Task("block_table.gather", "refused", 11), runtime.DEVICE)
+    again = workers.run_case(cases.Task("block_table.gather", "refused", 11), runtime.DEVICE)
     assert result.verdict == again.verdict == "pass" and result.details == again.details
     assert len(result.details) == len(checks.get("block_table.gather").families["refused"].corruptions)
     assert result.repro().startswith("./specsan repro block_table.gather refused 11")
@@ -136,9 +137,9 @@ def test_a_refusal_case_tries_every_guard_and_reruns_from_its_repro_line():
 
 def test_refusal_cases_are_neither_sanitized_nor_hammered():
     check = checks.get("block_table.shift")
-    sanitized = {t.family for t in runner.plan([check], None, 1, 0, tool="memcheck")}
+    sanitized = {t.family for t in cases.plan([check], None, 1, 0, tool="memcheck")}
     assert "refused" not in sanitized and "overlap" in sanitized
-    assert "refused" in {t.family for t in runner.plan([check], None, 1, 0)}
+    assert "refused" in {t.family for t in cases.plan([check], None, 1, 0)}
     from stress import hunt
 
     result = hunt.hunt(check, runtime.DEVICE, seconds=0.2, seed=0, families=["refused", "overlap"],

@@ -5,7 +5,8 @@ import slow_cases
 import torch
 
 from kernels import runtime
-from stress import checks, refusal, runner
+from stress import checks
+from stress.core import cases, refusal, workers
 
 PAIRS = [(c.name, f) for c in checks.REGISTRY for f in c.families]
 # one engine step case takes 3-28 s on a CPU core (each family one case: iteration_share 0.1)
@@ -23,8 +24,8 @@ def test_family_matches_reference(check_name, family, iters, base_seed, record_p
     if runtime.DEVICE not in check.devices:
         pytest.skip(f"{check_name} does not run on {runtime.DEVICE}")
     for i in range(max(1, round(iters * check.iteration_share))):
-        task = runner.Task(check_name, family, runner.case_seed(base_seed, check_name, family, i))
-        result = runner.run_case(task, runtime.DEVICE)
+        task = cases.Task(check_name, family, cases.case_seed(base_seed, check_name, family, i))
+        result = workers.run_case(task, runtime.DEVICE)
         line = repro_of(result)
         record_property("repro", line)  # in the JUnit XML, to rerun any case from CI's report
         assert result.verdict == "pass", "\n".join([line, *result.details])
@@ -69,7 +70,7 @@ def test_a_mutant_name_means_one_bug():
 
 def _same(a, b) -> bool:
     """Equal all the way down; tensors bitwise (NaN logits equal NaN)."""
-    from stress.compare import exact
+    from stress.core.compare import exact
 
     if isinstance(a, torch.Tensor):  # the layout too: a strided view must come back with the same strides
         return isinstance(b, torch.Tensor) and a.stride() == b.stride() and exact("", a, b) is None
@@ -84,8 +85,8 @@ def test_families_are_deterministic():
     """(check, family, seed) fully determines the case, which is what makes repro lines work."""
     for check in checks.REGISTRY:
         for family in check.families:
-            a = runner.build_case(check, family, 12345, "cpu")
-            b = runner.build_case(check, family, 12345, "cpu")
+            a = cases.build_case(check, family, 12345, "cpu")
+            b = cases.build_case(check, family, 12345, "cpu")
             assert a.launch == b.launch and a.note == b.note
             for name, value in a.inputs.items():
                 assert _same(value, b.inputs[name]), name
@@ -97,6 +98,6 @@ def test_layout_families_give_the_kernel_strided_views():
         if "layouts" not in check.families:
             continue
         strided = sum(any(isinstance(v, torch.Tensor) and not v.is_contiguous()
-                          for v in runner.build_case(check, "layouts", seed, "cpu").inputs.values())
+                          for v in cases.build_case(check, "layouts", seed, "cpu").inputs.values())
                       for seed in range(10))
         assert strided >= 7, f"{check.name}: {strided} of 10 layouts cases hold a strided view"

@@ -12,7 +12,7 @@ from kernels.sampling import gumbel_sample
 from reference import philox
 from reference import rejection as ref
 from reference.sampling import sample_row
-from stress.compare import Divergence, Tolerated, exact_unless_near_tie
+from stress.core.compare import Divergence, Tolerated, exact_unless_near_tie
 
 NAN, INF = float("nan"), float("inf")
 SENTINEL = -7777

@@ -4,9 +4,10 @@ left behind."""
 import json
 import shlex
 
-from stress import hunt, runner
+from stress import hunt
 from stress.__main__ import main
-from stress.report import Report
+from stress.core import cases
+from stress.report.summary import Report
 
 
 def test_a_stopped_run_says_how_far_its_hunts_got_and_how_to_rerun_each_abandoned_case(tmp_path, capsys):
@@ -15,7 +16,7 @@ def test_a_stopped_run_says_how_far_its_hunts_got_and_how_to_rerun_each_abandone
     planned = hunt.planned(checks.REGISTRY, "cpu")
     header = {"device": "cpu", "cases": 2, "timeout": 300.0, "trace": False, "hunt": True, "hunts": len(planned)}
     report = Report(str(tmp_path), header)
-    report.abandoned = [runner.Task("block_table.unaligned_prefix", "aligned", 7)]
+    report.abandoned = [cases.Task("block_table.unaligned_prefix", "aligned", 7)]
     report.interrupted = "SIGINT"
     report.close()
     summary = (tmp_path / "summary.md").read_text()

@@ -12,8 +12,11 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
-from stress import checks, compare, guards, matrix, pool, report, runner
-from stress.types import Case, Check, Result
+from stress import checks
+from stress.core import cases, compare, guards, oracle, pool, workers
+from stress.core.types import Case, Check, Result
+from stress.mutate import kill_matrix as matrix
+from stress.report import summary as report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,10 +27,10 @@ def cli(*args, env=None):
 
 
 def test_case_seed_is_order_independent_and_distinct():
-    a = runner.case_seed(0, "x", "f", 3)
-    assert a == runner.case_seed(0, "x", "f", 3)
-    assert len({runner.case_seed(0, c, f, i) for c in "ab" for f in "fg" for i in range(50)}) == 200
-    assert runner.case_seed(1, "x", "f", 3) != a
+    a = cases.case_seed(0, "x", "f", 3)
+    assert a == cases.case_seed(0, "x", "f", 3)
+    assert len({cases.case_seed(0, c, f, i) for c in "ab" for f in "fg" for i in range(50)}) == 200
+    assert cases.case_seed(1, "x", "f", 3) != a
 
 
 def test_a_family_that_owns_its_launch_runs_the_launchers_own_shape_on_its_devices():
@@ -36,10 +39,10 @@ def test_a_family_that_owns_its_launch_runs_the_launchers_own_shape_on_its_devic
     verify, attention = checks.get("rejection.verify"), checks.get("attention.paged")
     forced = {"block_v": 128, "num_warps": 4}
     for seed in range(6):
-        assert runner.build_case(verify, "huge_vocab", seed, "cpu").launch == {}
-    assert runner.build_case(verify, "huge_vocab", 0, "cpu", forced).launch == {}
-    assert runner.build_case(verify, "tiles", 0, "cpu", forced).launch == forced  # a family that owns none
-    assert runner.build_case(attention, "wide_groups", 0, "cpu", {"block_n": 16}).launch == {}
+        assert cases.build_case(verify, "huge_vocab", seed, "cpu").launch == {}
+    assert cases.build_case(verify, "huge_vocab", 0, "cpu", forced).launch == {}
+    assert cases.build_case(verify, "tiles", 0, "cpu", forced).launch == forced  # a family that owns none
+    assert cases.build_case(attention, "wide_groups", 0, "cpu", {"block_n": 16}).launch == {}
     assert attention.families["wide_groups"].own_launch_on == ("cpu",)
     # a forced 16 x 8 x 8192 tile at one warp kept ptxas past the 300 s deadline on the H200
     assert checks.get("kv_cache.write").families["wide_heads"].own_launch_on == ("cpu", "cuda")
@@ -59,10 +62,10 @@ def test_families_split_per_value_share_the_iterations_of_one():
     assert list(split) == ["family_a", "family_b_c", "family_d"]
     assert split["family_b_c"](None, "cpu", {}).note == "b c"
     check = Check(name="t.split", kernel=None, reference=None, families={"plain": family, **split}, outputs=())
-    tasks = runner.plan([check], None, 100, 0)
+    tasks = cases.plan([check], None, 100, 0)
     assert Counter(t.family for t in tasks) == {"plain": 100, "family_a": 33, "family_b_c": 33, "family_d": 33}
     assert len({t.seed for t in tasks if t.family == "family_a"}) == 33
-    assert Counter(t.family for t in runner.plan([check], None, 1, 0)) == {f: 1 for f in ("plain", *split)}
+    assert Counter(t.family for t in cases.plan([check], None, 1, 0)) == {f: 1 for f in ("plain", *split)}
 
 
 def _damage(g: guards.Guarded) -> str | None:
@@ -134,8 +137,8 @@ def test_oob_write_is_its_own_verdict():
         torch.as_strided(out, (9,), (1,)).copy_(torch.arange(9, dtype=torch.int32))
 
     check = _fake_check(overflowing)
-    case = runner.build_case(check, "f", 1, "cpu")
-    verdict, details = runner.differential(check, case, runner.expected_outputs(check, case), "cpu")
+    case = cases.build_case(check, "f", 1, "cpu")
+    verdict, details = oracle.differential(check, case, cases.expected_outputs(check, case), "cpu")
     assert verdict == "fail:oob" and "guard zone" in details[0]
 
 
@@ -153,7 +156,7 @@ def test_a_memory_verdict_retires_its_worker_and_a_plain_crash_does_not(monkeypa
     for kernel, verdict, retired in ((overflowing, "fail:oob", True), (heap_damaged, "fail:crash", True),
                                      (refusing, "fail:crash", False)):
         monkeypatch.setitem(checks.BY_NAME, "fake", _fake_check(kernel))
-        result = runner.run_case(runner.Task("fake", "f", 1), "cpu")
+        result = workers.run_case(cases.Task("fake", "f", 1), "cpu")
         assert (result.verdict, result.fatal) == (verdict, retired), result.details
 
 
@@ -190,7 +193,7 @@ def _dot_check(bf16_dot: bool) -> Check:
 def test_a_bf16_dot_under_the_interpreter_is_not_checked_when_declared(monkeypatch):
     def run(family, bf16_dot):
         monkeypatch.setitem(checks.BY_NAME, "t.dot", _dot_check(bf16_dot))
-        return runner.run_case(runner.Task("t.dot", family, 1), "cpu", trace=False)
+        return workers.run_case(cases.Task("t.dot", family, 1), "cpu", trace=False)
 
     assert run("bfloat16", bf16_dot=False).verdict == "fail:divergence", "the interpreter multiplies bf16 bits"
     skipped = run("bfloat16", bf16_dot=True)
@@ -204,8 +207,8 @@ def test_scribbling_on_a_read_only_input_is_a_divergence():
         x[0] = 5
 
     check = _fake_check(scribbler)
-    case = runner.build_case(check, "f", 1, "cpu")
-    verdict, details = runner.differential(check, case, runner.expected_outputs(check, case), "cpu")
+    case = cases.build_case(check, "f", 1, "cpu")
+    verdict, details = oracle.differential(check, case, cases.expected_outputs(check, case), "cpu")
     assert verdict == "fail:divergence" and "x (read-only input)" in details[0]
 
 
@@ -217,8 +220,8 @@ def test_a_crash_in_the_suites_own_comparison_is_a_suite_error_that_kills_nothin
 
     check = dataclasses.replace(checks.get("block_table.gather"), compare=broken_compare)
     monkeypatch.setitem(checks.BY_NAME, check.name, check)
-    result = runner.run_case(runner.Task(check.name, "basic", 1), runtime.DEVICE)
-    assert result.verdict == runner.SUITE_ERROR and result.failed, result.details
+    result = workers.run_case(cases.Task(check.name, "basic", 1), runtime.DEVICE)
+    assert result.verdict == oracle.SUITE_ERROR and result.failed, result.details
     assert "the comparison of out raised AttributeError" in result.details[0]
     assert any("broken_compare" in line for line in result.details), "the traceback says where"
     assert not matrix._kills(matrix.ANY, result.verdict) and not matrix._kills("crash", result.verdict)
@@ -226,25 +229,25 @@ def test_a_crash_in_the_suites_own_comparison_is_a_suite_error_that_kills_nothin
 
 
 def test_crash_and_timeout_are_verdicts_not_exceptions():
-    crashed = runner.run_case(runner.Task("block_table.shift", "no_such_family", 1), runtime.DEVICE)
+    crashed = workers.run_case(cases.Task("block_table.shift", "no_such_family", 1), runtime.DEVICE)
     assert crashed.verdict == "fail:crash" and "no_such_family" in "\n".join(crashed.details)
-    slow = runner.run_case(runner.Task("block_table.shift", "long_row", 1), runtime.DEVICE, timeout=1e-4)
+    slow = workers.run_case(cases.Task("block_table.shift", "long_row", 1), runtime.DEVICE, timeout=1e-4)
     assert slow.verdict == "fail:timeout"
 
 
 def test_execute_keeps_going_after_a_crash():
     seen: list[Result] = []
-    tasks = [runner.Task("block_table.shift", "no_such_family", 1), runner.Task("block_table.shift", "overlap", 2)]
-    runner.execute(tasks, runtime.DEVICE, 0, seen.append)
+    tasks = [cases.Task("block_table.shift", "no_such_family", 1), cases.Task("block_table.shift", "overlap", 2)]
+    workers.execute(tasks, runtime.DEVICE, 0, seen.append)
     assert [r.verdict for r in seen] == ["fail:crash", "pass"]
 
 
 def test_a_killed_or_dead_worker_is_charged_to_its_case():
-    task = runner.Task("block_table.shift", "overlap", 7, None, (("chunk", 16),))
-    timed_out = runner.result_of(pool.Outcome(task, failure="timeout", seconds=2.5), "cpu", 2.0, True)
+    task = cases.Task("block_table.shift", "overlap", 7, None, (("chunk", 16),))
+    timed_out = workers.result_of(pool.Outcome(task, failure="timeout", seconds=2.5), "cpu", 2.0, True)
     assert (timed_out.verdict, timed_out.details) == ("fail:timeout", ["case ran past 2 s; its worker was killed"])
     assert timed_out.repro().endswith("overlap 7 --device cpu --launch chunk=16 --timeout 2")
-    died = runner.result_of(pool.Outcome(task, failure="died", detail="its worker process died (killed by SIGSEGV)"),
+    died = workers.result_of(pool.Outcome(task, failure="died", detail="its worker process died (killed by SIGSEGV)"),
                             "cpu", 300, False)
     assert died.verdict == "fail:crash" and "SIGSEGV" in died.details[0] and died.repro().endswith("--no-trace")
 
@@ -299,7 +302,7 @@ def test_run_streams_jsonl_and_summary(tmp_path):
 
 @pytest.mark.slow
 def test_repro_of_a_mutant_prints_the_divergence():
-    done = cli("repro", "block_table.shift", "slot_vs_row", str(runner.case_seed(0, "block_table.shift",
+    done = cli("repro", "block_table.shift", "slot_vs_row", str(cases.case_seed(0, "block_table.shift",
                                                                                "slot_vs_row", 0)),
                "--mutant", "count-by-batch-row")
     assert done.returncode == 1
@@ -325,13 +328,13 @@ def test_the_launchers_own_shape_runs_in_a_third_of_the_cases_of_a_wide_sweep():
     import numpy as np
 
     wide = [{}] + [{"block_t": t} for t in range(12)]
-    drawn = [runner.draw_launch(wide, seed) for seed in range(3000)]
+    drawn = [cases.draw_launch(wide, seed) for seed in range(3000)]
     assert 0.30 < sum(d == {} for d in drawn) / len(drawn) < 0.37
     assert all(shape in drawn for shape in wide)
     for seed in range(300):
         uniform = int(np.random.default_rng([seed, 7]).integers(len(wide)))
-        assert uniform or runner.draw_launch(wide, seed) == {}
+        assert uniform or cases.draw_launch(wide, seed) == {}
         narrow = wide[:3]
-        assert runner.draw_launch(narrow, seed) == narrow[int(np.random.default_rng([seed, 7]).integers(3))]
+        assert cases.draw_launch(narrow, seed) == narrow[int(np.random.default_rng([seed, 7]).integers(3))]
     forced_first = wide[1:]  # no default in the sweep: nothing to favour
-    assert sum(runner.draw_launch(forced_first, s) == forced_first[0] for s in range(3000)) < 3000 * 0.15
+    assert sum(cases.draw_launch(forced_first, s) == forced_first[0] for s in range(3000)) < 3000 * 0.15

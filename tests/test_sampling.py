@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from kernels import runtime
 from kernels.sampling import DRAFT_NOISE_SALT, gumbel_sample
 from reference import sampling as ref
-from stress.compare import Tolerated, exact_unless_near_tie
+from stress.core.compare import Tolerated, exact_unless_near_tie
 
 NAN, INF = float("nan"), float("inf")
 

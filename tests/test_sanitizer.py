@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 
 from kernels import runtime
-from stress import checks, matrix, runner, sanitizer, sanitizer_xml
+from stress import checks
 from stress.__main__ import main
+from stress.core import cases, workers
+from stress.mutate import kill_matrix as matrix
+from stress.sanitize import report_xml as sanitizer_xml
+from stress.sanitize import runner as sanitizer
 
 DATA = Path(__file__).parent / "data" / "sanitizer"
 FAKE = Path(__file__).parent / "fake_sanitizer.py"
@@ -38,7 +42,7 @@ def test_memcheck_out_of_bounds_read_is_parsed_field_by_field():
     assert first.kind == "Precise" and first.kernel == "_copy_kernel"
     assert first.text == "Invalid __global__ read of size 16 bytes is out of bounds"
     assert first.size == 16 and first.address == 0x7FD910800FA0
-    assert first.source.endswith("stress/sanitizer_controls.py:31")
+    assert first.source.endswith("stress/sanitize/controls.py:31")
     assert first.thread == (122, 0, 0) and first.block == (0, 0, 0)
     api = [f for f in findings if not f.device_access]
     assert all(f.kind == "Api" and f.text.startswith("Program hit cudaErrorLaunchFailure") for f in api)
@@ -156,22 +160,22 @@ def fake(monkeypatch, tmp_path):
 
 def test_a_case_runs_in_its_own_process_with_caching_off(fake):
     argv_file = fake("memcheck_row_overread")
-    task = runner.Task("block_table.gather", "wide", 1, "row-overread", tool="memcheck")
-    result = runner.run_case(task, "cuda")
+    task = cases.Task("block_table.gather", "wide", 1, "row-overread", tool="memcheck")
+    result = workers.run_case(task, "cuda")
     assert result.verdict == "fail:oob" and result.note == "width 4097" and result.tool == "memcheck"
     assert result.repro() == ("./specsan repro block_table.gather wide 1 --device cuda --mutant row-overread "
                               "--timeout 0 --sanitizer memcheck")
     argv = argv_file.read_text().splitlines()[:-1]  # the last line is the fake's process id
     assert argv[argv.index("--tool") + 1] == "memcheck" and "--xml" in argv and "--padding" in argv
     assert argv[argv.index("--error-exitcode") + 1] == str(sanitizer.ERROR_EXIT)
-    assert argv[argv.index(sys.executable):][:3] == [sys.executable, "-m", "stress.sanitize_case"]
+    assert argv[argv.index(sys.executable):][:3] == [sys.executable, "-m", "stress.sanitize.case"]
     assert argv[argv.index("case"):] == ["case", "block_table.gather", "wide", "1", "--mutant", "row-overread"]
     assert sanitizer._environment(0)["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
 
 
 def test_a_case_past_its_deadline_is_killed_with_its_process_group(fake):
     fake(sleep=30)
-    task = runner.Task("block_table.gather", "basic", 1, tool="memcheck")
+    task = cases.Task("block_table.gather", "basic", 1, tool="memcheck")
     start = time.perf_counter()
     result = sanitizer.run_case(task, "memcheck", timeout=0.5)
     assert result.verdict == "fail:timeout" and time.perf_counter() - start < 10
@@ -206,7 +210,7 @@ def test_a_worker_killed_at_its_deadline_takes_its_sanitizer_along(fake):
 def test_checks_that_cannot_be_sanitized_say_why_without_a_process(fake):
     argv_file = fake()
     for name in ("graphs.replay", "engine.step"):
-        result = sanitizer.run_case(runner.Task(name, next(iter(checks.get(name).families)), 1), "memcheck")
+        result = sanitizer.run_case(cases.Task(name, next(iter(checks.get(name).families)), 1), "memcheck")
         assert result.verdict.startswith("not_checked:") and "caching allocator" in result.verdict
     assert not argv_file.exists()
 
@@ -270,7 +274,7 @@ def test_sanitize_without_a_gpu_is_one_not_checked_line(tmp_path, capsys, monkey
 
 
 def test_the_slowdown_is_measured_against_a_run_report(tmp_path):
-    from stress.types import Result
+    from stress.core.types import Result
 
     lines = [{"run": {}}, {"check": "a", "family": "f", "verdict": "pass", "seconds": 0.1},
              {"check": "a", "family": "f", "verdict": "pass", "seconds": 0.3},

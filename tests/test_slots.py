@@ -5,7 +5,7 @@ import pytest
 
 from kernels.spec.slots import RequestSlots
 from reference.spec import slots as ref
-from stress import schedule
+from stress.families import schedule
 
 
 def test_admission_pops_the_end_of_the_free_list():

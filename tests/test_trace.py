@@ -8,9 +8,11 @@ import triton
 import triton.language as tl
 
 from kernels import runtime
-from stress import checks, refusal, report, runner
-from stress.trace import trace, tracing
-from stress.types import Case, Check
+from stress import checks
+from stress.core import cases, oracle, refusal, workers
+from stress.core.tracer import trace, tracing
+from stress.core.types import Case, Check
+from stress.report import summary as report
 
 pytestmark = pytest.mark.skipif(not runtime.INTERPRETED, reason="the tracer runs under the CPU interpreter")
 
@@ -162,7 +164,7 @@ def test_a_case_whose_programs_store_one_value_passes_with_the_duplicates_in_its
     check = Check(name="t.stamp", kernel=lambda out: _stamp[(3,)](out, SAME_VALUE=True),
                   reference=lambda out: torch.full_like(out, 7), families={"f": family}, outputs=("out",))
     monkeypatch.setitem(checks.BY_NAME, check.name, check)
-    result = runner.run_case(runner.Task(check.name, "f", 1), "cpu")
+    result = workers.run_case(cases.Task(check.name, "f", 1), "cpu")
     assert result.verdict == "pass"
     assert result.details[0].startswith("_stamp: duplicate-store WAW"), result.details
     summary = report.Report(None, {})
@@ -264,15 +266,15 @@ def test_a_write_the_hooks_did_not_see_is_not_checked(monkeypatch):
 
 
 def test_runner_turns_the_no_barrier_mutant_into_fail_race():
-    seed = runner.case_seed(0, "block_table.shift", "overlap", 0)
-    result = runner.run_case(runner.Task("block_table.shift", "overlap", seed, "no-barrier"), "cpu")
+    seed = cases.case_seed(0, "block_table.shift", "overlap", 0)
+    result = workers.run_case(cases.Task("block_table.shift", "overlap", seed, "no-barrier"), "cpu")
     assert result.verdict == "fail:race", result.details
     assert any("tl.debug_barrier()" in line for line in result.details)
-    assert runner.run_case(runner.Task("block_table.shift", "overlap", seed, "no-barrier"), "cpu",
+    assert workers.run_case(cases.Task("block_table.shift", "overlap", seed, "no-barrier"), "cpu",
                            trace=False).verdict == "pass", "without the tracer the interpreter cannot see it"
 
 
-# a refusal family's cases launch no kernel: nothing to trace (stress.refusal)
+# a refusal family's cases launch no kernel: nothing to trace (stress.core.refusal)
 PAIRS = [(c.name, f) for c in checks.REGISTRY if "cpu" in c.devices for f, build in c.families.items()
          if not refusal.is_family(build)]
 # an engine step traced takes 5-29 s on a CPU core; mid_prefill_hit, the cheapest, stays quick
@@ -285,9 +287,9 @@ PARAMS = slow_cases.marked(PAIRS, SLOW)
 def test_registry_traces_clean(check_name, family):
     check = checks.get(check_name)
     for i in range(2):
-        seed = runner.case_seed(1, check_name, family, i)
-        case = runner.build_case(check, family, seed, "cpu")
-        verdict, details = runner.traced(check, case, seed)
+        seed = cases.case_seed(1, check_name, family, i)
+        case = cases.build_case(check, family, seed, "cpu")
+        verdict, details = oracle.traced(check, case, seed)
         assert verdict == "pass", "\n".join([f"specsan trace {check_name} {family} {seed}", *details])
 
 
@@ -300,7 +302,7 @@ def test_a_later_launch_may_read_what_an_earlier_one_wrote():
 
 
 def test_runner_reports_declared_unwritten_reads_as_fail_uninit():
-    from stress.types import Case, Check
+    from stress.core.types import Case, Check
 
     def copy(x, out):
         _copy[(1,)](x, out, x.numel(), BLOCK=8, MASKED=True)
@@ -308,8 +310,8 @@ def test_runner_reports_declared_unwritten_reads_as_fail_uninit():
     check = Check("control.copy", copy, lambda x, out: x.clone(), families={}, outputs=("out",))
     inputs = {"x": torch.arange(8, dtype=torch.int32), "out": torch.zeros(8, dtype=torch.int32)}
     stale = torch.arange(8) >= 6
-    verdict, details = runner.traced(check, Case(inputs, unwritten={"x": stale}), seed=0)
+    verdict, details = oracle.traced(check, Case(inputs, unwritten={"x": stale}), seed=0)
     assert verdict == "fail:uninit" and "_copy" in details[0]
-    assert runner.traced(check, Case(inputs, unwritten={"out": stale}), seed=0) == ("pass", [])
+    assert oracle.traced(check, Case(inputs, unwritten={"out": stale}), seed=0) == ("pass", [])
     with pytest.raises(ValueError, match="unwritten"):
-        runner.traced(check, Case(inputs, unwritten={"missing": stale}), seed=0)
+        oracle.traced(check, Case(inputs, unwritten={"missing": stale}), seed=0)

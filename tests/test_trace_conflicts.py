@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stress import trace_conflicts as tc
+from stress.core import trace_conflicts as tc
 
 # (reads, writes, atomic) per op kind: load, store, atomic RMW, atomic load
 KINDS = ((True, False, False), (False, True, False), (True, True, True), (True, False, True))

@@ -8,10 +8,11 @@ import torch
 from triton.language.extra import libdevice
 
 from kernels import runtime
-from stress import runner, trace_bench
 from stress.__main__ import main
-from stress.trace import trace, tracing
-from stress.types import Case, Check
+from stress.bench import trace as trace_bench
+from stress.core import oracle
+from stress.core.tracer import trace, tracing
+from stress.core.types import Case, Check
 from tests import trace_kernels as tk
 
 pytestmark = pytest.mark.skipif(not runtime.INTERPRETED, reason="the tracer runs under the CPU interpreter")
@@ -106,7 +107,7 @@ def test_runner_tracing_step_reports_a_refusal_as_not_checked_not_a_crash():
 
     check = Check("control.asm", launch, lambda x, out: x.clone(), families={}, outputs=("out",))
     case = Case({"x": torch.arange(4, dtype=torch.int32), "out": torch.zeros(4, dtype=torch.int32)})
-    verdict, details = runner.traced(check, case, seed=0)
+    verdict, details = oracle.traced(check, case, seed=0)
     assert verdict.startswith("not_checked:") and "inline asm" in verdict and "asm_copy" in details[0]
 
 
@@ -145,10 +146,10 @@ def test_a_check_declares_expected_order_dependence():
     x, count, out = _compaction_inputs()
     case = Case({"x": x, "count": count, "out": out})
     undeclared = Check("control.tickets", launch, lambda **_: None, families={}, outputs=("out",))
-    assert runner.traced(undeclared, case, seed=0)[0] == "fail:order-dependent"
+    assert oracle.traced(undeclared, case, seed=0)[0] == "fail:order-dependent"
     declared = Check("control.tickets", launch, lambda **_: None, families={}, outputs=("out",),
                      expected_order_dependence="compaction order follows ticket order")
-    assert runner.traced(declared, case, seed=0) == ("pass", [])
+    assert oracle.traced(declared, case, seed=0) == ("pass", [])
 
 
 # ---------------------------------------------------------------- a tiled sampler at 128k

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kernels import runtime, validate
-from stress import checks, runner
+from stress import checks
+from stress.core import cases, guards
 
 # (check, family, input, the value that is one past the end, the launcher's name for it)
 OUT_OF_RANGE = [
@@ -22,7 +23,7 @@ OUT_OF_RANGE = [
 def _case_with(check_name, family, name, value, device):
     check = checks.get(check_name)
     for seed in range(50):  # a case whose last entry is live (cache columns are only followed for live rows)
-        inputs = runner.fresh_inputs(runner.build_case(check, family, seed, "cpu"))
+        inputs = guards.fresh_inputs(cases.build_case(check, family, seed, "cpu"))
         if "idx_mapping" not in inputs or int(inputs["idx_mapping"][-1]) >= 0:
             break
     inputs[name][-1] = value(inputs)

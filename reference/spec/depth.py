@@ -1,6 +1,6 @@
 """Reference depth logic: the fix-7 rules and the controllers of docs/contracts/spec.md#specdepth, written plainly.
 
-Same names and call shapes as kernels.spec.depth, so one driver (stress.host.depth_outcomes) runs
+Same names and call shapes as kernels.spec.depth, so one driver (stress.oracles.host.depth_outcomes) runs
 either. The controller keeps its window as a list of steps and computes the target
 floor(accepted / drafts + 1.5) in integers: floor((2 * accepted + 3 * drafts) / (2 * drafts)).
 """

@@ -1,7 +1,7 @@
 """Reference graph candidates and dispatch: the loops of docs/contracts/spec.md#specgraph_candidates written out
 over plain tuples.
 
-Same names and call shapes as kernels.spec.graphs, so one driver (stress.host.graph_outcomes) runs
+Same names and call shapes as kernels.spec.graphs, so one driver (stress.oracles.host.graph_outcomes) runs
 either; a descriptor's mode is its name ("FULL", "PIECEWISE", "NONE").
 
 The candidate table is taken literally: a batch of T tokens is offered only the descriptors

@@ -26,7 +26,7 @@ class Slots:
 
 
 def replay(max_num_reqs, config_seed, schedule, **_ignored):
-    """Every admission's (slot, seed, seed_set, num_cached_tokens) as int64 [A, 4]; see stress.schedule."""
+    """Every admission's (slot, seed, seed_set, num_cached_tokens) as int64 [A, 4]; see stress.families.schedule."""
     state = Slots(max_num_reqs, config_seed)
     rows = []
     for step in schedule:

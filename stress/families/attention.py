@@ -13,7 +13,8 @@ from kernels.attention import paged_attention
 from kernels.block_table import shift_block_table_rows
 from kernels.draft_inputs import prepare_draft_inputs
 from kernels.kv_cache import write_kv
-from stress.compare import Float64Expected
+from stress.core.compare import Float64Expected
+from stress.core.types import Case
 from stress.families.common import (
     SENTINEL,
     big,
@@ -28,7 +29,6 @@ from stress.families.common import (
     slots_for,
     spread,
 )
-from stress.types import Case
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FLOOR_ULPS = {torch.float32: 4}  # else 1

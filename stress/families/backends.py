@@ -3,8 +3,8 @@ config), fuzzed over every backend and causality configuration, and focused on n
 SM100 where fix 6 lives."""
 
 from kernels.spec.backends import BACKENDS, LAYER_TYPES
+from stress.core.types import Case
 from stress.families.common import pick
-from stress.types import Case
 
 CAPABILITIES = (7, 8, 9, 10, 11, 12)
 

@@ -3,6 +3,7 @@
 import numpy as np
 import torch
 
+from stress.core.types import Case
 from stress.families.common import (
     BLOCK_SIZES,
     INT32_MAX,
@@ -20,7 +21,6 @@ from stress.families.common import (
     spread,
     tile_boundary_sizes,
 )
-from stress.types import Case
 
 # ---------------------------------------------------------------- shift_block_table_rows
 

@@ -44,7 +44,7 @@ def padded_view(rng: np.random.Generator, t: torch.Tensor) -> torch.Tensor:
     """``t``'s values in a view of the same shape whose outer dimensions skip memory: each inner size is
     padded by 1..3 elements (row padding, so every outer stride grows) and, one time in two, only every
     other outermost row is used. The innermost stride stays 1, as launchers require; 1-D and empty
-    tensors come back as they are. The runner keeps such views (``stress.guards.place``) and watches
+    tensors come back as they are. The runner keeps such views (``stress.core.guards.place``) and watches
     the skipped bytes."""
     if t.dim() < 2 or t.numel() == 0:
         return t
@@ -79,7 +79,7 @@ def one_per_value(family, keyword: str, values, name: str = "") -> dict:
     """``family`` as one family per value of its argument ``keyword``, named ``<name>_<value>`` (``name``: the
     family's function name unless given): a hunt of a
     few cases per family meets every value, not only those its draws would pick. A run gives each an equal
-    share of its iterations (``iteration_share``, read by ``runner.plan``), so together they cost what one
+    share of its iterations (``iteration_share``, read by ``cases.plan``), so together they cost what one
     family drawing the value per case did."""
     def bind(value):
         def build(rng, device, launch):

@@ -5,8 +5,8 @@ caps above Kmax and refused schedules), and a scheduler loop through a band that
 import numpy as np
 import torch
 
+from stress.core.types import Case
 from stress.families.common import pick
-from stress.types import Case
 
 
 def _case(kind: str, params: dict, note: str, draft: torch.Tensor | None = None) -> Case:

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from kernels.draft_inputs import MAX_BLOCK
+from stress.core.types import Case
 from stress.families import common
 from stress.families.common import BLOCK_SIZES, SENTINEL, big, distinct_blocks, int32, int64, pick, slots_for
-from stress.types import Case
 
 POISON = -999_999
 

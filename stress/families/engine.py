@@ -23,9 +23,9 @@ reads another request's KV can change class; one that reads never-written (NaN) 
 import numpy as np
 import torch
 
+from stress.core.types import Case
 from stress.families import engine_shapes
 from stress.families.common import big, pick
-from stress.types import Case
 
 ALPHA, BETA, GAMMA = 40.0, 2.0, 0.5
 CLASSES = 4

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from kernels.spec.draft_step import DraftConfig, random_weights
+from stress.core.types import Case
 from stress.families.common import pick
-from stress.graph_replay import Batch, GraphSetup
-from stress.types import Case
+from stress.oracles.graph_replay import Batch, GraphSetup
 
 BACKENDS = ("specsan_paged", "host_planned")
 

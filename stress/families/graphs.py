@@ -5,8 +5,8 @@ lists, and batches (uniform, mixed, prefill-shaped) sized around band and grid e
 from typing import NamedTuple
 
 from reference.spec.graphs import decode_widths
+from stress.core.types import Case
 from stress.families.common import pick
-from stress.types import Case
 
 
 class Query(NamedTuple):

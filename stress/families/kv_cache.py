@@ -13,8 +13,8 @@ import torch
 
 import reference.kv_cache
 from kernels.kv_cache import write_kv
+from stress.core.types import Case
 from stress.families.common import big, int64, laid_out, offset_reach, own_launch, pick, spread
-from stress.types import Case
 
 
 def write_kv_pair(key, value, slot_mapping, kv_cache, **launch) -> None:

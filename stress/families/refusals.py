@@ -1,7 +1,7 @@
 """Refusal families: valid cases of a check, each with one corruption its launcher must refuse (``Case.refused``).
 
 Each ``Corruption`` is applied to a fresh valid case, so the rest of the input is valid and the guard under
-test is the one that must fire; ``stress.refusal`` judges each. A case holds one such refusal per corruption
+test is the one that must fire; ``stress.core.refusal`` judges each. A case holds one such refusal per corruption
 of its family (``Case.more_refusals``): refusals launch no kernel and cost little, and so every case tries
 every guard (one drawn corruption per case would leave most guards untried in a three-case hunt). The one
 exception is attention's shape that no tile fits: the launcher learns that from Triton's failed compiles
@@ -18,12 +18,12 @@ import torch
 
 from kernels import validate
 from kernels.spec.backends import LAYER_TYPES
+from stress.core.types import Case
 from stress.families import attention, engine, graphs, kv_cache, rejection, sampling, slots
 from stress.families import block_table as bt
 from stress.families import draft_inputs as di
 from stress.families.common import pick
 from stress.families.depth import draft_columns
-from stress.types import Case
 
 TRIES = 20  # valid cases drawn until one the corruption applies to (e.g. one with a live batch row)
 
@@ -57,7 +57,7 @@ def refusal_family(valid: Callable, corruptions: tuple[Corruption, ...], launche
         first.more_refusals = more
         return first
 
-    build.refuses, build.valid, build.corruptions = True, valid, corruptions  # see stress.refusal.is_family
+    build.refuses, build.valid, build.corruptions = True, valid, corruptions  # see stress.core.refusal.is_family
     build.__name__ = "refused"
     build.__doc__ = f"{launcher}'s refusals, each on its own valid case: " + "; ".join(c.what for c in corruptions)
     return build
@@ -512,8 +512,8 @@ GRAPH_CANDIDATES = refusal_family(graphs.dsd_schedule, (
 
 
 def _call(function: str, args: list, note: str, then: tuple = (), draft: torch.Tensor | None = None) -> Case:
-    """A case of ``stress.host.depth_outcomes``' ``call`` kind: ``function(draft?, *args)``, then each method
-    (``stress.host.called``); its corruptions change ``params``."""
+    """A case of ``stress.oracles.host.depth_outcomes``' ``call`` kind: ``function(draft?, *args)``, then each method
+    (``stress.oracles.host.called``); its corruptions change ``params``."""
     inputs = {"kind": "call", "params": {"function": function, "args": args, "then": then}}
     if draft is not None:
         inputs["draft"] = draft
@@ -549,7 +549,7 @@ def controller_call(rng, device, launch):
 def arguments(refused: str, what: str, index: int, values: tuple, valid: Callable, key: str = "params"
               ) -> tuple[Corruption, ...]:
     """One corruption per entry of ``values``: ``args[index]`` of a host ``call`` case (``inputs[key]``, see
-    ``stress.host.called``) set to it, or to what it gives from the args where it is callable (None: not
+    ``stress.oracles.host.called``) set to it, or to what it gives from the args where it is callable (None: not
     in this case)."""
     def argument(value):
         def apply(rng, inputs):
@@ -633,7 +633,7 @@ DEPTH = refusal_family(limit_call, (
 
 
 def layer_call(rng, device, launch):
-    """A valid ``dflash_layer_causal`` (``stress.host.backend_outcomes``' ``call``): a layer of 1-6, with
+    """A valid ``dflash_layer_causal`` (``stress.oracles.host.backend_outcomes``' ``call``): a layer of 1-6, with
     per-layer types or none, and an override now and then."""
     num_layers = int(rng.integers(1, 7))
     types = pick(rng, (None, [pick(rng, LAYER_TYPES) for _ in range(num_layers)]))

@@ -5,6 +5,7 @@ and the statistical family: many trials of one request."""
 import numpy as np
 import torch
 
+from stress.core.types import Case
 from stress.families.common import (
     INT32_MAX,
     SENTINEL,
@@ -28,7 +29,6 @@ from stress.families.sampling import (
     tie_at_tile_edges,
     tile_vocab,
 )
-from stress.types import Case
 
 
 def verify_sweep(device: str) -> list[dict]:
@@ -401,7 +401,7 @@ FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zer
 
 
 def target_distribution(rng, device, launch):
-    """Many trials of one request (see stress.distribution): greedy, one-hot q, or drawn drafts.
+    """Many trials of one request (see stress.oracles.distribution): greedy, one-hot q, or drawn drafts.
 
     Under the interpreter a sampled trial costs ~90 ms, so CPU cases are a smoke version: 9 in 10
     greedy (4 trials), else one-hot q with two equally likely tokens, one draft step and 16

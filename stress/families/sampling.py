@@ -5,6 +5,7 @@ positions, vocab tile boundaries, and no logits cache; with the helpers verifica
 import numpy as np
 import torch
 
+from stress.core.types import Case
 from stress.families.common import (
     big,
     laid_out,
@@ -16,7 +17,6 @@ from stress.families.common import (
     spread,
     tile_boundary_sizes,
 )
-from stress.types import Case
 
 SENTINEL_LOGIT = -7777.0  # pre-filled cache entries no row may write
 

@@ -1,9 +1,9 @@
 """Case families for request-slot bookkeeping: seeded schedules replayed with set-typed release lists
 and a perturbed global numpy RNG (set-order recycling and global-RNG seeds diverge in-process)."""
 
+from stress.core.types import Case
 from stress.families.common import pick
-from stress.schedule import Step, random_schedule
-from stress.types import Case
+from stress.families.schedule import Step, random_schedule
 
 
 def _case(rng, schedule, max_num_reqs, note) -> Case:

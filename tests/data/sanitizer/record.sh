@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Records the XML fixtures of tests/test_sanitizer.py on a GPU machine with compute-sanitizer, with
-# the exact command line stress.sanitizer uses:   tests/data/sanitizer/record.sh DIR
+# the exact command line stress.sanitize.runner uses:   tests/data/sanitizer/record.sh DIR
 # writes DIR/<tool>_<what>.xml, the child's record (.json) and the sanitizer's text output (.txt).
 set -u
 out=${1:?usage: record.sh DIR}

@@ -13,7 +13,7 @@ import os
 import runpy
 from dataclasses import dataclass
 
-from stress import trace
+from stress.core import tracer as trace
 
 
 def _first_line(exc: BaseException) -> str:

@@ -28,7 +28,7 @@ import torch
 from kernels.spec import attention_backends, draft_graphs, draft_step
 from kernels.spec.draft_step import DraftWeights
 from kernels.spec.graphs import Mode
-from stress import compare
+from stress.core import compare
 
 POISON = -999_999
 

@@ -18,7 +18,7 @@ import torch
 from kernels.rejection import verify
 from kernels.sampling import gumbel_sample
 from reference import rejection
-from stress.compare import Divergence
+from stress.core.compare import Divergence
 
 MIN_EXPECTED = 5.0
 

@@ -17,7 +17,7 @@ import reference.spec.backends
 import reference.spec.graphs
 from kernels.spec import backends, depth, graphs
 from reference.spec.graphs import Descriptor
-from stress.compare import SHOW, Divergence
+from stress.core.compare import SHOW, Divergence
 
 ERROR = "ValueError"  # the recorded outcome of a call the contract refuses
 
@@ -143,7 +143,7 @@ class SchedulerStep(NamedTuple):
 def called(impl, call: dict, *first) -> list:
     """A refusal case (stress.families.refusals): ``call["function"](*first, *call["args"])`` on ``impl``, then
     each (method, args) of ``call["then"]`` on what it made. Its ValueError is not recorded but left to the
-    refusal judge (stress.refusal), which asks that it name the refused argument."""
+    refusal judge (stress.core.refusal), which asks that it name the refused argument."""
     made = getattr(impl, call["function"])(*first, *call["args"])
     for method, args in call.get("then", ()):
         getattr(made, method)(*args)

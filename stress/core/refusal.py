@@ -13,8 +13,8 @@ included) sits in guard zones and must come back unchanged.
 
 import traceback
 
-from stress.guards import fresh_inputs, guarded, settle, torch_device
-from stress.types import PASS, Case, Check
+from stress.core.guards import fresh_inputs, guarded, settle, torch_device
+from stress.core.types import PASS, Case, Check
 
 VERDICTS = ("fail:accepted", "fail:refusal")  # the verdicts only refusal cases give
 
@@ -60,7 +60,7 @@ def judge_all(check: Check, case: Case, device: str, kernel) -> tuple[str, list[
 
 def judge(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
     """Call ``kernel`` once on guarded copies of the case's inputs and judge the refusal."""
-    from stress import compare
+    from stress.core import compare
 
     placed, args = guarded(case.inputs, torch_device(device))
     raised = None

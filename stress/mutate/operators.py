@@ -1,6 +1,6 @@
 """Mutation operators: each reads the AST of one production target (a function, a @triton.jit kernel or
 a class) and yields one-slip edits of its source; ``generate`` turns every edit into a ``Patch`` whose
-``old`` text occurs exactly once (context lines are added until it does), so ``stress.mutants`` applies
+``old`` text occurs exactly once (context lines are added until it does), so ``stress.core.patches`` applies
 it like a planted bug.
 
 A generated mutant's name is its stable id, ``gen:<module>:<attr>:<operator>:<hash of old/new>``, so a
@@ -20,8 +20,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from stress.mutants import source_of
-from stress.types import Mutant, Patch
+from stress.core.patches import source_of
+from stress.core.types import Mutant, Patch
 
 PREFIX = "gen:"
 

@@ -1,9 +1,9 @@
 """``python -m stress mutate``: how much of each check's production code its cases pin down.
 
 For every check, the production functions its cases execute (found by running one case per family
-under a profiler, plus every Triton kernel they launch) are mutated by ``stress.mutate_ops``; each
-mutant that is not provably the same program (``stress.mutate_equiv``) is hunted through the check's
-families, up to ``iters`` cases per family, in the kill matrix's pool (``stress.matrix``), and is
+under a profiler, plus every Triton kernel they launch) are mutated by ``stress.mutate.operators``; each
+mutant that is not provably the same program (``stress.mutate.equivalence``) is hunted through the check's
+families, up to ``iters`` cases per family, in the kill matrix's pool (``stress.mutate.kill_matrix``), and is
 killed by any failing verdict. A target several checks execute belongs to each of them; its mutant is
 hunted by them in registry order until one kills it (a whole-path check owns only what no other
 check executes). Survivors proven equivalent by reasoning are listed in ``equivalent_mutants.toml``.
@@ -19,9 +19,11 @@ from dataclasses import asdict, dataclass, field
 
 import tomllib
 
-from stress import interrupts, matrix, mutate_ops, runner
-from stress.runner import Task, case_seed
-from stress.types import Check
+from stress.core import interrupts, workers
+from stress.core.cases import Task, case_seed
+from stress.core.types import Check
+from stress.mutate import kill_matrix as matrix
+from stress.mutate import operators as mutate_ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EQUIVALENT_FILE = os.path.join(os.path.dirname(__file__), "equivalent_mutants.toml")
@@ -99,7 +101,7 @@ class _Traced:
 def _traced_case(task: Task, device: str, timeout: float) -> _Traced:
     """Run one case recording the production functions executed (a trace function sees every new
     frame of ``kernels/`` code) and the kernels launched with their signatures; and its failure, if any."""
-    from stress import mutate_equiv
+    from stress.mutate import equivalence as mutate_equiv
 
     seen: dict[str, None] = {}
     launches: dict[str, set] = {}
@@ -130,7 +132,7 @@ def _traced_case(task: Task, device: str, timeout: float) -> _Traced:
     kernel_class.run = recording_run
     sys.settrace(trace)
     try:
-        result = runner.run_case(task, device, timeout=timeout, trace=False)
+        result = workers.run_case(task, device, timeout=timeout, trace=False)
     finally:
         sys.settrace(None)
         kernel_class.run = original_run
@@ -167,7 +169,7 @@ def discover(checks: list[Check], device: str, seed: int, jobs: int, timeout: fl
                 + ("; its mutants are hunted only by other checks that run its targets (raise --timeout if the "
                    "case was only slow)" if failed and failed[0].startswith("timeout") else ""))
 
-    with runner.worker_pool(partial(_traced_case, device=device, timeout=timeout if jobs == 0 else 0), device, jobs,
+    with workers.worker_pool(partial(_traced_case, device=device, timeout=timeout if jobs == 0 else 0), device, jobs,
                             timeout) as workers:
         workers.run(lambda: next(queue, None), done)
     return cov
@@ -176,7 +178,7 @@ def discover(checks: list[Check], device: str, seed: int, jobs: int, timeout: fl
 def _has_source(target: str) -> bool:
     import importlib
 
-    from stress.mutants import source_of
+    from stress.core.patches import source_of
 
     module, attr = target.split(":")
     try:
@@ -282,7 +284,8 @@ def classify(rows: list[Row], cov: Coverage, device: str, jobs: int, on_row, on_
 
     Compiling to TTIR is CPU work: up to ``jobs`` workers, never more than the CPU cores (the GPU
     machine's 16 cores turn a pass of ~1,600 compiles from tens of minutes into a few)."""
-    from stress import mutate_equiv, pool
+    from stress.core import pool
+    from stress.mutate import equivalence as mutate_equiv
 
     reasoned = load_reasoned()
     pending = {}
@@ -439,7 +442,7 @@ def judge_by_memcheck(rows: list[Row], device: str, *, seed: int, timeout: float
     tracer's; its row lists the memcheck hunt among its families). Without a caught control, or without an
     owner that can be sanitized, the survivors stay as they are, with the reason."""
     from stress import checks as registry
-    from stress import sanitizer
+    from stress.sanitize import runner as sanitizer
 
     if device != "cuda" or not rows:
         return

@@ -219,7 +219,7 @@ def stress_throughput() -> None:
     """Cases per second per check in one process, where a case's time goes, and the pool's rate."""
     import os
 
-    from stress import stress_bench
+    from stress.bench import throughput as stress_bench
 
     cases = int(os.environ.get("SPECSAN_BENCH_CASES", "2"))
     print(f"stress throughput on {runtime.DEVICE}: one process, {cases} timed case(s) per family after one untimed "
@@ -253,7 +253,7 @@ def main() -> None:
     if runtime.DEVICE != "cpu":
         print("tracer overhead: not_checked here (kernels are compiled); `make bench DEVICE=cpu` measures it")
         return
-    from stress import trace_bench
+    from stress.bench import trace as trace_bench
 
     print("\n".join(trace_bench.report()), flush=True)
     print("\n".join(trace_bench.sampler_rows()[0]))

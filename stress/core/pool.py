@@ -23,7 +23,7 @@ from multiprocessing import get_context, resource_tracker
 from multiprocessing.connection import wait
 from typing import Any
 
-from stress import interrupts
+from stress.core import interrupts
 
 _PR_SET_PDEATHSIG = 1
 _STOP = None  # sent to a worker: exit

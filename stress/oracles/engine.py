@@ -9,7 +9,7 @@ got. Where the reference found a sampling decision that
 the engine's rounding could turn either way (a near tie), it is replayed following the engine's
 decisions at those points, so one undecidable token does not end the comparison.
 
-Before that comparison, the step's own invariants (``stress.engine_invariants``: the block pools'
+Before that comparison, the step's own invariants (``stress.oracles.engine_invariants``: the block pools'
 accounting, the drafts every live request gets and keeps, the KV each read finds) are judged apart from the
 reference; a broken one fails the case as ``fail:accounting``, ``fail:drafts``, ``fail:kv`` or ``fail:graphs``
 with a one-line reason.
@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from reference.spec import engine as reference_engine
-from stress import engine_invariants
-from stress.compare import SHOW, Divergence, Tolerated, Unjudged
-from stress.types import RETURN
+from stress.core.compare import SHOW, Divergence, Tolerated, Unjudged
+from stress.core.types import RETURN
+from stress.oracles import engine_invariants
 
 ITERATION_SHARE = 0.1  # a case replays ~6 steps of ~10 kernel launches each: one per 10 iterations
 
@@ -162,7 +162,7 @@ def first_divergence(trace: reference_engine.Trace, got: list[dict]) -> Divergen
 
 
 def broken_invariant(expected: Expected, got: list[dict]) -> Divergence | None:
-    """The first invariant the engine's own run broke (``stress.engine_invariants``), as its oracle's verdict."""
+    """The first invariant the engine's own run broke (``stress.oracles.engine_invariants``), as its oracle's verdict."""
     finding = engine_invariants.first_finding(expected.inputs.get("config"), got, expected.inputs.get("requests"))
     if finding is None:
         return None

@@ -1,7 +1,7 @@
 """Invariants of the engine's step, judged apart from the reference engine: from the scheduler's raw pool
 state and the step's own inputs, never through the production host code that keeps the count.
 
-The lockstep comparison (``stress.engine_check``) sees a slip only where a workload makes the engine
+The lockstep comparison (``stress.oracles.engine``) sees a slip only where a workload makes the engine
 and the reference engine disagree in a recorded field. Two kinds escape it:
 
 * ``accounting``: the free count a block pool reports. Off by one per cached hit, it decides nothing
@@ -14,7 +14,7 @@ and the reference engine disagree in a recorded field. Two kinds escape it:
   What the step finally hands on (``draft.kept``) is each decoding row's drafts cut to the room left
   before its length limit, nothing for a row still prefilling or finished.
 * ``kv``: every target KV slot a step reads holds its request's token at that position
-  (``stress.engine_history``, rebuilt from the records and the workload).
+  (``stress.oracles.engine_history``, rebuilt from the records and the workload).
 * ``graphs``: on a GPU, where the engine captures its draft graphs, every drafted step dispatched to a
   FULL descriptor replays the captured graph. An engine that never captures, or captures the wrong
   shapes, drafts the same tokens eagerly: no recorded field shows it, only the lost replay.
@@ -26,8 +26,8 @@ bug in ``stress.checks``.
 from collections import Counter
 from typing import NamedTuple
 
-from stress import engine_history
-from stress.graph_replay import silent_fallback
+from stress.oracles import engine_history
+from stress.oracles.graph_replay import silent_fallback
 
 ORACLES = ("accounting", "drafts", "kv", "graphs")
 

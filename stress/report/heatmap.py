@@ -7,7 +7,7 @@ the harness, including one without network or plotting libraries, writes the sam
 import struct
 import zlib
 
-from stress.types import PASS
+from stress.core.types import PASS
 
 # The classic 5x7 font, ASCII 32..126: five column bytes per glyph, bit 0 the top row.
 _FONT = bytes.fromhex(

@@ -18,10 +18,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from stress import gpus, interrupts, pool, refusal
-from stress.gpu_share import GpuShare
-from stress.guards import fresh_inputs, guarded, settle, torch_device
-from stress.types import PASS, RETURN, Case, Check, Result
+from stress.core import gpus, interrupts, pool, refusal
+from stress.core.gpu_share import GpuShare
+from stress.core.guards import fresh_inputs, guarded, settle, torch_device
+from stress.core.types import PASS, RETURN, Case, Check, Result
 
 
 class Task(NamedTuple):
@@ -30,7 +30,7 @@ class Task(NamedTuple):
     seed: int
     mutant: str | None = None
     launch: tuple | None = None  # forced launch shape, as sorted (key, value) pairs
-    tool: str | None = None  # run under this compute-sanitizer tool (stress.sanitizer) instead
+    tool: str | None = None  # run under this compute-sanitizer tool (stress.sanitize.runner) instead
 
 
 class CaseTimeout(Exception):
@@ -130,7 +130,7 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
     """Run the kernel ``repeats`` times on guarded copies; compare each run with the reference.
 
     ``metrics``, when given, receives the check's metrics of the last run."""
-    from stress import compare
+    from stress.core import compare
 
     compare_fn = check.compare or compare.exact
     dev = torch_device(device)
@@ -180,8 +180,8 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
 
 
 def trace_case(check: Check, case: Case, seed: int, permute: str = "auto"):
-    """Run the kernel once on plain clones of the inputs under ``stress.trace.tracing``."""
-    from stress import trace
+    """Run the kernel once on plain clones of the inputs under ``stress.core.tracer.tracing``."""
+    from stress.core import tracer as trace
 
     inputs = fresh_inputs(case)
     unwritten = []
@@ -222,7 +222,7 @@ _LOAD = None
 def _background_load(device: str):
     global _LOAD
     if device == "cuda" and _LOAD is None and os.environ.get("SPECSAN_NO_LOAD") != "1":
-        from stress.load import BackgroundLoad
+        from stress.core.load import BackgroundLoad
         _LOAD = BackgroundLoad(torch.device("cuda", torch.cuda.current_device()))
     return _LOAD
 
@@ -232,12 +232,12 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
 
     On the CPU a case that matches its reference is also traced (``trace=False`` skips it). A task
     with a ``tool`` runs in a process of its own under compute-sanitizer instead. A refusal case
-    (``Case.refused``) is judged by ``stress.refusal`` instead of against the reference. A pool worker
+    (``Case.refused``) is judged by ``stress.core.refusal`` instead of against the reference. A pool worker
     on a GPU holds its GPU shared while the case runs, and runs a case that ran out of device memory
-    again, alone on the GPU (``stress.gpu_share``).
+    again, alone on the GPU (``stress.core.gpu_share``).
     """
     if task.tool:
-        from stress import sanitizer
+        from stress.sanitize import runner as sanitizer
 
         return sanitizer.run_case(task, task.tool, timeout)
     if _SHARE is None:
@@ -269,7 +269,8 @@ def _phase(result: Result, name: str):
 
 def _judged(task: Task, device: str, timeout: float, trace: bool) -> tuple[Result, bool]:
     """``run_case``'s work: the Result, and whether the case ran out of device memory."""
-    from stress import checks, mutants
+    from stress import checks
+    from stress.core import patches as mutants
 
     out_of_memory = False
     result = Result(task.check, task.family, task.seed, device, PASS, launch=dict(task.launch or ()),
@@ -350,7 +351,7 @@ def _on_alarm(signum, frame):
 
 def _init_worker(slot: int, device: str, threads: int, locks: str = "", jobs: int = 1) -> None:
     """Set a pool worker up: device, its share of the cores, its GPU (slot modulo the GPUs), its share of
-    that GPU (``locks``: the lock folder of ``stress.gpu_share``) and of the GPU's memory kept cached."""
+    that GPU (``locks``: the lock folder of ``stress.core.gpu_share``) and of the GPU's memory kept cached."""
     global _SHARE, _keep_cached
     os.environ["SPECSAN_DEVICE"] = device
     torch.set_num_threads(threads)  # workers split the cores instead of each taking them all
@@ -421,7 +422,7 @@ def default_jobs(device: str) -> int:
     """CPU: one worker per core. GPU: one worker per core, up to 16 per GPU, and always a multiple of the GPUs
     so each gets the same share. A GPU case's own device work is microseconds; its time goes to the host side
     (building inputs, the float64 reference, comparison, Triton compiles of new launch shapes), which the
-    workers split. They wait for the GPU once per repeat (``stress.guards.settle``), so sharing it costs little."""
+    workers split. They wait for the GPU once per repeat (``stress.core.guards.settle``), so sharing it costs little."""
     cores = gpus.cores()
     if device == "cuda":
         count = max(1, gpus.count())
@@ -438,10 +439,10 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
             timeout: float = 0, trace: bool = True, on_abandoned: Callable[[list[Task]], None] | None = None) -> None:
     """Run every task, calling ``on_result`` as each finishes (in completion order).
 
-    ``jobs == 0`` runs in this process. Otherwise ``stress.pool`` workers run the cases: a case
+    ``jobs == 0`` runs in this process. Otherwise ``stress.core.pool`` workers run the cases: a case
     past ``timeout`` is ``fail:timeout`` and one that kills its worker ``fail:crash``, each
     charged to that case alone while the run goes on. When a signal stops the run
-    (``stress.interrupts``), ``on_abandoned`` gets the cases that were running.
+    (``stress.core.interrupts``), ``on_abandoned`` gets the cases that were running.
     """
     pending = iter(tasks)
     with worker_pool(case_runner(device, jobs, timeout, trace), device, jobs, timeout) as workers:

@@ -10,7 +10,9 @@ import time
 import torch
 
 from kernels import runtime  # noqa: F401  - chooses the interpreter before any kernel module imports triton
-from stress import checks, runner, trace
+from stress import checks
+from stress.core import cases, guards, oracle
+from stress.core import tracer as trace
 
 SEEDS = 3
 ROUNDS = 3
@@ -25,11 +27,11 @@ TARGET = 3.0  # the traced run may take at most this many times the plain interp
 
 
 def _plain(check, case, seed):
-    check.kernel(**runner.fresh_inputs(case), **case.launch)
+    check.kernel(**guards.fresh_inputs(case), **case.launch)
 
 
 def _traced(check, case, seed):
-    verdict, details = runner.traced(check, case, seed)
+    verdict, details = oracle.traced(check, case, seed)
     if verdict != "pass":
         raise RuntimeError(f"{check.name}: traced verdict {verdict}: {details[:3]}")
 
@@ -55,8 +57,8 @@ def report(seeds: int = SEEDS) -> list[str]:
         cases = 0
         for family in check.families:
             for i in range(seeds):
-                seed = runner.case_seed(0, check.name, family, i)
-                case = runner.build_case(check, family, seed, "cpu")
+                seed = cases.case_seed(0, check.name, family, i)
+                case = cases.build_case(check, family, seed, "cpu")
                 _traced(check, case, seed)  # warm-up: rewrite the kernel, run the tracer's self-test
                 plain += _best(_plain, check, case, seed)
                 traced += _best(_traced, check, case, seed)

@@ -9,8 +9,9 @@ next ``cases`` seeds of every family, exactly those ``run`` would draw.
 import time
 from collections import defaultdict
 
-from stress import checks, runner
-from stress.runner import Task, case_seed
+from stress import checks
+from stress.core import cases, workers
+from stress.core.cases import Task, case_seed
 
 PHASES = ("build", "reference", "judge", "trace")
 
@@ -22,8 +23,8 @@ def check_rows(device: str, cases: int = 2, seed: int = 0) -> list[str]:
             rows.append(f"{check.name:28} not_checked: {check.why_not or 'does not run on ' + device}")
             continue
         for family in check.families:
-            runner.run_case(Task(check.name, family, case_seed(seed, check.name, family, 0)), device)
-        results = [runner.run_case(Task(check.name, family, case_seed(seed, check.name, family, i)), device)
+            workers.run_case(Task(check.name, family, case_seed(seed, check.name, family, 0)), device)
+        results = [workers.run_case(Task(check.name, family, case_seed(seed, check.name, family, i)), device)
                    for i in range(1, cases + 1) for family in check.families]
         seconds = sum(r.seconds for r in results)
         phases = defaultdict(float)
@@ -38,11 +39,11 @@ def check_rows(device: str, cases: int = 2, seed: int = 0) -> list[str]:
 
 def pool_row(device: str, iters: int = 2, seed: int = 0) -> str:
     """The whole registry, ``iters`` iterations, through the default worker pool: cases per second of wall time."""
-    tasks = runner.plan(list(checks.REGISTRY), None, iters, seed)
-    jobs = runner.default_jobs(device)
+    tasks = cases.plan(list(checks.REGISTRY), None, iters, seed)
+    jobs = workers.default_jobs(device)
     verdicts = defaultdict(int)
     start = time.perf_counter()
-    runner.execute(tasks, device, jobs, lambda r: verdicts.__setitem__(r.verdict.split(":")[0],
+    workers.execute(tasks, device, jobs, lambda r: verdicts.__setitem__(r.verdict.split(":")[0],
                                                                       verdicts[r.verdict.split(":")[0]] + 1))
     wall = time.perf_counter() - start
     counted = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))

@@ -19,8 +19,8 @@ from contextlib import contextmanager
 import torch
 import triton.language as tl
 
-from stress import mutants as planted
-from stress.types import Mutant
+from stress.core import patches as planted
+from stress.core.types import Mutant
 
 _DTYPES = {torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
            torch.bool: "i1", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
@@ -243,6 +243,6 @@ def init_worker(slot: int, device: str, launches: dict) -> None:
 
 
 def decide_id(mutant_id: str) -> tuple[bool, str]:
-    from stress import mutate_ops
+    from stress.mutate import operators as mutate_ops
 
     return _JUDGE.decide(mutate_ops.resolve(mutant_id))

@@ -2,14 +2,14 @@
 
 On the GPU a read past a tensor whose value is never stored, or a read of memory nothing wrote
 that happens to hold the right bytes, leaves the outputs right; only a sanitizer sees it. Each
-case runs in a process of its own (``stress.sanitize_case``) under ``compute-sanitizer --tool T
+case runs in a process of its own (``stress.sanitize.case``) under ``compute-sanitizer --tool T
 --xml --save``, with ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` (inside a cached segment an
 out-of-bounds access lands in memory the allocator owns and memcheck stays silent), and the XML
 becomes the verdict: ``fail:oob`` (memcheck), ``fail:uninit`` (initcheck), ``fail:sync``
 (synccheck), naming the kernel, the access and the address as an offset from the nearest input
 tensor.
 
-A run starts with its tool's positive control (``stress.sanitizer_controls``); if the tool does
+A run starts with its tool's positive control (``stress.sanitize.controls``); if the tool does
 not report it, every case of the run is ``not_checked:sanitizer blind``. No binary, no GPU, or
 a sanitizer that cannot attach to this device: ``not_checked`` with the reason.
 """
@@ -25,8 +25,8 @@ import tempfile
 import time
 from typing import NamedTuple
 
-from stress import sanitizer_xml
-from stress.types import PASS, Check, Result
+from stress.core.types import PASS, Check, Result
+from stress.sanitize import report_xml as sanitizer_xml
 
 TOOLS = ("memcheck", "initcheck", "synccheck")
 VERDICT = {"memcheck": "fail:oob", "initcheck": "fail:uninit", "synccheck": "fail:sync"}
@@ -60,7 +60,7 @@ def unavailable(device: str) -> str | None:
 def default_jobs() -> int:
     """One sanitized case per core: each is a process that imports torch, compiles and is instrumented,
     so the CPU, not the GPU, is what they share."""
-    from stress import gpus
+    from stress.core import gpus
 
     return gpus.cores()
 
@@ -73,7 +73,7 @@ def why_not(check: Check) -> str | None:
 
 
 def command(tool: str, xml_path: str, child_args: list[str]) -> list[str]:
-    """The sanitizer's command line around ``python -m stress.sanitize_case CHILD_ARGS``.
+    """The sanitizer's command line around ``python -m stress.sanitize.case CHILD_ARGS``.
 
     Its exit status is ``ERROR_EXIT`` only for findings: the child's own exit status is not checked
     (a kernel aborted by memcheck makes the child fail afterwards), a host-logic child that never
@@ -84,7 +84,7 @@ def command(tool: str, xml_path: str, child_args: list[str]) -> list[str]:
             "--check-exit-code", "no", "--require-cuda-init", "no",
             "--launch-timeout", "0", "--show-backtrace", "device", "--target-processes", "application-only",
             *(["--padding", str(PADDING)] if tool == "memcheck" else []),
-            sys.executable, "-m", "stress.sanitize_case", *child_args]
+            sys.executable, "-m", "stress.sanitize.case", *child_args]
 
 
 def _environment(gpu: int) -> dict:
@@ -209,7 +209,7 @@ def judge(tool: str, status: int, xml_text: str, output: str, record: dict) -> t
 
 
 def run_case(task, tool: str, timeout: float = 0) -> Result:
-    """One case (a ``runner.Task``) under ``tool``. Never raises but for a signal: a crash is a verdict."""
+    """One case (a ``cases.Task``) under ``tool``. Never raises but for a signal: a crash is a verdict."""
     from stress import checks
 
     result = Result(task.check, task.family, task.seed, "cuda", PASS, launch=dict(task.launch or ()),

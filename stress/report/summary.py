@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import asdict
 
-from stress.types import DEFAULT_TIMEOUT, PASS, Result
+from stress.core.types import DEFAULT_TIMEOUT, PASS, Result
 
 UNJUDGED_KILLS = ("not_checked", "not_hunted")  # kill-matrix statuses that hunted nothing here
 RESULTS, SUMMARY, MATRIX = "results.jsonl", "summary.md", "mutants.json"
@@ -45,11 +45,11 @@ class Report:
     def __init__(self, directory: str | None, header: dict):
         self.directory, self.header = directory, header
         self.results: list[Result] = []
-        self.kills: list | None = None  # stress.matrix.Kill rows in registry order, once the matrix is planned
+        self.kills: list | None = None  # stress.mutate.kill_matrix.Kill rows in registry order, once the matrix is planned
         self.hunts: list = []  # stress.hunt.HuntResult of `run --hunt`, in the order they finished
         self.abandoned: list = []  # tasks that were running when a signal stopped the run
         self.interrupted: str | None = None
-        self.telemetry: dict = {}  # GPU envelope (stress.telemetry), filled during a GPU run
+        self.telemetry: dict = {}  # GPU envelope (stress.core.telemetry), filled during a GPU run
         self.matrix_cases: dict[int | None, int] = {}  # kill-matrix cases run, by GPU
         self.untrusted_after: Result | None = None  # in process: the first case that may have damaged the process
         self.stream = None
@@ -97,7 +97,7 @@ class Report:
     def gpu_rows(self) -> list[dict]:
         """Per GPU of the run (the header's ``gpus``): its workers, the cases that ran there by verdict,
         the kill-matrix cases, and its NVML readings."""
-        from stress import telemetry
+        from stress.core import telemetry
 
         rows = []
         for gpu in self.header.get("gpus", ()):
@@ -158,7 +158,7 @@ class Report:
         return lines
 
     def repro(self, task) -> str:
-        """The line that reruns an abandoned task (stress.runner.Task) as this run ran its cases."""
+        """The line that reruns an abandoned task (stress.core.cases.Task) as this run ran its cases."""
         return Result(task.check, task.family, task.seed, self.header.get("device", ""), "abandoned",
                       launch=dict(task.launch or ()), mutant=task.mutant, tool=task.tool,
                       timeout=self.header.get("timeout", DEFAULT_TIMEOUT), trace=self.header.get("trace", True)).repro()
@@ -171,7 +171,7 @@ class Report:
 
     def close(self) -> None:
         """The closing record, then summary.md, mutants.json and the heat maps beside them."""
-        from stress import heatmap
+        from stress.report import heatmap
 
         if not self.stream:
             return
@@ -212,11 +212,11 @@ class Report:
         if self.header.get("gpus"):
             out += self._gpu_section()
         if self.telemetry:
-            from stress import telemetry
+            from stress.core import telemetry
 
             out += ["", "## GPU telemetry", ""] + [f"- {line}" for line in telemetry.lines(self.telemetry)]
         if self.kills is not None:
-            from stress import matrix
+            from stress.mutate import kill_matrix as matrix
 
             out += ["", matrix.verdict(self.kills, self.header.get("device", ""))[0]]
         if "cases" in self.header:
@@ -256,7 +256,7 @@ class Report:
         return out
 
     def _gpu_section(self) -> list[str]:
-        from stress import telemetry
+        from stress.core import telemetry
 
         columns = ("GPU", "name", "workers", "cases", "passed", "failed", "not checked", "seconds",
                    "kill-matrix cases", *telemetry.GPU_COLUMNS)

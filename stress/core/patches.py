@@ -10,7 +10,7 @@ import textwrap
 import types
 from contextlib import contextmanager
 
-from stress.types import Mutant, Patch
+from stress.core.types import Mutant, Patch
 
 
 class StaleMutant(RuntimeError):

@@ -10,10 +10,11 @@ result is still its first killing iteration in order, whatever ran in parallel.
 import time
 from dataclasses import dataclass, field
 
-from stress import interrupts, runner, sanitizer
-from stress import mutants as planted
-from stress.runner import Task, case_seed
-from stress.types import Check, Result
+from stress.core import interrupts, oracle, workers
+from stress.core import patches as planted
+from stress.core.cases import Task, case_seed
+from stress.core.types import Check, Result
+from stress.sanitize import runner as sanitizer
 
 
 @dataclass
@@ -48,7 +49,7 @@ ANY = "any"  # a path hunt's oracle: any failure but a timeout or a suite error 
 
 def _kills(oracle: str, verdict: str) -> bool:
     return verdict in (f"fail:{oracle}", sanitizer.VERDICT.get(oracle)) or (
-        oracle == ANY and verdict.startswith("fail:") and verdict not in ("fail:timeout", runner.SUITE_ERROR))
+        oracle == ANY and verdict.startswith("fail:") and verdict not in ("fail:timeout", oracle.SUITE_ERROR))
 
 
 @dataclass
@@ -150,7 +151,7 @@ def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_ro
 
     def on_outcome(outcome):
         h, i, _ = running.pop(id(outcome.item))
-        result = runner.result_of(outcome, device, timeout, trace=True)
+        result = workers.result_of(outcome, device, timeout, trace=True)
         if on_case:
             on_case(result)
         if h not in open_hunts:
@@ -161,7 +162,7 @@ def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_ro
             on_row(h.finish())
 
     if deadline is None or time.monotonic() < deadline:  # past it, no pool of workers starts for nothing
-        with runner.worker_pool(runner.case_runner(device, jobs, timeout, True), device, jobs, timeout) as workers:
+        with workers.worker_pool(workers.case_runner(device, jobs, timeout, True), device, jobs, timeout) as workers:
             try:
                 workers.run(source, on_outcome)
             except interrupts.Interrupted:

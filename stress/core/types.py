@@ -17,7 +17,7 @@ class Case:
     launch: dict[str, Any] = field(default_factory=dict)  # kernel-only knobs (chunk, num_warps)
     note: str = ""  # what makes the case interesting, for reports
     unwritten: dict[str, Any] = field(default_factory=dict)  # input name -> bool mask of bytes never written
-    refused: str = ""  # a refusal case: the argument the launcher's ValueError must name (stress.refusal)
+    refused: str = ""  # a refusal case: the argument the launcher's ValueError must name (stress.core.refusal)
     more_refusals: list["Case"] = field(default_factory=list)  # refusal cases judged after this one, in order
 
 
@@ -77,7 +77,7 @@ class Check:
     reference: Callable
     families: dict[str, Callable]
     outputs: tuple[str, ...]
-    compare: Callable | None = None  # None: stress.compare.exact
+    compare: Callable | None = None  # None: stress.core.compare.exact
     mutants: tuple[Mutant, ...] = ()
     devices: tuple[str, ...] = ("cpu", "cuda")
     sweep: Callable[[str], list[dict]] | None = None
@@ -132,7 +132,7 @@ class Result:
     trace: bool = True  # whether a passing CPU case was also run under the tracer
     metrics: dict[str, float] = field(default_factory=dict)  # Check.metrics of the last run
     gpu: int | None = None  # the CUDA device index the case ran on (None on the CPU)
-    tool: str | None = None  # the compute-sanitizer tool the case ran under (stress.sanitizer), if any
+    tool: str | None = None  # the compute-sanitizer tool the case ran under (stress.sanitize.runner), if any
     phases: dict[str, float] = field(default_factory=dict)  # seconds: build, reference, judge, trace, gpu_wait
 
     @property

@@ -5,7 +5,7 @@ the envelope. A query the GPU or driver does not support is recorded as "not sup
 
 from contextlib import contextmanager
 
-from stress import gpus
+from stress.core import gpus
 
 
 def _query(fn, *args):

@@ -1,10 +1,10 @@
 """The process compute-sanitizer watches: one registry case, or one positive control, on the GPU.
 
-``python -m stress.sanitize_case case CHECK FAMILY SEED --record FILE [--mutant M] [--launch K=V,...]``
-``python -m stress.sanitize_case control NAME --record FILE``
+``python -m stress.sanitize.case case CHECK FAMILY SEED --record FILE [--mutant M] [--launch K=V,...]``
+``python -m stress.sanitize.case control NAME --record FILE``
 
 A sanitizer error aborts the kernel and poisons the process's CUDA context, so each case gets a
-process of its own (``stress.sanitizer`` starts it). Inputs are plain device copies, one
+process of its own (``stress.sanitize.runner`` starts it). Inputs are plain device copies, one
 allocation each, with no guard zones: a lane that leaves its tensor must leave the allocation,
 which is what memcheck sees (the caller sets ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` so every tensor
 is its own ``cudaMalloc``). The kernel runs once; outputs are not compared here (``run`` does that).
@@ -73,11 +73,13 @@ def _on_device(value, device):
 def run_case(args, record: _Record) -> None:
     import torch
 
-    from stress import checks, mutants, runner
+    from stress import checks
+    from stress.core import cases, oracle
+    from stress.core import patches as mutants
 
     check = checks.get(args.check)
     mutant = checks.find_mutant(args.mutant, check) if args.mutant else None
-    case = runner.build_case(check, args.family, args.seed, "cuda", args.launch)
+    case = cases.build_case(check, args.family, args.seed, "cuda", args.launch)
     device = torch.device("cuda", torch.cuda.current_device())
     inputs = {name: _on_device(value, device) for name, value in case.inputs.items()}
     case.inputs.clear()  # a device-built input (big_cache's) is freed, not held twice
@@ -86,7 +88,7 @@ def run_case(args, record: _Record) -> None:
                            for name, t in inputs.items() if isinstance(t, torch.Tensor)})
     _count_launches(record)
     with mutants.applied(mutant):
-        runner._current(check.kernel)(**inputs, **case.launch)
+        oracle._current(check.kernel)(**inputs, **case.launch)
     torch.cuda.synchronize()
 
 
@@ -94,7 +96,7 @@ def run_control(name: str, record: _Record) -> None:
     """A planted bug in a tiny kernel that the tool must report (``clean``: one it must not)."""
     import torch
 
-    from stress import sanitizer_controls
+    from stress.sanitize import controls as sanitizer_controls
 
     n = 1000
     device = torch.device("cuda", torch.cuda.current_device())
@@ -115,7 +117,7 @@ def _launch(text: str) -> dict:
 
 def main(argv=None) -> int:
     _die_with_parent()
-    p = argparse.ArgumentParser(prog="python -m stress.sanitize_case")
+    p = argparse.ArgumentParser(prog="python -m stress.sanitize.case")
     p.add_argument("--record", required=True)
     sub = p.add_subparsers(dest="what", required=True)
     case = sub.add_parser("case")

@@ -4,7 +4,7 @@ The interpreter runs programs one after another and ignores ``tl.debug_barrier()
 never show in its results and an out-of-bounds load returns heap garbage. The tracer hooks the
 interpreter's memory primitives and records every access as runs of consecutive lanes (a
 contiguous tile is one run) with the program, the barrier epoch and the source line; the
-analysis (``stress.trace_conflicts``) then looks for accesses that no ordering covers. Lanes
+analysis (``stress.core.trace_conflicts``) then looks for accesses that no ordering covers. Lanes
 outside every storage the launch can reach (its arguments, and the storages that pointers it
 loaded from memory point into) are reported and masked off instead of touching memory. When
 programs share written bytes, the launch is rerun in reversed and shuffled program order: an
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from kernels import runtime
-from stress import trace_conflicts as tc
+from stress.core import trace_conflicts as tc
 
 import triton
 import triton.language as tl
