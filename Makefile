@@ -57,7 +57,7 @@ mutate:
 		--report $(MUTATE_REPORT)
 
 bench:
-	$(if $(DEVICE),SPECSAN_DEVICE=$(DEVICE)) $(PY) -m stress.bench
+	$(if $(DEVICE),SPECSAN_DEVICE=$(DEVICE)) $(PY) -m stress.bench.kernels
 
 lint:
 	$(PY) -m ruff check .

@@ -192,3 +192,58 @@ def test_the_graphs_oracle_kills_an_engine_that_never_captures():
     result = workers.run_case(task, "cuda", trace=False)
     assert result.verdict == "fail:graphs", result.details
     assert "but ran eagerly" in result.details[0], result.details
+
+
+# ---------------------------------------------------------------- the KV each read finds, the drafts each row keeps
+
+
+@pytest.fixture(scope="module")
+def chained():
+    """prefix_chain: later requests restore blocks other requests wrote."""
+    case = cases.build_case(ENGINE, "prefix_chain", cases.case_seed(0, "engine.step", "prefix_chain", 0), "cpu")
+    return case.inputs, engine_check.run_engine(**guards.fresh_inputs(case))
+
+
+def test_every_read_finds_its_token_and_every_row_keeps_its_cut_drafts(chained):
+    inputs, records = chained
+    assert engine_invariants.first_finding(inputs["config"], records, inputs["requests"]) is None
+    assert any(int(r["slots.num_cached_tokens"].max()) > 0 for r in records), "no prefix was restored"
+
+
+def test_a_table_entry_naming_another_block_is_a_read_of_other_kv(chained):
+    inputs, records = chained
+    step = next(s for s, r in enumerate(records) if "target.block_table" in r and int(r["target.seq_lens"][0]) > 1)
+    wrong = [{k: v.clone() for k, v in r.items()} for r in records]
+    wrong[step]["target.block_table"][0, 0] = 0  # the null block: never written
+    found = engine_invariants.first_finding(inputs["config"], wrong, inputs["requests"])
+    assert (found.step, found.oracle) == (step, "kv") and "reads position 0" in found.reason, found
+
+
+def test_a_kept_draft_past_the_cut_is_named(chained):
+    inputs, records = chained
+    step = next(s for s, r in enumerate(records) if "draft.kept" in r and r["draft.kept"].numel())
+    wrong = [{k: v.clone() for k, v in r.items()} for r in records]
+    wrong[step]["draft.kept"].fill_(inputs["config"]["model"]["vocab"] - 1)
+    found = engine_invariants.first_finding(inputs["config"], wrong, inputs["requests"])
+    assert (found.step, found.oracle) == (step, "drafts") and "keeps drafts" in found.reason, found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant,family,oracle,says", [
+    ("evicted-block-still-cached", "crowded_preemption", "kv", "which holds position"),
+    ("drafts-past-the-limit", "long_context", "drafts", "keeps drafts"),
+])
+def test_the_kv_and_kept_oracles_kill_their_planted_slips(mutant, family, oracle, says):
+    """The first case of the family that the slip changes at all fails with the claimed oracle, whose line
+    names the read or the kept drafts."""
+    assert ENGINE.mutant(mutant).oracles == {"cpu": oracle, "cuda": oracle}
+    for i in range(12):
+        case = cases.build_case(ENGINE, family, cases.case_seed(0, "engine.step", family, i), "cpu")
+        expected = engine_check.reference(**guards.fresh_inputs(case))
+        with mutants.applied(ENGINE.mutant(mutant)):
+            got = engine_check.run_engine(**guards.fresh_inputs(case))
+        found = engine_check.compare("engine", expected, got)
+        if found is not None:
+            assert found.verdict == oracle and says in found.lines()[0], found.lines()
+            return
+    pytest.fail(f"{mutant} changed none of 12 {family} cases")

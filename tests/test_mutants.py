@@ -11,7 +11,9 @@ MUTANTS = [(c.name, m.name) for c in checks.REGISTRY for m in c.mutants]
 # hunted through engine steps or a sampled distribution: 5-8 s each on a CPU core; the cheapest of each check
 # (engine.step's one-request-drafts-nothing, rejection.distribution's accept-ignores-u) stays quick
 SLOW = {("engine.step", "free-count-per-hit-twice"), ("engine.step", "prefix-blocks-visible"),
-        ("engine.step", "refused-batch-skips-context-kv"), ("rejection.distribution", "resample-from-target")}
+        ("engine.step", "refused-batch-skips-context-kv"), ("rejection.distribution", "resample-from-target"),
+        *(("engine.step", name) for name in ("scale-from-hidden", "depth-by-running-count", "drafts-past-the-limit",
+                                             "evicted-block-still-cached"))}
 PARAMS = slow_cases.marked(MUTANTS, SLOW)
 
 

@@ -49,6 +49,7 @@ RECORD_FIELDS = (
     "draft.block_table", "draft.graph", "draft.prepared", *(f"draft.{name}" for name in PREP_OUTPUTS),
     "draft.shifted_block_table", "draft.logits", "draft.sampled", "draft.logits_cache",
     "depth", "draft.tokens",  # the depth the drafts were proposed at, and those drafts
+    "draft.kept",  # [B, depth]: the drafts each batch row keeps to verify, after every cut (-1 past them)
     "kv.guards_intact",  # no write landed in the guard blocks around a KV cache, nor in its null block
 )
 
@@ -366,10 +367,13 @@ class Engine:
         drafts = depth.limit_draft_tokens(buf["draft_tokens"][:num_rows, :step_depth], step_depth, k)
         record["depth"] = torch.tensor(step_depth, dtype=torch.int64)
         record["draft.tokens"] = _snap(drafts)
-        for (req, _), row in zip(batch, drafts.cpu().tolist(), strict=True):
+        kept = torch.full((num_rows, step_depth), PAD, dtype=torch.int64)
+        for b, ((req, _), row) in enumerate(zip(batch, drafts.cpu().tolist(), strict=True)):
             if not req.prefilling and not req.finished:
                 room = c.max_model_len - len(req.tokens)
                 req.drafts = [t for t in row if t >= 0][:room]
+            kept[b, :len(req.drafts)] = torch.tensor(req.drafts, dtype=torch.int64)
+        record["draft.kept"] = kept  # what the step finally hands on: the length limit's cut applied
 
     # -------------------------------------------- the draft step's parts (DraftGraphs drives them too)
 

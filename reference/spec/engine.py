@@ -402,9 +402,12 @@ class ReferenceEngine:
         drafts = depth.limit_draft_tokens(buf["draft_tokens"][:num_rows, :step_depth], step_depth, k)
         record["depth"] = torch.tensor(step_depth, dtype=torch.int64)
         record["draft.tokens"] = drafts.clone()
-        for (req, _), row in zip(batch, drafts.tolist(), strict=True):
+        kept = torch.full((num_rows, step_depth), PAD, dtype=torch.int64)
+        for b, ((req, _), row) in enumerate(zip(batch, drafts.tolist(), strict=True)):
             if not prefilling(req) and not req["finished"]:
                 req["drafts"] = [t for t in row if t >= 0][:self.c["max_model_len"] - len(req["tokens"])]
+            kept[b, :len(req["drafts"])] = torch.tensor(req["drafts"], dtype=torch.int64)
+        record["draft.kept"] = kept
 
     def _refused_context_rows(self, table, target, num_rejected) -> None:
         """Without a draft (depth 0, or a refused batch) the context rows are still stored: valid ones at

@@ -119,8 +119,7 @@ CHECKS = (
                    (Patch(_ATT, "q_head = kv_head * group + rows % group  # query head h reads KV head h // group",
                           "q_head = rows % group * (num_q_heads // group) + kv_head"),),
                    oracles=EVERYWHERE, families=("gqa",),
-                   path=Reach(unreachable={"cpu": "the CPU model has one KV head: every query head reads it "
-                                                  "whatever the mapping (the GPU model has two)"})),
+                   path=Reach(families=("combined",))),
             Mutant("empty-cache-accepted", "the return for a cache of no blocks comes before the index check "
                    "(pre-fix): sequences that reach a block of an empty cache are accepted and nothing is written",
                    (Patch("kernels.attention:paged_attention", "    if num_batch_rows == 0 or num_tokens == 0:\n",

@@ -24,6 +24,7 @@ class Verdict(StrEnum):
     SUITE_ERROR = "fail:suite-error"
     ACCOUNTING = "fail:accounting"
     DRAFTS = "fail:drafts"
+    KV = "fail:kv"
     GRAPHS = "fail:graphs"
     UNIT_TEST = "fail:unit-test"
 
@@ -55,6 +56,7 @@ class Oracle(StrEnum):
     CRASH = "crash"
     ACCOUNTING = "accounting"
     DRAFTS = "drafts"
+    KV = "kv"
     GRAPHS = "graphs"
     MEMCHECK = "memcheck"
     INITCHECK = "initcheck"

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from stress.core.types import Case
+from stress.families import engine_shapes
 from stress.families.common import big, pick
 
 ALPHA, BETA, GAMMA = 40.0, 2.0, 0.5
@@ -35,12 +36,12 @@ def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).to(torch.float32)
 
 
-def model_config(rng, device: str, max_model_len: int, num_spec_tokens: int) -> dict:
+def model_config(rng, device: str, max_model_len: int, num_spec_tokens: int, dims: dict | None = None) -> dict:
     """Tiny under the interpreter (one layer in most cases: each layer adds three KV writes and two
-    attention launches per step), bf16-sized on the GPU."""
-    if big(device):
+    attention launches per step), bf16-sized on the GPU; or ``dims`` as given (``engine_shapes``)."""
+    if dims is None and big(device):
         dims = {"vocab": 256, "hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 32, "ffn": 128}
-    else:
+    elif dims is None:
         dims = {"vocab": 64, "hidden": 32, "layers": 1 + int(rng.random() < 0.3), "heads": 2, "kv_heads": 1,
                 "head_dim": 16, "ffn": 32}
     return {**dims, "rope_theta": 10000.0, "max_position": max_model_len + num_spec_tokens + 2}
@@ -109,13 +110,14 @@ def _sized(device: str, cpu, gpu):
 
 def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, block_sizes, block_share=1.0, k=3,
                 anchor_first=False, probabilistic=False, dsd_schedule=None, adaptive_window=2, max_model_len=None,
-                cuda_graphs=False, graph_settings=None, num_blocks=None, note="") -> Case:
+                cuda_graphs=False, graph_settings=None, num_blocks=None, dims=None, note="") -> Case:
     """One case: settings, weights and ``requests_fn(rng, vocab)``'s request stream (``weights=`` too, for a
     ``requests_fn`` marked ``reads_weights``, which predicts outputs from the planted circuit). Each pool holds
     ``block_share`` of the blocks every request needs at full length at once (1: no preemption), or
-    ``num_blocks(requests)``'s (target, draft) counts, the null block included."""
+    ``num_blocks(requests)``'s (target, draft) counts, the null block included. ``dims``: the model's sizes
+    (``engine_shapes.distinct_shape``), else the fixed ones of ``model_config``."""
     max_model_len = max_model_len or _sized(device, 64, 1024)
-    model = model_config(rng, device, max_model_len, k)
+    model = model_config(rng, device, max_model_len, k, dims)
     weights = model_weights(rng, model)
     requests = requests_fn(rng, model["vocab"], **({"weights": weights} if getattr(requests_fn, "reads_weights", False)
                                                    else {}))
@@ -490,8 +492,98 @@ def padded_graphs(rng, device, launch):
                        cuda_graphs=True, graph_settings=settings, note=f"graphs at {sizes} tokens")
 
 
+# The features a combined case draws, each independently of the others: every pair of settings meets.
+FEATURES = {
+    "layout": ("dflash", "dspark"),
+    "depth": ("fixed", "bands", "adaptive"),  # K always; a DSD band per batch size (depths 0..K); one adaptive band
+    "budget": ("loose", "tight"),  # tight: one decode and a little, so running requests go unscheduled
+    "blocks": ("ample", "pressed"),  # pressed: pools for half or 70% of every request at full length (preemption)
+    "prefix": ("none", "shared"),  # shared: the later half's prompts over a common prefix of whole blocks
+    "prompts": ("short", "chunked"),  # chunked: the last third's prompts over half the budget, up to past it
+    "length": ("free", "limit"),  # limit: max_model_len a few tokens past the longest prompt (drafts cut to room)
+    "sampling": ("greedy", "mixed"),
+    "verify": ("one-hot", "cached"),  # the draft-logits cache in probabilistic verification
+    "graphs": ("eager", "graphs"),  # the draft through DraftGraphs (replayed on the GPU, eager elsewhere)
+    "arrivals": ("together", "staggered"),
+}
+
+
+def draw_features(rng: np.random.Generator) -> dict[str, str]:
+    return {name: str(pick(rng, values)) for name, values in FEATURES.items()}
+
+
+def _depth_schedule(rng, depth_mode: str, slots: int, k: int) -> list | None:
+    """None (always K), one band up to K, or a band per batch size, each of a drawn depth 0..K other than its
+    neighbour's: the depth changes with every request a step gains or loses."""
+    if depth_mode == "fixed":
+        return None
+    if depth_mode == "adaptive":
+        return [(1, slots, k)]
+    bands, depth = [], None
+    for size in range(1, slots + 1):
+        depth = int(pick(rng, [d for d in range(k + 1) if d != depth]))
+        bands.append((size, size, depth))
+    return bands
+
+
+def combined(rng, device, launch):
+    """Every feature at once, each setting drawn independently (``FEATURES``), over a model whose sizes all
+    differ (``engine_shapes``): head dim unrelated to hidden / heads, grouped-query attention, draft blocks
+    half or twice the target's. Slips that need two features together (a DSD depth in a step whose budget
+    leaves running requests out, preemption of a request on a shared prefix, graphs over chunked
+    prefill, drafts cut at the length limit) meet them here."""
+    f = draw_features(rng)
+    dims, block_sizes = engine_shapes.distinct_shape(rng, device)
+    bs = block_sizes[0]
+    k = int(rng.integers(*_sized(device, (2, 4), (3, 6))))
+    slots = int(rng.integers(*_sized(device, (3, 6), (6, 11))))
+    num_requests = slots + int(rng.integers(0, slots))
+    decode = k + 1  # a decode's verification width: the bonus token and k drafts
+    budget = (decode + int(pick(rng, (0, 1, k))) if f["budget"] == "tight"
+              else _sized(device, 48, 2048))
+    # whole draft blocks too (a restored prefix the draft's blocks cut is refused: at most by a preemption)
+    common = max(block_sizes) * int(rng.integers(1, 3)) if f["prefix"] == "shared" else 0
+    # Each feature touches part of the stream, so the others still meet: the later half starts with the
+    # common prefix and (staggered) arrives late, the last third is long (chunked). The first requests are
+    # short, one or two tokens under a tight budget: step 0 admits more of them than a step can then decode.
+    short = (1, 3) if f["budget"] == "tight" else (2, 2 * bs + 2)
+    long = (budget // 2 + 1, budget + bs) if f["prompts"] == "chunked" else short
+    max_new = int(rng.integers(3, 10))  # under "limit", requests run to max_model_len instead
+
+    def requests(rng, vocab):
+        cls = int(rng.integers(CLASSES))
+        shared = prompt(rng, vocab, cls, common)
+        made = []
+        for i in range(num_requests):
+            head = shared if 2 * i + 1 >= num_requests else []  # at least two requests
+            own_cls = cls if head else int(rng.integers(CLASSES))
+            arrival = int(rng.integers(1, 4)) if f["arrivals"] == "staggered" and 2 * i >= num_requests else 0
+            temperature = float(pick(rng, (0.0, 0.7, 1.0))) if f["sampling"] == "mixed" else 0.0
+            length = int(rng.integers(*(long if 3 * i >= 2 * num_requests else short)))
+            made.append(request(rng, i, arrival=arrival, temperature=temperature,
+                                max_new=max_model_len if f["length"] == "limit" else max_new,
+                                prompt_tokens=head + prompt(rng, vocab, own_cls, length)))
+        return made
+
+    longest = common + max(short[1], long[1])
+    max_model_len = longest + (int(rng.integers(1, 2 * k + 2)) if f["length"] == "limit"
+                               else max(max_new + 2 * k, _sized(device, 64, 1024) - longest))
+    anchor_first = f["layout"] == "dspark"
+    settings = None
+    if f["graphs"] == "graphs":
+        q = k if anchor_first else k + 1
+        settings = {"capture_sizes": sorted({q, (slots // 2 + 1) * q, slots * q}), "small_grid": 0,
+                    "capability_major": int(pick(rng, (9, 10))), "draft_backends": ["specsan_paged"]}
+    return engine_case(rng, device, requests, num_steps=_sized(device, 8, 12), max_num_reqs=slots, budget=budget,
+                       block_sizes=block_sizes, block_share=float(pick(rng, (0.5, 0.7))) if f["blocks"] == "pressed"
+                       else 1.0, k=k, anchor_first=anchor_first, probabilistic=f["verify"] == "cached",
+                       dsd_schedule=_depth_schedule(rng, f["depth"], slots, k), adaptive_window=int(pick(rng, (1, 2))),
+                       max_model_len=max_model_len, cuda_graphs=f["graphs"] == "graphs", graph_settings=settings,
+                       dims=dims, note=" ".join(f"{name}={value}" for name, value in f.items()))
+
+
 FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix, "preempt_resume": preempt_resume,
             "mixed_prefill_decode": mixed_prefill_decode, "dsd_bands": dsd_bands, "long_context": long_context,
             "seeded_sampling": seeded_sampling, "padded_graphs": padded_graphs, "prefix_chain": prefix_chain,
             "mid_prefill_hit": mid_prefill_hit, "tight_pools": tight_pools, "crowded_preemption": crowded_preemption,
-            "budget_bound": budget_bound, "multi_turn": multi_turn}
+            "budget_bound": budget_bound, "multi_turn": multi_turn, "combined": combined}

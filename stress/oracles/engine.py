@@ -10,8 +10,9 @@ the engine's rounding could turn either way (a near tie), it is replayed followi
 decisions at those points, so one undecidable token does not end the comparison.
 
 Before that comparison, the step's own invariants (``stress.oracles.engine_invariants``: the block pools'
-accounting, the drafts every live request gets) are judged apart from the reference; a broken one
-fails the case as ``fail:accounting``, ``fail:drafts`` or ``fail:graphs`` with a one-line reason.
+accounting, the drafts every live request gets and keeps, the KV each read finds) are judged apart from the
+reference; a broken one fails the case as ``fail:accounting``, ``fail:drafts``, ``fail:kv`` or ``fail:graphs``
+with a one-line reason.
 
 Each case also yields its acceptance (accepted drafts / verified drafts) for the engine and the
 reference, which the run summary aggregates per family.

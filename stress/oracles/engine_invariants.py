@@ -11,20 +11,25 @@ and the reference engine disagree in a recorded field. Two kinds escape it:
   exactly d sampling rows of its slot and d drafted tokens, of which the request later verifies a
   prefix, as drafted; at depth 0, or in a refused batch, none. The depth itself must lie in the DSD
   band of the batch size.
+  What the step finally hands on (``draft.kept``) is each decoding row's drafts cut to the room left
+  before its length limit, nothing for a row still prefilling or finished.
+* ``kv``: every target KV slot a step reads holds its request's token at that position
+  (``stress.engine_history``, rebuilt from the records and the workload).
 * ``graphs``: on a GPU, where the engine captures its draft graphs, every drafted step dispatched to a
   FULL descriptor replays the captured graph. An engine that never captures, or captures the wrong
   shapes, drafts the same tokens eagerly: no recorded field shows it, only the lost replay.
 
-Each is its own oracle (``fail:accounting``, ``fail:drafts``, ``fail:graphs``), with a planted bug in
-``stress.checks``.
+Each is its own oracle (``fail:accounting``, ``fail:drafts``, ``fail:kv``, ``fail:graphs``), with a planted
+bug in ``stress.checks``.
 """
 
 from collections import Counter
 from typing import NamedTuple
 
+from stress.oracles import engine_history
 from stress.oracles.graph_replay import silent_fallback
 
-ORACLES = ("accounting", "drafts", "graphs")
+ORACLES = ("accounting", "drafts", "kv", "graphs")
 
 
 class Finding(NamedTuple):
@@ -190,14 +195,38 @@ def _judge_handoff(proposed: dict[int, list[int]], record: dict) -> str | None:
     return None
 
 
-def draft_findings(config: dict, records: list[dict]) -> list[Finding]:
+def _judge_kept(config: dict, record: dict, tokens: engine_history.Tokens) -> str | None:
+    """Each row that decodes next (at most one token of it left uncomputed: its KV is valid through its
+    sequence less what verification rejected) and is not finished keeps its drafts cut to the room before
+    its length limit; any other row keeps none."""
+    max_len = config["scheduler"]["max_model_len"]
+    computed = (record["target.seq_lens"].long() - record["verify.num_rejected"].long()).tolist()
+    kept = record.get("draft.kept")
+    if kept is None or kept.shape != record["draft.tokens"].shape:
+        return f"draft.kept is {None if kept is None else tuple(kept.shape)}, expected the shape of draft.tokens"
+    for b, (req, row) in enumerate(zip(record["batch.request"].tolist(), record["draft.tokens"].tolist(),
+                                       strict=True)):
+        decodes = len(tokens.of[req]) - computed[b] <= 1 and not tokens.finished(req)
+        want = [t for t in row if t >= 0][:max_len - len(tokens.of[req])] if decodes else []
+        got = [t for t in kept[b].tolist() if t >= 0]
+        if got != want:
+            return (f"request {req} (batch row {b}, {len(tokens.of[req])} of at most {max_len} tokens) keeps drafts "
+                    f"{got}, expected {want}")
+    return None
+
+
+def draft_findings(config: dict, records: list[dict], requests: list[dict] | None = None) -> list[Finding]:
     """Every step's verification against the drafts proposed before it, then its own drafting against its
-    depth band and its batch."""
+    depth band and its batch; with the workload's ``requests``, also the drafts each row keeps."""
     found, vocab, proposed = [], config["model"]["vocab"], {}
+    tokens = engine_history.Tokens(config, requests) if requests is not None else None
     for step, record in enumerate(records):
         reason = _judge_handoff(proposed, record)
         if "idx_mapping" in record:
             reason = reason or _judge_step(config, record, vocab)
+            if tokens is not None:
+                tokens.emit(record)
+                reason = reason or _judge_kept(config, record, tokens)
             if "draft.tokens" in record:
                 proposed.update((req, [t for t in row if t >= 0]) for req, row in
                                 zip(record["batch.request"].tolist(), record["draft.tokens"].tolist(), strict=True))
@@ -206,10 +235,14 @@ def draft_findings(config: dict, records: list[dict]) -> list[Finding]:
     return found
 
 
-def first_finding(config: dict | None, records: list[dict]) -> Finding | None:
-    """The earliest finding of either oracle (pool accounting first within a step)."""
+def first_finding(config: dict | None, records: list[dict], requests: list[dict] | None = None) -> Finding | None:
+    """The earliest finding of any oracle (in ``ORACLES`` order within a step); the ``kv`` oracle and the kept
+    drafts need the workload's ``requests``."""
     found = list(getattr(records, "findings", []))
     if config is not None:
-        found += draft_findings(config, records)
+        found += draft_findings(config, records, requests)
+    if config is not None and requests is not None and (bad := engine_history.first_bad_read(config, requests,
+                                                                                             records)):
+        found.append(Finding("kv", *bad))
     return min(found, key=lambda f: (f.step, ORACLES.index(f.oracle)), default=None)
 
