@@ -45,6 +45,8 @@ GATHER_REFUSALS = refusal_family(bt_families.gather_basic, (
     *resized("persistent", 0, (lambda i: 0,), "persistent without slot rows"),
     past_bound("idx_mapping", lambda i: i["persistent"].shape[0], "a slot past persistent's rows"),
     retyped("idx_mapping", torch.int64), one_dim_more("out"), as_list("persistent"),
+    # out's own dtype and type: the later guards compare only its shape, so only out's validation refuses these
+    retyped("out", torch.int64), as_list("out"),
 ), "gather_block_tables")
 
 
