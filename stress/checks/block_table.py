@@ -1,5 +1,6 @@
 """Registry entries of block_table.gather, block_table.slot_mapping, block_table.shift, block_table.unaligned_prefix."""
 
+from dataclasses import replace
 
 import torch
 
@@ -45,7 +46,15 @@ GATHER_REFUSALS = refusal_family(bt_families.gather_basic, (
     *resized("persistent", 0, (lambda i: 0,), "persistent without slot rows"),
     past_bound("idx_mapping", lambda i: i["persistent"].shape[0], "a slot past persistent's rows"),
     retyped("idx_mapping", torch.int64), one_dim_more("out"), as_list("persistent"),
+    # out's own dtype and type: the later guards compare only its shape, so only out's validation refuses these
+    retyped("out", torch.int64), as_list("out"),
 ), "gather_block_tables")
+
+
+def last_offset(inputs: dict) -> torch.Tensor:
+    """Marks query_start_loc's last entry: raised past the tokens, the offsets still do not decrease."""
+    qsl = inputs["query_start_loc"]
+    return torch.arange(qsl.numel()) == qsl.numel() - 1
 
 
 SLOT_MAPPING_REFUSALS = refusal_family(bt_families.slots_basic, (
@@ -54,6 +63,12 @@ SLOT_MAPPING_REFUSALS = refusal_family(bt_families.slots_basic, (
     past_bound("query_start_loc", lambda i: i["positions"].numel() + 1, "an offset past the tokens"),
     *replaced("block_size", NOT_POSITIVE, "block_size not a positive int"),
     retyped("positions", torch.int32),
+    # dtypes only each tensor's own validation refuses: the later guards compare sizes and offsets
+    retyped("block_table", torch.int64), retyped("query_start_loc", torch.int64), retyped("out", torch.int32),
+    # an offset past the positions yet within a longer out: offsets are bounded by positions, never by out
+    replace(past_bound("query_start_loc", lambda i: i["positions"].numel() + 1,
+                       "the last offset past the tokens, within out's padding", live=last_offset),
+            valid=bt_families.slots_padded),
 ), "compute_slot_mappings")
 
 

@@ -434,11 +434,62 @@ def slots_big_offsets(rng, device, launch):
     return case
 
 
+def slots_many_rows(rng, device, launch):
+    """Hundreds of decode-sized batch rows among runs of empty ones, most times also before the first row
+    with tokens: row counts one below or above a power of two, where the binary searches need every one of
+    their steps, and more rows than a 256-token program block has tokens, so a row index and a token index
+    are never interchangeable (in the first program block, empty leading rows put row indices above token
+    indices)."""
+    num_rows = 2 ** int(rng.integers(8, 11)) + pick(rng, (-1, 1))
+    lens = [0] * (int(rng.integers(1, 9)) if rng.random() < 0.75 else 0)
+    while len(lens) < num_rows:
+        lens += [0] * int(rng.integers(1, 6)) if rng.random() < 0.3 else [int(rng.integers(1, 4))]
+    width = int(rng.integers(1, 9))  # narrow: the table's row stride is no bound on the search's steps
+    return _slot_mapping_case(rng, query_lens=lens[:num_rows], width=width, block_size=pick(rng, BLOCK_SIZES),
+                              null_frac=0.0, out_extra=int(rng.integers(0, 3)), note=f"{num_rows} rows, width {width}")
+
+
+def slots_empty_rows(rng, device, launch):
+    """Mostly empty batch rows, led by a run of more empty rows than the batch has tokens: the first token's
+    row index passes the token count, which only a search that keeps rows and tokens apart gets right."""
+    lens = [int(rng.integers(1, 4)) if rng.random() < 0.2 else 0 for _ in range(int(rng.integers(8, 40)))]
+    lead_rows = sum(lens) + int(rng.integers(1, 20))
+    return _slot_mapping_case(rng, query_lens=[0] * lead_rows + lens + [int(rng.integers(1, 4))], width=16,
+                              block_size=pick(rng, BLOCK_SIZES), null_frac=0.0, out_extra=int(rng.integers(0, 3)),
+                              note=f"{lead_rows} empty rows first, {sum(lens)} tokens after")
+
+
+def slots_lead_long_row(rng, device, launch):
+    """Tokens before the first row's start (no row owns them), then a first row that runs past the end of the
+    256-token program block it starts in: no row starts at or before the block's first token, and the tile
+    still belongs to row 0 alone."""
+    lead = int(rng.integers(1, 600))
+    first_row = -lead % 256 + int(rng.integers(1, 300))
+    lens = [first_row] + [int(rng.integers(0, 20)) for _ in range(int(rng.integers(0, 4)))]
+    return _slot_mapping_case(rng, query_lens=lens, width=64, block_size=16, null_frac=0.0, lead=lead,
+                              out_extra=int(rng.integers(0, 3)), note=f"{lead} tokens first, a first row of {first_row}")
+
+
+def slots_empty_table(rng, device, launch):
+    """A block table without entries: batch rows of width 0 (every position is past the row: PAD), or a table
+    of no rows under a batch of none. out still has tokens, and every one of them must become PAD."""
+    if rng.integers(2):
+        lens = [int(rng.integers(0, 5)) for _ in range(int(rng.integers(1, 5)))]
+        return _slot_mapping_case(rng, query_lens=lens, width=0, block_size=pick(rng, BLOCK_SIZES),
+                                  out_extra=int(rng.integers(1, 4)), note="rows of width 0")
+    case = _slot_mapping_case(rng, query_lens=[], width=int(rng.integers(0, 4)), block_size=16,
+                              out_extra=int(rng.integers(1, 4)), note="a table of no rows, no batch rows")
+    case.inputs["block_table"] = case.inputs["block_table"][:0].clone()
+    return case
+
+
 SLOT_MAPPING_FAMILIES = {"basic": slots_basic, "partial_block": slots_partial_block, "padded": slots_padded,
                          "past_width": slots_past_width, "long_query": slots_long_query,
                          "zero_width": slots_zero_width, "layouts": laid_out(slots_padded, "block_table"),
                          "tiles": slots_tiles, "extremes": slots_extremes, "prefill_rows": slots_prefill_rows,
-                         "one_token": slots_one_token, "big_offsets": slots_big_offsets}
+                         "one_token": slots_one_token, "big_offsets": slots_big_offsets,
+                         "many_rows": slots_many_rows, "empty_table": slots_empty_table,
+                         "empty_rows": slots_empty_rows, "lead_long_row": slots_lead_long_row}
 
 # ---------------------------------------------------------------- has_unaligned_cached_prefix
 
