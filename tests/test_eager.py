@@ -1,15 +1,15 @@
-"""The eager implementations (eager/) judged as any implementation of a kernel check is: through the check's own
-families and oracles, in process. The check's kernel (or, for a check whose kernel is a driver over several
-launchers, each launcher the driver calls) is swapped for the implementation, and ``stress.core.workers.run_case``
-judges the case as it judges the production kernel's. Every family must pass; every planted violation
+"""The eager implementations (eager/) judged as any implementation of a kernel check is: registered against the
+checks whose launchers they stand in for (``stress.core.impl``, as ``--impl`` registers them, here in process),
+then judged by ``stress.core.workers.run_case`` through the check's own families and oracles; a check whose
+kernel is a driver over several launchers judges the registered ones it calls. Every family must pass; every planted violation
 (tests/eager_violations.py) must be failed on the families that reach it."""
 
-import dataclasses
 import importlib
 import inspect
 import pkgutil
 import sys
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import eager_violations
 import pytest
@@ -17,7 +17,7 @@ import triton
 
 import eager
 from stress import checks
-from stress.core import cases, oracle, workers
+from stress.core import cases, impl, oracle, workers
 from stress.core.types import Result
 
 # Kernel checks whose production function is no Triton launcher: host code in plain tensor ops already, so it
@@ -40,47 +40,34 @@ def eager_twins() -> dict[Callable, Callable]:
     return twins
 
 
-def without_launch_knobs(fn: Callable) -> Callable:
-    """``fn`` called with only the keyword arguments it takes: a case's launch knobs (BLOCK, num_warps) are the
-    Triton launcher's, and an implementation without them is called without them."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return fn
-
-    def knobs_dropped(*args, **kwargs):
-        return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
-
-    return knobs_dropped
-
-
-def driver_launchers(check, launchers) -> list[tuple[object, str]]:
-    """(module, global name) of each production launcher a driver kernel (one outside ``kernels``) calls through
-    its module's globals."""
+def driver_launchers(check, launchers) -> list[Callable]:
+    """The production launchers a driver kernel (one outside ``kernels``) calls through its module's globals."""
     if check.kernel.__module__.split(".")[0] == "kernels":
         return []
     module = sys.modules[check.kernel.__module__]
-    return [(module, name) for name, value in vars(module).items()
-            if inspect.isfunction(value) and value in launchers]
+    return [value for value in vars(module).values() if inspect.isfunction(value) and value in launchers]
 
 
 def judged_checks(twins: dict[Callable, Callable]) -> list[str]:
-    """The checks an implementation set reaches: its kernel is a launcher with a twin, or a driver that calls
-    launchers with twins (on the CPU: GPU-only checks cannot be judged here)."""
+    """The checks an implementation set reaches: its launcher has a twin, or it is a driver that calls launchers
+    with twins (on the CPU: GPU-only checks cannot be judged here)."""
     return [c.name for c in checks.REGISTRY if "cpu" in c.devices
-            and (c.kernel in twins or driver_launchers(c, twins))]
+            and (impl.launcher_of(c) in twins or driver_launchers(c, twins))]
+
+
+def registered_against(launcher: Callable) -> str | None:
+    """The check whose production launcher ``launcher`` is (the check an implementation of it registers against)."""
+    return next((c.name for c in checks.REGISTRY if impl.launcher_of(c) is launcher), None)
 
 
 def judge(check_name: str, family: str, seed: int, implementations: dict[Callable, Callable]) -> Result:
-    """One case of ``check_name`` run with ``implementations`` (production launcher -> replacement) in place
-    of the production launchers, judged by the runner on the CPU (no tracer: there is no Triton kernel to
-    trace)."""
-    check = checks.get(check_name)
-    with pytest.MonkeyPatch.context() as patch:
-        if check.kernel in implementations:
-            patch.setitem(checks.BY_NAME, check_name,
-                          dataclasses.replace(check, kernel=without_launch_knobs(implementations[check.kernel])))
-        for module, name in driver_launchers(check, implementations):
-            patch.setattr(module, name, without_launch_knobs(implementations[getattr(module, name)]))
+    """One case of ``check_name`` with ``implementations`` (production launcher -> replacement) registered against
+    their checks, as ``--impl`` registers them (in this process), judged on the CPU (no tracer: there is no
+    Triton kernel to trace). A driver check judges the registered launchers it calls."""
+    with ExitStack() as stack:
+        for launcher, replacement in implementations.items():
+            if (against := registered_against(launcher)) is not None:
+                stack.enter_context(impl.in_process(against, replacement))
         return workers.run_case(cases.Task(check_name, family, seed), "cpu", trace=False)
 
 
