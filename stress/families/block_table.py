@@ -467,7 +467,8 @@ def slots_lead_long_row(rng, device, launch):
     first_row = -lead % 256 + int(rng.integers(1, 300))
     lens = [first_row] + [int(rng.integers(0, 20)) for _ in range(int(rng.integers(0, 4)))]
     return _slot_mapping_case(rng, query_lens=lens, width=64, block_size=16, null_frac=0.0, lead=lead,
-                              out_extra=int(rng.integers(0, 3)), note=f"{lead} tokens first, a first row of {first_row}")
+                              out_extra=int(rng.integers(0, 3)),
+                              note=f"{lead} tokens first, a first row of {first_row}")
 
 
 def slots_empty_table(rng, device, launch):
