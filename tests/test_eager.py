@@ -1,8 +1,8 @@
 """The eager implementations (eager/) judged as any implementation of a kernel check is: registered against the
 checks whose launchers they stand in for (``stress.core.impl``, as ``--impl`` registers them, here in process),
 then judged by ``stress.core.workers.run_case`` through the check's own families and oracles; a check whose
-kernel is a driver over several launchers judges the registered ones it calls. Every family must pass; every planted violation
-(tests/eager_violations.py) must be failed on the families that reach it."""
+kernel is a driver over several launchers judges the registered ones it calls. Every family must pass; every
+planted violation (tests/eager_violations.py) must be failed on the families that reach it."""
 
 import importlib
 import inspect
