@@ -234,8 +234,9 @@ def test_a_kept_draft_past_the_cut_is_named(chained):
     ("drafts-past-the-limit", "long_context", "drafts", "keeps drafts"),
 ])
 def test_the_kv_and_kept_oracles_kill_their_planted_slips(mutant, family, oracle, says):
-    """The first case of the family that the slip changes at all fails with the claimed oracle, whose line
-    names the read or the kept drafts."""
+    """The invariants' positive controls: the first case of the family that the slip changes at all fails with
+    the invariant's oracle (judged before the lockstep comparison), whose line names the read or the kept
+    drafts."""
     assert ENGINE.mutant(mutant).oracles == {"cpu": oracle, "cuda": oracle}
     for i in range(12):
         case = cases.build_case(ENGINE, family, cases.case_seed(0, "engine.step", family, i), "cpu")

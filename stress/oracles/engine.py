@@ -111,7 +111,7 @@ def first_divergence(trace: reference_engine.Trace, got: list[dict]) -> Divergen
 def broken_invariant(expected: Expected, got: list[dict]) -> Divergence | None:
     """The first invariant the engine's own run broke (``stress.oracles.engine_invariants``), as its oracle's
     verdict."""
-    finding = engine_invariants.first_finding(expected.inputs.get("config"), got)
+    finding = engine_invariants.first_finding(expected.inputs.get("config"), got, expected.inputs.get("requests"))
     if finding is None:
         return None
     return Divergence(f"step {finding.step} {finding.oracle}", 1, [], problem=finding.reason, verdict=finding.oracle)
