@@ -53,6 +53,15 @@ class HuntResult:
     processes: int = 1  # hunts that ran side by side (merged)
     fatal: bool = False  # the worker's CUDA context is unusable (a raised hunt is reported by the pool instead)
 
+    def record(self) -> dict:
+        """The hunt as one JSON-able record (results.jsonl, --json), with rates and repro lines."""
+        record = asdict(self)
+        record.update(launches_per_s=round(self.launches_per_s, 1), cases_per_s=round(self.cases_per_s, 1))
+        if self.failure:
+            record["failure"]["repro"] = self.failure.repro()
+            record["hunt_line"] = self.hunt_line()
+        return record
+
     @property
     def failed(self) -> bool:
         return self.verdict.startswith(FAIL)
@@ -94,16 +103,6 @@ class HuntResult:
                           else f"not caught in {s.seconds:.2f} s")
                 out.append(f"  {key or 'default'}: {caught} ({s.launches} launches, {s.cases} cases)")
         return out
-
-
-def as_record(result: HuntResult) -> dict:
-    """The hunt as one JSON-able record (results.jsonl, --json), with rates and repro lines."""
-    record = asdict(result)
-    record.update(launches_per_s=round(result.launches_per_s, 1), cases_per_s=round(result.cases_per_s, 1))
-    if result.failure:
-        record["failure"]["repro"] = result.failure.repro()
-        record["hunt_line"] = result.hunt_line()
-    return record
 
 
 def shape_key(launch: dict) -> str:

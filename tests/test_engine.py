@@ -14,6 +14,7 @@ from stress import checks
 from stress.core import cases, guards
 from stress.core import patches as mutants
 from stress.core.compare import Divergence, Tolerated
+from stress.core.types import kill_matrix_verdict
 from stress.oracles import engine as engine_check
 
 # ---------------------------------------------------------------- scheduling policy, without a model
@@ -296,7 +297,7 @@ def test_path_column_is_opt_in_and_kills_through_the_whole_step():
     assert {k.path for k in plain} == {"-"} and {k.status for k in plain} == {"killed"}
     with_path = matrix.kill_matrix(slots, "cpu", max_iters=20, seed=0, jobs=0, path_iters=20, path_only=True)
     assert {k.mutant: k.path for k in with_path} == {"set-order-recycling": "killed", "global-rng-seeds": "killed"}
-    line, ok = matrix.verdict(with_path, "cpu")
+    line, ok = kill_matrix_verdict(with_path, "cpu")
     assert ok and "path column: 2 killed by the whole step" in line
 
 

@@ -131,3 +131,11 @@ def test_the_circle_finder_finds_a_planted_circle():
 def test_every_module_has_a_layer(layered):
     assert all(layer_of(name) >= 0 for name in GRAPH)
     assert layered in GRAPH
+
+
+def test_the_report_imports_no_other_driver():
+    """Rows render themselves (a hunt's record, the kill matrix's closing line): the report needs no driver."""
+    drivers = layer_of("stress.hunt")
+    found = [f"{a} imports {b}" for a, targets in GRAPH.items() if a.startswith("stress.report") for b in targets
+             if layer_of(b) == drivers and not b.startswith("stress.report")]
+    assert not found, found

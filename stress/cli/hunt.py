@@ -78,7 +78,7 @@ def cmd_hunt(args) -> int:
     else:
         result = hunt.hunt(check, device, **options)
     if args.json:
-        print(json.dumps(hunt.as_record(result), indent=2))
+        print(json.dumps(result.record(), indent=2))
     else:
         print("\n".join(result.lines()))
     if result.not_checked:

@@ -25,6 +25,7 @@ from stress.cli.common import (
     select_device,
 )
 from stress.cli.run import run_into, run_matrix
+from stress.core.types import kill_matrix_verdict
 
 
 def add_parsers(sub) -> None:
@@ -96,7 +97,7 @@ def cmd_mutants(args) -> int:
 
     stopped = run_into(report, stages)
     rows = report.kills
-    line, all_killed = matrix.verdict(rows, device)
+    line, all_killed = kill_matrix_verdict(rows, device)
     if args.json:
         print(json.dumps([asdict(k) for k in rows], indent=2))
         log(line)

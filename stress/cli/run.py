@@ -30,7 +30,7 @@ from stress.cli.common import (
     selected_checks,
 )
 from stress.core import interrupts
-from stress.core.types import DEFAULT_TIMEOUT, NOT_CHECKED
+from stress.core.types import DEFAULT_TIMEOUT, NOT_CHECKED, kill_matrix_verdict
 
 
 def add_parsers(sub) -> None:
@@ -130,7 +130,6 @@ def cmd_run(args) -> int:
     device = select_device(args)
     from stress import hunt
     from stress.core import cases, telemetry, workers
-    from stress.mutate import kill_matrix as matrix
 
     selected = selected_checks(args)
     tasks = cases.plan(selected, args.family, args.iters, args.seed, args.mutant)
@@ -162,7 +161,7 @@ def cmd_run(args) -> int:
 
     stopped = run_into(report, stages)
     failed = report.counts()[1] + sum(h.failed for h in report.hunts)
-    matrix_line, all_killed = matrix.verdict(report.kills or [], device)
+    matrix_line, all_killed = kill_matrix_verdict(report.kills or [], device)
     if stopped:
         code = stopped.exit_code
     elif failed or not all_killed:
@@ -176,7 +175,7 @@ def cmd_run(args) -> int:
                           "failures": [{"verdict": r.verdict, "check": r.check, "family": r.family, "seed": r.seed,
                                         "repro": r.repro()} for r in report.results if r.failed],
                           "kill_matrix": None if report.kills is None else [asdict(k) for k in report.kills],
-                          "hunts": [hunt.as_record(h) for h in report.hunts]},
+                          "hunts": [h.record() for h in report.hunts]},
                          indent=2))
         return code
     print(f"wall time {report.header['wall_s']:.1f} s; summary in {args.report}/summary.md")

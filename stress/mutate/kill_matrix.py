@@ -13,37 +13,9 @@ from dataclasses import dataclass, field
 from stress.core import impl, interrupts, workers
 from stress.core import patches as planted
 from stress.core.cases import Task, case_seed
-from stress.core.types import FAIL, Check, Mutant, Result, Verdict
+from stress.core.types import FAIL, Check, Kill, Mutant, Result, Verdict
 from stress.mutate import operators
 from stress.sanitize import runner as sanitizer
-
-
-@dataclass
-class Kill:
-    check: str
-    mutant: str
-    device: str
-    oracle: str
-    status: str  # killed | survived | not_checked | stale | unfinished (not decided yet, or interrupted)
-    iterations: int = 0  # cases run until the first kill (or in all, when it survived)
-    launch: dict = field(default_factory=dict)
-    repro: str = ""
-    reason: str = ""
-    other_failures: list[str] = field(default_factory=list)  # verdicts other than the claimed oracle
-    other_example: str = ""  # the first of those failures: its first detail line and its repro
-    verdict: str = ""  # the failing verdict that killed it
-    detail: str = ""  # the killing case's first detail line (a crash's exception, say)
-    # The whole-path check's hunt of the same bug (the path column): status, verdict, cases, repro or reason
-    path: str = "-"
-    path_verdict: str = ""
-    path_iterations: int = 0
-    path_detail: str = ""
-
-    def also_failed(self) -> str:
-        """Its hunt's failures other than the oracle's, and the first in full: a row that also failed otherwise may
-        have a broken oracle, not a weak one."""
-        return f"(also failed as {', '.join(self.other_failures)}; first: {self.other_example})"
-
 
 ANY = "any"  # a path hunt's oracle: any failure but a timeout or a suite error kills
 
@@ -294,27 +266,6 @@ def _sanitizer_blind(tool: str, device: str, known: dict[str, str | None]) -> st
     return known[tool]
 
 
-def verdict(rows: list[Kill], device: str) -> tuple[str, bool]:
-    """The matrix's closing line, and whether every checkable mutant was killed.
-
-    With ``--by-shape`` a mutant has one row per launch shape; it is killed when any shape kills
-    it (a race can be invisible in some shapes, e.g. one warp, and certain in others)."""
-    status: dict[tuple[str, str], set[str]] = {}
-    for k in rows:
-        status.setdefault((k.check, k.mutant), set()).add(k.status)
-    checkable = [s for s in status.values() if s != {"not_checked"} and s != {"not_hunted"}]
-    killed = sum("killed" in s for s in checkable)
-    line = (f"{killed} of {len(checkable)} checkable mutants killed on {device}; "
-            f"{sum(s == {'not_checked'} for s in status.values())} not checked here")
-    path = {k.mutant: k.path for k in rows if k.path != "-"}
-    missed = sorted(m for m, p in path.items() if p not in ("killed", "unreachable"))
-    if path:
-        line += (f"; path column: {sum(p == 'killed' for p in path.values())} killed by the whole step, "
-                 f"{sum(p == 'unreachable' for p in path.values())} unreachable"
-                 + (f", NOT killed: {', '.join(missed)}" if missed else ""))
-    return line, killed == len(checkable) and not missed
-
-
 def table(rows: list[Kill]) -> str:
     """The matrix; with a whole-path check, its column says, per bug, whether the whole step killed it too."""
     with_path = any(k.path != "-" for k in rows)
@@ -331,3 +282,4 @@ def table(rows: list[Kill]) -> str:
         lines.append(f"{k.check:28} {k.mutant:24} {k.oracle:10} {k.device:6} {k.status:11} {k.iterations:>5}{path}  "
                      f"{tail}")
     return "\n".join(lines)
+

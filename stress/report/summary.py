@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import asdict
 
-from stress.core.types import DEFAULT_TIMEOUT, NOT_CHECKED, PASS, Result
+from stress.core.types import DEFAULT_TIMEOUT, NOT_CHECKED, PASS, Result, kill_matrix_verdict
 
 UNJUDGED_KILLS = ("not_checked", "not_hunted")  # kill-matrix statuses that hunted nothing here
 RESULTS, SUMMARY, MATRIX = "results.jsonl", "summary.md", "mutants.json"
@@ -73,10 +73,8 @@ class Report:
         self._write({"kill": asdict(row)})
 
     def add_hunt(self, result) -> None:
-        from stress import hunt
-
         self.hunts.append(result)
-        self._write({"hunt": hunt.as_record(result)})
+        self._write({"hunt": result.record()})
 
     def add_matrix_case(self, result: Result) -> None:
         """Count one kill-matrix case on the GPU it ran on (its verdicts live in the matrix's rows)."""
@@ -216,9 +214,7 @@ class Report:
 
             out += ["", "## GPU telemetry", ""] + [f"- {line}" for line in telemetry.lines(self.telemetry)]
         if self.kills is not None:
-            from stress.mutate import kill_matrix as matrix
-
-            out += ["", matrix.verdict(self.kills, self.header.get("device", ""))[0]]
+            out += ["", kill_matrix_verdict(self.kills, self.header.get("device", ""))[0]]
         if "cases" in self.header:
             out += ["", self.closing_line()]
         elif self.interrupted:
