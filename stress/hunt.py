@@ -112,7 +112,7 @@ def shape_key(launch: dict) -> str:
 def supports(check: Check, device: str) -> str | None:
     """None when ``check`` can be hunted on ``device``, else why not."""
     if device not in check.devices:
-        return check.why_not or f"{check.name} does not run on {device}"
+        return check.skipped(device=device)
     if RETURN in check.outputs:
         return f"{check.name} returns its output; hunt needs outputs written into tensor arguments"
     if check.compare is not None:

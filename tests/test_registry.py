@@ -102,3 +102,16 @@ def test_layout_families_give_the_kernel_strided_views():
                           for v in cases.build_case(check, "layouts", seed, "cpu").inputs.values())
                       for seed in range(10))
         assert strided >= 7, f"{check.name}: {strided} of 10 layouts cases hold a strided view"
+
+
+def test_a_skip_names_one_place_and_why_and_decides_the_devices():
+    from stress.core.types import SANITIZER, Skip
+
+    for bad in (dict(reason="", device="cpu"), dict(reason="why", device="cpu", tool=SANITIZER),
+                dict(reason="why"), dict(reason="why", device="tpu")):
+        with pytest.raises(ValueError, match="^skips: "):
+            Skip(**bad)
+    replay = checks.get("graphs.replay")
+    assert replay.devices == ("cuda",) and "GPU" in replay.skipped(device="cpu")
+    assert replay.skipped(device="cuda") is None and replay.skipped(tool=SANITIZER)
+    assert checks.get("block_table.gather").skipped(device="cpu", tool=SANITIZER) is None

@@ -20,7 +20,7 @@ def check_rows(device: str, cases: int = 2, seed: int = 0) -> list[str]:
     rows = [f"{'check':28} {'cases':>6} {'cases/s':>9} {'ms/case':>9} " + " ".join(f"{p:>9}" for p in PHASES)]
     for check in checks.REGISTRY:
         if device not in check.devices:
-            rows.append(f"{check.name:28} not_checked: {check.why_not or 'does not run on ' + device}")
+            rows.append(f"{check.name:28} not_checked: {check.skipped(device=device)}")
             continue
         for family in check.families:
             workers.run_case(Task(check.name, family, case_seed(seed, check.name, family, 0)), device)

@@ -4,7 +4,7 @@
 
 from stress.checks.common import EVERYWHERE
 from stress.checks.graphs import _DRAFT_GRAPHS, GRAPHS_UNCACHED
-from stress.core.types import RETURN, Check, Mutant, Patch
+from stress.core.types import RETURN, SANITIZER, Check, Mutant, Patch, Skip
 from stress.families import engine as engine_families
 from stress.families.refusals import (
     Corruption,
@@ -53,8 +53,8 @@ CHECKS = (
                     "tests/test_engine.py::test_prefix_cache_hits_full_blocks_and_evicts_in_free_order",
                     "tests/test_engine.py::test_a_model_config_refuses_an_odd_head_dim_naming_it",
                     "tests/test_engine.py::test_guards_intact_sees_a_write_to_a_guard_or_the_null_block"),
-        not_sanitized="a whole-path check: its kernels are sanitized through their own checks, and its graph "
-                      "families need the caching allocator (" + GRAPHS_UNCACHED + ")",
+        skips=(Skip("a whole-path check: its kernels are sanitized through their own checks, and its graph "
+                    "families need the caching allocator (" + GRAPHS_UNCACHED + ")", tool=SANITIZER),),
         mutants=(
             Mutant("prefix-blocks-visible", "fix 4, pre-fix (docs/fixes.md#fix-4): no restored counts reach the "
                                             "draft: seq_lens not "

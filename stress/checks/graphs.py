@@ -5,7 +5,7 @@ import dataclasses
 import reference.spec.draft_step
 import stress.oracles.graph_replay
 from stress.checks.spec import NON_CAUSAL_CLAIMS_FULL
-from stress.core.types import RETURN, Check, Mutant, Patch, Reach
+from stress.core.types import RETURN, SANITIZER, Check, Mutant, Patch, Reach, Skip
 from stress.families import graph_replay as replay_families
 
 _DRAFT_GRAPHS = "kernels.spec.draft_graphs:DraftGraphs"
@@ -22,8 +22,8 @@ def _graph_check(name: str, contract: str, driver, reference_driver, families: d
     """A GPU-only check whose ``driver`` (stress.oracles.graph_replay) captures and replays kernels.spec.draft_graphs;
     each case replays its graphs many times already, so it runs once."""
     return Check(name=name, contract=contract, kernel=driver, reference=reference_driver, families=families,
-                 outputs=(RETURN,), compare=judge, devices=("cuda",), why_not=_NO_GRAPHS, repeats={"cuda": 1},
-                 mutants=mutants, not_sanitized=GRAPHS_UNCACHED, unit_tests=unit_tests)
+                 outputs=(RETURN,), compare=judge, repeats={"cuda": 1}, mutants=mutants, unit_tests=unit_tests,
+                 skips=(Skip(_NO_GRAPHS, device="cpu"), Skip(GRAPHS_UNCACHED, tool=SANITIZER)))
 
 
 CHECKS = (

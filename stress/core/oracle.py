@@ -217,7 +217,7 @@ def judge_task(task: Task, device: str, timeout: float, trace: bool) -> tuple[Re
         check = checks.get(task.check)
         mutant = task.patched or (checks.find_mutant(task.mutant, check) if task.mutant else None)
         if device not in check.devices:
-            result.verdict = f"not_checked:{check.why_not or f'{check.name} does not run on {device}'}"
+            result.verdict = not_checked(check.skipped(device=device))
             return result, out_of_memory
         registered = impl.of_check(check)
         result.impl = registered[0].spec() if registered else None

@@ -113,6 +113,24 @@ class Family:
         return family if isinstance(family, Family) else Family(family)
 
 
+DEVICES = ("cpu", "cuda")
+SANITIZER = "compute-sanitizer"  # the tool a Skip may name
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Where a check's cases cannot be judged, and why: on a ``device``, or under a ``tool`` (``SANITIZER``).
+    Such a case is ``not_checked`` with ``reason``, never a pass."""
+
+    reason: str
+    device: str | None = None
+    tool: str | None = None
+
+    def __post_init__(self):
+        if not self.reason or (self.device is None) == (self.tool is None) or self.device not in (None, *DEVICES):
+            raise ValueError(f"skips: a Skip names one device of {DEVICES} or one tool, and why: {self!r}")
+
+
 @dataclass(frozen=True)
 class Choice:
     """A documented way an implementation may differ from a check's contract by design (``--impl ...@choice``).
@@ -182,8 +200,8 @@ class Check:
     from, so a divergence can say where a wrong value came from. ``expected_order_dependence``
     is the reason a kernel may produce another valid output when its programs run in another
     order (positions handed out by atomic tickets); None (the default): the CPU tracer's
-    reorder reruns must reproduce the output, else ``fail:order-dependent``. ``why_not`` says
-    why a device outside ``devices`` cannot judge the check (its ``not_checked`` reason there).
+    reorder reruns must reproduce the output, else ``fail:order-dependent``. ``skips`` says where
+    (a device, compute-sanitizer) its cases cannot be judged and why (``skipped``).
     ``metrics(expected, outputs)`` (dicts by output name) gives numbers recorded with every case
     (the engine's acceptance). A ``whole_path`` check also hunts every other check's planted bugs
     (the kill matrix's path column), each as its ``Mutant.path`` says. ``iteration_share``: the fraction
@@ -200,17 +218,15 @@ class Check:
     outputs: tuple[str, ...]
     compare: Callable | None = None  # None: stress.core.compare.exact
     mutants: tuple[Mutant, ...] = ()
-    devices: tuple[str, ...] = ("cpu", "cuda")
+    skips: tuple[Skip, ...] = ()
     sweep: Callable[[str], list[dict]] | None = None
     provenance: dict[str, str] = field(default_factory=dict)
     repeats: dict[str, int] = field(default_factory=lambda: {"cpu": 1, "cuda": 3})
     expected_order_dependence: str | None = None
-    why_not: str = ""
     metrics: Callable | None = None
     whole_path: bool = False
     iteration_share: float = 1.0
     hunt_seconds: dict[str, float] = field(default_factory=dict)  # race-prone: `run --hunt` hunts it this long
-    not_sanitized: str = ""  # why its cases cannot run under compute-sanitizer ("" = they can)
     # pytest node ids that pin host logic no device's cases reach (a fallback on a simulated smaller device), or
     # reach more widely than its families can afford (the engine's scheduler alone, over many workloads):
     # `stress mutate` runs them against each mutant that survives every family (SPECSAN_MUTANT, see conftest.py)
@@ -231,6 +247,16 @@ class Check:
 
     def __post_init__(self):
         object.__setattr__(self, "families", {name: Family.of(f) for name, f in self.families.items()})
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices its cases run on: every one it does not skip."""
+        return tuple(d for d in DEVICES if self.skipped(device=d) is None)
+
+    def skipped(self, device: str | None = None, tool: str | None = None) -> str | None:
+        """Why its cases cannot be judged on ``device`` (or under ``tool``), or None where they can."""
+        return next((s.reason for s in self.skips if (device and s.device == device) or (tool and s.tool == tool)),
+                    None)
 
     def mutant(self, name: str) -> Mutant:
         for planted in self.mutants:

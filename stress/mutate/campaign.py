@@ -713,7 +713,7 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
     log(f"specsan mutate: finding the production code each check executes on {device} (one case per family)")
     for check in checks:
         if device not in check.devices:
-            log(f"  {check.name}: not_checked on {device} ({check.why_not})")
+            log(f"  {check.name}: not_checked on {device} ({check.skipped(device=device)})")
     try:
         cov = discover(checks, device, seed, jobs, timeout, log)
     except interrupts.Interrupted:

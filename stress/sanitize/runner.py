@@ -25,7 +25,7 @@ import tempfile
 import time
 from typing import NamedTuple
 
-from stress.core.types import NOT_CHECKED, PASS, Check, Result, Verdict, not_checked
+from stress.core.types import NOT_CHECKED, PASS, SANITIZER, Check, Result, Verdict, not_checked
 from stress.sanitize import report_xml as sanitizer_xml
 
 TOOLS = ("memcheck", "initcheck", "synccheck")
@@ -67,9 +67,7 @@ def default_jobs() -> int:
 
 def why_not(check: Check) -> str | None:
     """The check's reason not to run under a sanitizer, or None."""
-    if "cuda" not in check.devices:
-        return check.why_not or f"{check.name} does not run on a GPU"
-    return check.not_sanitized or None
+    return check.skipped(device="cuda") or check.skipped(tool=SANITIZER)
 
 
 def command(tool: str, xml_path: str, child_args: list[str]) -> list[str]:
