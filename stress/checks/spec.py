@@ -159,6 +159,18 @@ def controller_call(rng, device, launch):
     return _call("BandAcceptanceLengthController", [caps, 2], f"caps {caps}", then=(("depth_for", [size]),))
 
 
+def acceptance_call(rng, device, launch):
+    """A valid ``AcceptanceLengthController`` (an initial depth or none), then one valid ``observe``: 1-4 drafts of
+    1..max_depth tokens each, some of them accepted."""
+    max_depth, window = int(rng.integers(1, 7)), int(rng.integers(1, 5))
+    initial = None if rng.random() < 0.5 else int(rng.integers(1, max_depth + 1))
+    drafts = int(rng.integers(1, 5))
+    tokens = drafts * int(rng.integers(1, max_depth + 1))
+    counts = [drafts, tokens, int(rng.integers(0, tokens + 1))]
+    return _call("AcceptanceLengthController", [max_depth, window, initial], f"Kmax {max_depth}, window {window}, "
+                 f"initial {initial}, observe {counts}", then=(("observe", counts),))
+
+
 def arguments(refused: str, what: str, index: int, values: tuple, valid: Callable, key: str = "params"
               ) -> tuple[Corruption, ...]:
     """One corruption per entry of ``values``: ``args[index]`` of a host ``call`` case (``inputs[key]``, see
@@ -192,6 +204,62 @@ class _Named:
 
     def __str__(self):
         return self.name
+
+
+def observed(refused: str, changes: tuple[_Named, ...]) -> tuple[Corruption, ...]:
+    """One corruption per entry of ``changes``: ``acceptance_call``'s valid ``observe`` counts replaced by what it
+    gives from them, with only ``refused`` bad (the others stay valid counts)."""
+    def count(change):
+        def apply(rng, inputs):
+            (method, counts), = inputs["params"]["then"]
+            inputs["params"] = {**inputs["params"], "then": ((method, change(list(counts))),)}
+
+        return apply
+
+    return tuple(Corruption(refused, f"{refused} not an int >= 0: {change}", count(change), acceptance_call)
+                 for change in changes)
+
+
+def _set(index: int, value) -> Callable[[list], list]:
+    """The counts with ``counts[index]`` set to ``value``, or to ``value(counts)`` where it is callable."""
+    def change(counts):
+        counts[index] = value(counts) if callable(value) else value
+        return counts
+
+    return change
+
+
+def _counts_with(index: int, name: str) -> tuple[_Named, ...]:
+    """Count ``index`` as -1, as a float of its valid value, and as True."""
+    return (_Named("-1", _set(index, -1)), _Named(f"{name} as a float", _set(index, lambda c: float(c[index]))),
+            _Named("True", _set(index, True)))
+
+
+def _no_maximum(value) -> Corruption:
+    """``acceptance_call`` with ``max_depth`` set to ``value`` and no initial depth (the controller starts at its
+    maximum), so that only the max_depth check can refuse it."""
+    def apply(rng, inputs):
+        _, window, _ = inputs["params"]["args"]
+        inputs["params"] = {**inputs["params"], "args": [value, window, None]}
+
+    return Corruption("max_depth", f"max_depth not a positive int, no initial depth: {value!r}", apply,
+                      acceptance_call)
+
+
+def _never_drafting(window) -> Corruption:
+    """A table whose every cap is 0 (valid: no band drafts, so no band controller is made) with ``window`` set: only
+    ``BandAcceptanceLengthController`` itself can refuse it."""
+    def apply(rng, inputs):
+        caps, _ = inputs["params"]["args"]
+        inputs["params"] = {**inputs["params"], "args": [(0,) * len(caps), window]}
+
+    return Corruption("window", f"window not a positive int on a table that never drafts: {window!r}", apply,
+                      controller_call)
+
+
+def _trailing_dimension(rng, inputs):
+    """``limit_call``'s draft with a trailing dimension of 1: 3-D, with the columns still in dimension 1."""
+    inputs["draft"] = inputs["draft"].unsqueeze(-1)
 
 
 def _asked(size: Callable[[tuple], int], what: str) -> Corruption:
@@ -242,7 +310,23 @@ DEPTH_REFUSALS = refusal_family(limit_call, (
     *arguments("window", "window not a positive int", 1, NOT_POSITIVE, controller_call),
     _asked(len, "a batch size at the table's end"),
     _asked(lambda caps: 0, "a batch size of 0"),
-), "limit_draft_tokens, band_lookup and BandAcceptanceLengthController")
+    # appended: the corruptions above draw as before
+    Corruption("draft", "a 3-D draft (a trailing dimension of 1)", _trailing_dimension),
+    *arguments("max_batch_size", "max_batch_size not a positive int", 1, NOT_POSITIVE, band_call),
+    *arguments("max_depth", "max_depth not a positive int", 2, NOT_POSITIVE, band_call),
+    *arguments("schedule", "a band whose start is no positive int but equals 1", 0, ([(True, 4, 1)], [(1.0, 4, 1)]),
+               band_call),
+    *(_never_drafting(window) for window in NOT_POSITIVE),
+    *(_no_maximum(value) for value in NOT_POSITIVE),
+    *arguments("window", "window not a positive int", 1, NOT_POSITIVE, acceptance_call),
+    *arguments("initial_depth", "initial_depth above max_depth", 2, (_Named("max_depth + 1", lambda a: a[0] + 1),),
+               acceptance_call),
+    *observed("num_drafts", _counts_with(0, "num_drafts")),
+    # a float first: with the num_draft_tokens check gone it goes through, where -1 (or True below what was
+    # accepted) is still refused as accepted tokens above the drafted ones, naming num_accepted_tokens
+    *observed("num_draft_tokens", tuple(_counts_with(1, "num_draft_tokens")[i] for i in (1, 0, 2))),
+    *observed("num_accepted_tokens", _counts_with(2, "num_accepted_tokens")),
+), "limit_draft_tokens, band_lookup, AcceptanceLengthController and BandAcceptanceLengthController")
 
 
 def layer_call(rng, device, launch):
