@@ -22,7 +22,7 @@ import torch
 
 from stress.core import cases, compare, guards, oracle, refusal, workers
 from stress.core import patches as mutants
-from stress.core.types import FAIL, NOT_CHECKED, RETURN, Check, Result, Verdict, not_checked
+from stress.core.types import RETURN, Check, Judged, Result, Verdict, not_checked
 from stress.mutate import operators
 
 
@@ -37,7 +37,7 @@ class ShapeStats:
 
 
 @dataclass
-class HuntResult:
+class HuntResult(Judged):
     check: str
     device: str
     verdict: str  # a Verdict, or not_checked(why) when nothing it could catch was found
@@ -61,14 +61,6 @@ class HuntResult:
             record["failure"]["repro"] = self.failure.repro()
             record["hunt_line"] = self.hunt_line()
         return record
-
-    @property
-    def failed(self) -> bool:
-        return self.verdict.startswith(FAIL)
-
-    @property
-    def not_checked(self) -> bool:
-        return self.verdict.startswith(NOT_CHECKED)
 
     @property
     def launches_per_s(self) -> float:

@@ -43,6 +43,20 @@ def not_checked(reason: str) -> str:
     return f"{NOT_CHECKED}{reason}"
 
 
+class Judged:
+    """What a record with a ``verdict`` (a case's Result, a hunt's) says of it."""
+
+    verdict: str
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict.startswith(FAIL)
+
+    @property
+    def not_checked(self) -> bool:
+        return self.verdict.startswith(NOT_CHECKED)
+
+
 class Oracle(StrEnum):
     """What kills a planted bug on a device (``Mutant.oracles``): the failure verdict it must produce, or the
     compute-sanitizer tool whose finding kills it on a GPU."""
@@ -267,7 +281,7 @@ class Check:
 
 
 @dataclass
-class Result:
+class Result(Judged):
     """The verdict of one case, as streamed to results.jsonl."""
 
     check: str
@@ -288,14 +302,6 @@ class Result:
     tool: str | None = None  # the compute-sanitizer tool the case ran under (stress.sanitize.runner), if any
     phases: dict[str, float] = field(default_factory=dict)  # seconds: build, reference, judge, trace, gpu_wait
     impl: str | None = None  # the --impl registration judged in place of the production launcher (its spec)
-
-    @property
-    def failed(self) -> bool:
-        return self.verdict.startswith(FAIL)
-
-    @property
-    def not_checked(self) -> bool:
-        return self.verdict.startswith(NOT_CHECKED)
 
     def repro(self) -> str:
         """The command that reruns exactly this case from a checkout: launch shape, deadline and tracer too."""
