@@ -327,3 +327,9 @@ MATRIX.add_argument("--path", action="store_true",
                          "too (default: off; it costs minutes)")
 MATRIX.add_argument("--path-iters", type=count(1), default=40,
                     help="with --path: cases of the whole-path check per other check's mutant (default: 40)")
+
+CHECKS = argparse.ArgumentParser(add_help=False)
+CHECKS.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
+
+FAMILIES = argparse.ArgumentParser(add_help=False)
+FAMILIES.add_argument("--family", action="append", help="only this family, repeatable (default: every family)")

@@ -7,6 +7,7 @@ from contextlib import nullcontext
 from dataclasses import asdict
 
 from stress.cli.common import (
+    CHECKS,
     IMPLEMENTATIONS,
     MATRIX,
     UsageError,
@@ -30,9 +31,8 @@ from stress.core.types import kill_matrix_verdict
 
 def add_parsers(sub) -> None:
     mut = sub.add_parser(
-        "mutants", parents=[device_and_seed(), pool_options("hunted"), MATRIX, IMPLEMENTATIONS],
+        "mutants", parents=[device_and_seed(), pool_options("hunted"), MATRIX, IMPLEMENTATIONS, CHECKS],
         help="run each planted bug through its check: the kill matrix")
-    mut.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
     mut.add_argument("--path-only", action="store_true", help="hunt the path column alone (implies --path)")
     mut.add_argument("--mutant", action="append", help="only this planted bug, repeatable (default: every one)")
     mut.add_argument("--json", action="store_true", help="print the matrix as JSON on stdout and nothing else")
@@ -41,10 +41,9 @@ def add_parsers(sub) -> None:
 
 
     mt = sub.add_parser(
-        "mutate", parents=[device_and_seed(), pool_options("hunted")],
+        "mutate", parents=[device_and_seed(), pool_options("hunted"), CHECKS],
         help="generate mutants of each check's production code and hunt them: the "
              "mutation score per check")
-    mt.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
     mt.add_argument("--operators", choices=("token", "semantic", "all"),
                     help="which class of operators: token (one-token slips), semantic (an engineer's slips: a "
                          "same-kind name, swapped arguments, a forgotten statement, a neighbouring expression, an "

@@ -6,6 +6,8 @@ from contextlib import nullcontext
 from dataclasses import asdict
 
 from stress.cli.common import (
+    CHECKS,
+    FAMILIES,
     IMPLEMENTATIONS,
     MATRIX,
     UsageError,
@@ -35,11 +37,9 @@ from stress.core.types import DEFAULT_TIMEOUT, NOT_CHECKED, kill_matrix_verdict
 
 def add_parsers(sub) -> None:
     run = sub.add_parser(
-        "run", parents=[device_and_seed(), pool_options("replayed"), MATRIX, IMPLEMENTATIONS],
+        "run", parents=[device_and_seed(), pool_options("replayed"), MATRIX, IMPLEMENTATIONS, CHECKS, FAMILIES],
         help="replay every (check, family) N times against the references")
     run.add_argument("--iters", type=count(1), default=10, help="cases per (check, family) (default: 10)")
-    run.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
-    run.add_argument("--family", action="append", help="only this family, repeatable (default: every family)")
     run.add_argument("--report", default="reports/latest",
                      help="directory for results.jsonl, summary.md and heat maps; cleared of an earlier "
                           "run's files (default: reports/latest)")

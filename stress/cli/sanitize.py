@@ -3,6 +3,8 @@
 import time
 
 from stress.cli.common import (
+    CHECKS,
+    FAMILIES,
     IMPLEMENTATIONS,
     count,
     device_and_seed,
@@ -22,7 +24,7 @@ from stress.core.types import not_checked
 
 def add_parsers(sub) -> None:
     san = sub.add_parser(
-        "sanitize", parents=[device_and_seed(), IMPLEMENTATIONS,
+        "sanitize", parents=[device_and_seed(), IMPLEMENTATIONS, CHECKS, FAMILIES,
                              pool_options("sanitized", jobs="one per CPU core: each case is a process of its own")],
         help="replay cases under NVIDIA compute-sanitizer on the GPU, each in its own "
              "process: out-of-bounds, uninitialized reads, barrier misuse")
@@ -30,8 +32,6 @@ def add_parsers(sub) -> None:
                      help="memcheck: out-of-bounds and misaligned accesses (fail:oob); initcheck: reads of memory "
                           "never written (fail:uninit); synccheck: invalid barriers (fail:sync) (default: memcheck)")
     san.add_argument("--iters", type=count(1), default=1, help="cases per (check, family) (default: 1)")
-    san.add_argument("--check", action="append", help="only this check, repeatable (default: every check)")
-    san.add_argument("--family", action="append", help="only this family, repeatable (default: every family)")
     san.add_argument("--mutant", help="apply this planted bug in every case of the checks that plant it "
                                       "(default: the production code)")
     san.add_argument("--report", default="reports/sanitize",
