@@ -158,3 +158,10 @@ def test_finite_attention_reads_only_the_slots_the_rows_reach():
     poisoned_elsewhere = build_case(check, "decode", 1, "cpu")  # unreached cache slots hold NaN
     assert torch.isnan(poisoned_elsewhere.inputs["k_cache"]).any() and outside(poisoned_elsewhere) is None
     assert "NaN or infinity in the attended k_cache" in outside(build_case(check, "infinite_keys", 1, "cpu"))
+
+
+def test_list_impl_json_is_json_only(capsys):
+    assert main(["list", "--impl", "--json"]) == 0
+    listed = {c["check"]: c["impl"] for c in json.loads(capsys.readouterr().out)}
+    assert "temperature-floor" in listed["sampling.gumbel"]["choices"]
+    assert listed["spec.slots"]["registrable"] is False and listed["spec.slots"]["why_not"]

@@ -33,19 +33,32 @@ def impl_lines(check) -> list[str]:
     return lines
 
 
+def impl_record(check) -> dict:
+    """``impl_lines`` as data: whether an implementation can be registered, its signature, the choices."""
+    import inspect
+
+    from stress.core import impl
+
+    if (why := impl.why_not_registrable(check)) is not None:
+        return {"registrable": False, "why_not": why}
+    return {"registrable": True, "signature": str(inspect.signature(impl.launcher_of(check))),
+            "choices": {name: choice.doc for name, choice in check.choices.items()}}
+
+
 def cmd_list(args) -> int:
     from stress import checks
 
+    if args.json:  # JSON only; with --impl each check also says what an implementation must provide
+        print(json.dumps([{"check": c.name, "contract": c.contract, "docs": c.docs, "families": list(c.families),
+                           "devices": list(c.devices),
+                           "mutants": [{"name": m.name, "description": m.description, "oracles": m.oracles}
+                                       for m in c.mutants],
+                           **({"impl": impl_record(c)} if args.impl else {})} for c in checks.REGISTRY], indent=2))
+        return 0
     if args.impl:
         for c in checks.REGISTRY:
             print(c.name)
             print("\n".join(impl_lines(c)))
-        return 0
-    if args.json:
-        print(json.dumps([{"check": c.name, "contract": c.contract, "docs": c.docs, "families": list(c.families),
-                           "devices": list(c.devices),
-                           "mutants": [{"name": m.name, "description": m.description, "oracles": m.oracles}
-                                       for m in c.mutants]} for c in checks.REGISTRY], indent=2))
         return 0
     for c in checks.REGISTRY:
         print(f"{c.name}  [{', '.join(c.devices)}]")
