@@ -1,6 +1,7 @@
 """Stress throughput, for ``make bench``: cases per second per check in one process, with the share of a
-case's time each phase takes (building the inputs, the reference, running and judging the kernel, the CPU
-tracer), and the registry's cases per second through the worker pool ``run`` uses.
+case's time each phase takes (``stress.core.types.PHASES``: building the inputs, the reference, placing,
+launching, compiling, settling and comparing, the CPU tracer, refusals), and the registry's cases per second
+through the worker pool ``run`` uses.
 
 Each family's first case runs untimed (it compiles the kernel's launch shapes); the timed cases are the
 next ``cases`` seeds of every family, exactly those ``run`` would draw.
@@ -12,8 +13,7 @@ from collections import defaultdict
 from stress import checks
 from stress.core import cases, workers
 from stress.core.cases import Task, case_seed
-
-PHASES = ("build", "reference", "judge", "trace")
+from stress.core.types import PHASES
 
 
 def check_rows(device: str, cases: int = 2, seed: int = 0) -> list[str]:

@@ -74,27 +74,27 @@ def _judged_case(check: Check, case: Case, seed: int, device: str, trace: bool, 
     from stress.core import patches
 
     if case.refused:  # bad input the launcher must refuse: no reference output, nothing to trace
-        with impl.installed(checks.BY_NAME), patches.applied(mutant), _phase(result, "judge"):
+        with impl.installed(checks.BY_NAME), patches.applied(mutant), _phase(result.phases, "refusal"):
             return refusal.judge_all(check, case, device, _current(check.kernel))
-    with own_code("the reference"), _phase(result, "reference"), impl.reference_stream(check):
+    with own_code("the reference"), _phase(result.phases, "reference"), impl.reference_stream(check):
         expected = impl.expected_under_profile(check, case, expected_outputs(check, case))
     with impl.installed(checks.BY_NAME), patches.applied(mutant):
-        with _phase(result, "judge"):
-            verdict, details = differential(check, case, expected, device, _background_load(device), result.metrics)
+        verdict, details = differential(check, case, expected, device, _background_load(device), result.metrics,
+                                        result.phases)
         if trace and device == "cpu" and verdict == PASS:
-            with _phase(result, "trace"):
+            with _phase(result.phases, "trace"):
                 verdict, details = traced(check, case, seed)
     return verdict, details
 
 
 def differential(check: Check, case: Case, expected: dict, device: str, load=None,
-                 metrics: dict | None = None) -> tuple[str, list[str]]:
+                 metrics: dict | None = None, phases: dict | None = None) -> tuple[str, list[str]]:
     """Run the kernel ``repeats`` times on guarded copies; compare each run with the reference.
 
-    ``metrics``, when given, receives the check's metrics of the last run."""
-    from stress.core import compare
+    ``metrics``, when given, receives the check's metrics of the last run; ``phases`` the seconds of each step
+    (``stress.core.types.PHASES``)."""
+    from stress.core import compiles
 
-    compare_fn = check.compare or compare.exact
     dev = torch_device(device)
     tensors = {k: v for k, v in case.inputs.items() if isinstance(v, torch.Tensor)}
     notes = []  # what a comparator tolerated (and says so) in a passing case
@@ -102,43 +102,62 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
     for repeat in range(check.repeats.get(device, 1)):
         # the last repeat's guarded copies go before new ones are made (a view past 2^31 elements is GBs)
         placed = args = returned = outputs = None
-        placed, args = guarded(case.inputs, dev)
+        with _phase(phases, "place"):
+            placed, args = guarded(case.inputs, dev)
         if load is not None:
             load.kick()
-        returned = _current(check.kernel)(**args, **case.launch)
+        compiling = {}
+        with _phase(phases, "launch"), compiles.timed(compiling):
+            returned = _current(check.kernel)(**args, **case.launch)
+        _moved(phases, compiling.get("compile", 0.0), "launch", "compile")
         tag = f"repeat {repeat}: " if repeat else ""
         # an optional output the case leaves out (None) is neither written nor compared
         outputs = {name: returned if name == RETURN else placed[name].view for name in check.outputs
                    if name == RETURN or name in placed}
         read_only = {name: placed[name].view for name in tensors if name not in check.outputs}
-        damage, host = settle(placed, {**{f"in:{k}": v for k, v in read_only.items()}, **outputs})
+        with _phase(phases, "settle"):
+            damage, host = settle(placed, {**{f"in:{k}": v for k, v in read_only.items()}, **outputs})
         if damage:
             return Verdict.OOB, [tag + d for d in damage]
         outputs = {name: host[name] for name in outputs}
-        lines, verdict = [], ""
-        if metrics is not None and check.metrics:
-            with own_code(f"{check.name}'s metrics"):
-                metrics.update(check.metrics(expected, outputs))
-        for name, got in outputs.items():
-            with own_code(f"the comparison of {name}"):
-                found = compare_fn(name, expected[name], got)
-            if isinstance(found, compare.Unjudged):
-                unjudged += [tag + line for line in found.lines()]
-            elif isinstance(found, compare.Tolerated):
-                notes += [tag + line for line in found.lines()]
-            elif found is not None:
-                source = tensors.get(check.provenance.get(name, ""))
-                lines += found.lines(source)
-                verdict = verdict or found.verdict
-        for name in read_only:
-            if found := compare.unchanged(name, tensors[name], host[f"in:{name}"]):
-                lines += found.lines()
-                verdict = verdict or found.verdict
+        with _phase(phases, "compare"):
+            lines, verdict = _compared(check, expected, outputs, tensors, {n: host[f"in:{n}"] for n in read_only},
+                                       metrics, notes, unjudged, tag)
         if lines:
             return f"fail:{verdict}", [tag + line for line in lines]
     if unjudged:
         return "not_checked:near ties", unjudged + notes
     return PASS, notes
+
+
+def _compared(check: Check, expected: dict, outputs: dict, tensors: dict, inputs_after: dict, metrics: dict | None,
+              notes: list, unjudged: list, tag: str) -> tuple[list[str], str]:
+    """One run's outputs against the reference and its read-only inputs against what they were: the failure
+    lines and the first failure's verdict; what a comparator tolerated goes to ``notes``, what it could not
+    judge to ``unjudged``."""
+    from stress.core import compare
+
+    compare_fn = check.compare or compare.exact
+    lines, verdict = [], ""
+    if metrics is not None and check.metrics:
+        with own_code(f"{check.name}'s metrics"):
+            metrics.update(check.metrics(expected, outputs))
+    for name, got in outputs.items():
+        with own_code(f"the comparison of {name}"):
+            found = compare_fn(name, expected[name], got)
+        if isinstance(found, compare.Unjudged):
+            unjudged += [tag + line for line in found.lines()]
+        elif isinstance(found, compare.Tolerated):
+            notes += [tag + line for line in found.lines()]
+        elif found is not None:
+            source = tensors.get(check.provenance.get(name, ""))
+            lines += found.lines(source)
+            verdict = verdict or found.verdict
+    for name, after in inputs_after.items():
+        if found := compare.unchanged(name, tensors[name], after):
+            lines += found.lines()
+            verdict = verdict or found.verdict
+    return lines, verdict
 
 
 def trace_case(check: Check, case: Case, seed: int, permute: str = "auto"):
@@ -192,13 +211,21 @@ def _background_load(device: str):
 
 
 @contextmanager
-def _phase(result: Result, name: str):
-    """Adds the seconds the block took to ``result.phases[name]`` (also when it raises)."""
+def _phase(phases: dict | None, name: str):
+    """Adds the seconds the block took to ``phases[name]`` (also when it raises); nothing when ``phases`` is None."""
     start = time.perf_counter()
     try:
         yield
     finally:
-        result.phases[name] = round(result.phases.get(name, 0.0) + time.perf_counter() - start, 4)
+        if phases is not None:
+            phases[name] = round(phases.get(name, 0.0) + time.perf_counter() - start, 4)
+
+
+def _moved(phases: dict | None, seconds: float, source: str, target: str) -> None:
+    """``seconds`` of ``phases[source]`` counted under ``target`` instead (compiles timed inside a launch)."""
+    if phases is not None and seconds:
+        phases[source] = round(phases[source] - seconds, 4)
+        phases[target] = round(phases.get(target, 0.0) + seconds, 4)
 
 
 def judge_task(task: Task, device: str, timeout: float, trace: bool) -> tuple[Result, bool]:
@@ -221,7 +248,7 @@ def judge_task(task: Task, device: str, timeout: float, trace: bool) -> tuple[Re
             return result, out_of_memory
         registered = impl.of_check(check)
         result.impl = registered[0].spec() if registered else None
-        with _phase(result, "build"):
+        with _phase(result.phases, "build"):
             case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
         result.launch, result.note = case.launch, case.note
         foreign_triton = registered is not None and impl.written_in_triton(registered[1])

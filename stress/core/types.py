@@ -280,6 +280,13 @@ class Check:
         raise ValueError(f"mutant {name!r} is not one of {self.name}'s: {known}")
 
 
+PHASES = ("build", "reference", "place", "launch", "compile", "settle", "compare", "trace", "refusal", "gpu_wait")
+"""Where a case's seconds go (``Result.phases``): building its inputs, the reference, placing guarded copies on
+the device, launching the kernel (host side; on a GPU it runs while the next step waits), compiling launch shapes
+this process had not compiled, settling (the one wait for the device, guard zones and outputs read back),
+comparing, the CPU tracer, judging refusals, and waiting for a share of the GPU."""
+
+
 @dataclass
 class Result(Judged):
     """The verdict of one case, as streamed to results.jsonl."""
@@ -300,7 +307,7 @@ class Result(Judged):
     metrics: dict[str, float] = field(default_factory=dict)  # Check.metrics of the last run
     gpu: int | None = None  # the CUDA device index the case ran on (None on the CPU)
     tool: str | None = None  # the compute-sanitizer tool the case ran under (stress.sanitize.runner), if any
-    phases: dict[str, float] = field(default_factory=dict)  # seconds: build, reference, judge, trace, gpu_wait
+    phases: dict[str, float] = field(default_factory=dict)  # seconds, by PHASES
     impl: str | None = None  # the --impl registration judged in place of the production launcher (its spec)
 
     def repro(self) -> str:

@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import asdict
 
-from stress.core.types import DEFAULT_TIMEOUT, NOT_CHECKED, PASS, Result, kill_matrix_verdict
+from stress.core.types import DEFAULT_TIMEOUT, NOT_CHECKED, PASS, PHASES, Result, kill_matrix_verdict
 
 UNJUDGED_KILLS = ("not_checked", "not_hunted")  # kill-matrix statuses that hunted nothing here
 RESULTS, SUMMARY, MATRIX = "results.jsonl", "summary.md", "mutants.json"
@@ -230,6 +230,7 @@ class Report:
             out.append(f"| {check} | {family} | {sum(r.verdict == PASS for r in rs)} | {sum(r.failed for r in rs)} "
                        f"| {sum(r.not_checked for r in rs)} | {sum(r.seconds for r in rs):.2f} |")
         out += acceptance_lines(self.results)
+        out += time_lines(self.results)
         out += ["", f"![failures by check and family]({FAILURES_PNG})"]
         failures = [r for r in self.results if r.failed]
         if failures:
@@ -275,6 +276,31 @@ class Report:
                 k.path, f"{k.path}: {k.path_detail}")
             out.append(f"| {k.check} | {k.mutant} | {k.oracle} | {k.status} | {k.iterations} | {path} | {tail} |")
         return out
+
+
+def time_lines(results: list[Result]) -> list[str]:
+    """Where the case-seconds went, per check: its cases, their seconds summed over the workers, each phase's
+    share of them (``stress.core.types.PHASES``; ``other``: what no phase timed, such as memory release) and
+    the slowest case. Phases no case of the run timed get no column."""
+    by_check: dict[str, list[Result]] = {}
+    for r in results:
+        by_check.setdefault(r.check, []).append(r)
+    seen = [p for p in PHASES if any(p in r.phases for r in results)]
+    if not seen:
+        return []
+    out = ["", "## Where the time went", "",
+           "| check | cases | case-seconds | per case | " + " | ".join(seen) + " | other | slowest |",
+           "|---|---|---|---|" + "---|" * (len(seen) + 2)]
+    for check, rs in sorted(by_check.items()):
+        seconds = sum(r.seconds for r in rs)
+        phases = {p: sum(r.phases.get(p, 0.0) for r in rs) for p in seen}
+        timed = sum(v for p, v in phases.items() if p != "gpu_wait")  # a case's seconds start after its wait
+        share = [f"{100 * phases[p] / seconds:.0f}%" if seconds else "-" for p in seen]
+        other = f"{100 * max(0.0, seconds - timed) / seconds:.0f}%" if seconds else "-"
+        slowest = max(rs, key=lambda r: r.seconds)
+        out.append(f"| {check} | {len(rs)} | {seconds:.1f} | {1e3 * seconds / len(rs):.1f} ms | " + " | ".join(share)
+                   + f" | {other} | {slowest.seconds:.2f} s ({slowest.family}, seed {slowest.seed}) |")
+    return out
 
 
 def acceptance_lines(results: list[Result]) -> list[str]:
