@@ -73,6 +73,13 @@ def _poisoned(shape, dtype) -> torch.Tensor:
     return torch.full(shape, float("nan"), dtype=dtype)
 
 
+def _unwritten(cache: torch.Tensor) -> torch.Tensor:
+    """The tracer's mask of a poisoned cache's elements no case wrote, as a broadcast view: a case writes whole
+    (block, slot) rows of finite values, so a row's first element says for all of it (no pass over the cache,
+    which on the GPU holds up to 33k tokens of every head)."""
+    return torch.isnan(cache[:, :, :1, :1]).expand(cache.shape)
+
+
 def reached_columns(seq_lens: torch.Tensor, width: int, block_size: int) -> torch.Tensor:
     """[rows, width] bool: the block-table columns each row's sequence reaches (a column's first token is below
     its length)."""
@@ -106,7 +113,7 @@ def attention_case(rng, *, query_lens, seq_lens, kv_heads, group, head_dim, bloc
         "k_cache": k_cache, "v_cache": v_cache, "block_table": table, "seq_lens": int32(all_seq),
         "query_start_loc": int32(query_start_loc), "scale": float(head_dim ** -0.5 * rng.uniform(0.5, 2.0)),
         "causal": causal, "out": torch.full((num_tokens + pad_tokens, num_q_heads, head_dim), SENTINEL, dtype=dtype)}
-    return Case(inputs=inputs, unwritten={"k_cache": torch.isnan(k_cache), "v_cache": torch.isnan(v_cache)},
+    return Case(inputs=inputs, unwritten={"k_cache": _unwritten(k_cache), "v_cache": _unwritten(v_cache)},
                 note=(f"{'causal' if causal else 'non-causal'} q={list(query_lens)} seq={list(seq_lens)} "
                       f"H_kv={kv_heads} group={group} D={head_dim} bs={block_size} {str(dtype)[6:]} {note}").strip())
 
@@ -674,7 +681,7 @@ def prefix_case(rng, device, *, batch_rows, pad_rows=0, max_cached_tokens, max_h
         "v_cache": v_cache, "k_cache": k_cache, "scale": float(head_dim ** -0.5),
         "out": torch.full((num_query_rows, kv_heads * shape["group"], head_dim), SENTINEL, dtype=dtype)}
     restored = [r[0] for r in requests]
-    return Case(inputs=inputs, unwritten={"k_cache": torch.isnan(k_cache), "v_cache": torch.isnan(v_cache)},
+    return Case(inputs=inputs, unwritten={"k_cache": _unwritten(k_cache), "v_cache": _unwritten(v_cache)},
                 note=f"restored {restored} B={batch_rows}+{pad_rows} Q={q} bs={bs} {str(dtype)[6:]} {note}".strip())
 
 
