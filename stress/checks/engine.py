@@ -102,6 +102,20 @@ CHECKS = (
                    "entry: a later hit restores KV another request has overwritten",
                    (Patch("kernels.spec.scheduler:PrefixCachingPool", "del self.block_of[key]", "pass"),),
                    oracles={"cpu": "kv", "cuda": "kv"}, families=("combined", "prefix_chain", "crowded_preemption")),
+            Mutant("graphs-without-adaptive-depths", "the engine keeps the candidates DraftGraphs built from the "
+                   "band caps alone: a depth the controller lowered below the cap finds no graph and drafts eagerly",
+                   (Patch(_ENGINE, "            self.graphs.candidates = self.draft_candidates", "            pass"),),
+                   oracles=EVERYWHERE, families=("adaptive_graphs",)),
+            Mutant("target-graphs-at-draft-width", "the target's graph candidates are built for the draft's query "
+                   "length: the same for DFlash, K instead of 1 + K for DSpark",
+                   (Patch(_ENGINE, "graphs.build_candidates(decode_query_len=1 + self.k, **shape)",
+                          "graphs.build_candidates(decode_query_len=self.q, **shape)"),),
+                   oracles=EVERYWHERE, families=("adaptive_graphs",)),
+            Mutant("cached-q-last-columns", "verification reads the last cached draft-logits columns instead of "
+                   "the first: the same unless a request verifies fewer drafts than K with the cache",
+                   (Patch(_ENGINE, "cached_q = self.draft_logits[:, :num_drafts]",
+                          "cached_q = self.draft_logits[:, -num_drafts:]"),),
+                   oracles=EVERYWHERE, families=("budget_cut_cache",)),
             Mutant("draft-graphs-never-captured", "the engine builds its draft graphs but never captures them: "
                    "every step dispatched to a FULL graph drafts the same tokens eagerly, without the replay",
                    (Patch(_ENGINE, "self.graphs.capture()", "self.graphs.clear()"),),

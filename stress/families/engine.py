@@ -299,6 +299,22 @@ def tight_pools(rng, device, launch):
                        k=k, num_blocks=exact, note=f"{m}-block prompts in a {m}-block target pool")
 
 
+def _four_decodes(rng, device, k: int, budget: int, note: str, temperature: float = 0.0,
+                  probabilistic: bool = False, num_steps: int = 6) -> Case:
+    """Four requests admitted (and running) at step 0, prompts of a quarter of the ``budget``, each decoding
+    K drafts a step at ``temperature``: a budget of about two decodes leaves the later ones cut or out."""
+    slots = 4
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=0, prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)),
+                                                                budget // slots),
+                        max_new=int(rng.integers(6, 12)), temperature=temperature) for i in range(slots)]
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, num_steps, 8), max_num_reqs=slots,
+                       budget=budget, block_sizes=(4, 4) if not big(device) else (16, 16), k=k,
+                       probabilistic=probabilistic, note=note)
+
+
 def budget_bound(rng, device, launch):
     """A token budget of two decodes (two requests' bonus token and drafts), often exactly, and more requests
     running behind them: a step spends the budget to the last token, and the requests after that must get
@@ -306,17 +322,19 @@ def budget_bound(rng, device, launch):
     decode is cut to its bonus token alone or to part of its drafts (the rest dropped). Prompts of a quarter
     of the budget, so all four are admitted (and running) at step 0."""
     k = _sized(device, 3, 4)
-    slots = 4
     budget = 2 * (k + 1) + int(pick(rng, (0, 0, 1, k)))
+    return _four_decodes(rng, device, k, budget, f"budget {budget} tokens")
 
-    def requests(rng, vocab):
-        return [request(rng, i, arrival=0, prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)),
-                                                                budget // slots),
-                        max_new=int(rng.integers(6, 12))) for i in range(slots)]
 
-    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 8), max_num_reqs=slots,
-                       budget=budget, block_sizes=(4, 4) if not big(device) else (16, 16), k=k,
-                       note=f"budget {budget} tokens")
+def budget_cut_cache(rng, device, launch):
+    """Sampled requests verified against the draft-logits cache under a budget of two decodes and 2..k tokens
+    more: the third request's decode is cut to its bonus token and fewer drafts than it proposed, so its
+    verification reads the first of its cached columns, not all K."""
+    k = _sized(device, 3, 4)
+    budget = 2 * (k + 1) + int(rng.integers(2, k + 1))
+    temperature = float(pick(rng, (0.5, 0.7, 1.0)))
+    return _four_decodes(rng, device, k, budget, f"budget {budget} tokens, temperature {temperature}",
+                         temperature=temperature, probabilistic=True, num_steps=8)
 
 
 def greedy_output(weights: dict, prompt_tokens: list[int], count: int) -> list[int]:
@@ -492,6 +510,27 @@ def padded_graphs(rng, device, launch):
                        cuda_graphs=True, graph_settings=settings, note=f"graphs at {sizes} tokens")
 
 
+def adaptive_graphs(rng, device, launch):
+    """The DSpark draft through ``DraftGraphs`` under one adaptive band up to K: every request samples and is
+    verified against one-hot draft probabilities with a window of one step, so the depth falls below K and
+    climbs back. A depth below K has a graph only because the depth adapts (the band's cap alone stages K's
+    width); DSpark's draft widths are the depths themselves, while the target verifies 1 + drafts tokens a
+    request, so its graphs are staged for that width, not the draft's."""
+    slots, k = _sized(device, 3, 8), _sized(device, 3, 4)
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=int(rng.integers(1, 3)) if i else 0, max_new=int(rng.integers(6, 12)),
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(4, 12))),
+                        temperature=float(pick(rng, (1.0, 2.0)))) for i in range(slots)]
+
+    sizes = sorted({k, (slots // 2 + 1) * k, slots * k})
+    settings = {"capture_sizes": sizes, "small_grid": 0, "capability_major": 9, "draft_backends": ["specsan_paged"]}
+    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 10), max_num_reqs=slots,
+                       budget=_sized(device, 64, 2048), block_sizes=(4, 4) if not big(device) else (16, 16), k=k,
+                       anchor_first=True, dsd_schedule=[(1, slots, k)], adaptive_window=1, cuda_graphs=True,
+                       graph_settings=settings, note=f"adaptive DSpark graphs at {sizes} tokens")
+
+
 # The features a combined case draws, each independently of the others: every pair of settings meets.
 FEATURES = {
     "layout": ("dflash", "dspark"),
@@ -586,4 +625,5 @@ FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix
             "mixed_prefill_decode": mixed_prefill_decode, "dsd_bands": dsd_bands, "long_context": long_context,
             "seeded_sampling": seeded_sampling, "padded_graphs": padded_graphs, "prefix_chain": prefix_chain,
             "mid_prefill_hit": mid_prefill_hit, "tight_pools": tight_pools, "crowded_preemption": crowded_preemption,
-            "budget_bound": budget_bound, "multi_turn": multi_turn, "combined": combined}
+            "budget_bound": budget_bound, "multi_turn": multi_turn, "combined": combined,
+            "adaptive_graphs": adaptive_graphs, "budget_cut_cache": budget_cut_cache}
