@@ -137,6 +137,14 @@ CHECKS = (
                           "True, token,"),
                     Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("empty_residual", "extremes")),
+            Mutant("uniform-row-counts-padding", "the softmax statistics give the lanes past the vocab -2^126 (the "
+                   "clamp's floor) instead of -inf: they weigh nothing beside a finite score, but a row of -inf or "
+                   "NaN, uniform by contract, spreads its mass over the last tile's padding too",
+                   (Patch("kernels.rejection:_softmax_stats", 'temp), float("-inf"))', "temp), -CLAMP)"),
+                    Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("uniform_rows",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's target logits are finite: no row is all -inf or NaN"))),
             Mutant("verify-subnormal-temperature-greedy", "temperatures below the smallest normal float32 are "
                    "flushed to 0, as a flush-to-zero build does: one ulp above 0 verifies greedily instead of "
                    "sampling",

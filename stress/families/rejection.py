@@ -408,13 +408,29 @@ def greedy_threshold(rng, device, launch):
     return case
 
 
+def uniform_rows(rng, device, launch):
+    """Sampled requests whose target rows are all -inf or all NaN (p uniform over the vocabulary) under
+    constant draft rows (q uniform too): p = q, so every draft is accepted. The vocab is one past a power of
+    two or past the swept tile, so its last tile is about half padding: a uniform p counts the vocab's lanes
+    only, and padding that weighs in lowers p(x) below q(x) and rejects."""
+    batch, k, _ = _size(rng, device)
+    b = min(batch, 4)  # each step's accept test is the point, not the batch: a GPU-sized case stays cheap
+    vocab = launch.get("block_v", 2 ** int(rng.integers(1, 12 if big(device) else 6))) + 1
+    target = torch.from_numpy(rng.choice(np.array([float("-inf"), float("nan")], dtype=np.float32), (b, k + 1, 1)))
+    case = _case(rng, batch=b, depth=k, vocab=vocab, target=target.expand(b, k + 1, vocab).contiguous(),
+                 greedy_share=0.0, placeholder_share=0.0, note=f"uniform rows, vocab {vocab}")
+    levels = rng.standard_normal((case.inputs["temperature"].numel(), k, 1)).astype(np.float32)
+    case.inputs["draft_logits"] = torch.from_numpy(levels).expand(-1, -1, vocab).contiguous()
+    return case
+
+
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
             "extremes": extremes, "tiles": tiles, "tiny_vocab": tiny_vocab,
             "shared_drafts": shared_drafts, "rejected_drafts": rejected_drafts, "agreeing_drafter": agreeing_drafter,
             "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder,
             "empty_residual": empty_residual,
-            "greedy_threshold": greedy_threshold,
+            "greedy_threshold": greedy_threshold, "uniform_rows": uniform_rows,
             **one_per_value(big_offsets, "layout", ("steps", "target_logits", "draft_tokens", "out_tokens",
                                                            "draft_logits"))}
 
