@@ -120,6 +120,14 @@ CHECKS = (
                           "q_head = rows % group * (num_q_heads // group) + kv_head"),),
                    oracles=EVERYWHERE, families=("gqa",),
                    path=Reach(families=("combined",))),
+            Mutant("even-d-by-alignment", "the launcher drops the head-dim mask for any head dim that is a multiple "
+                   "of 16 instead of one that fills its tile: at 48 (tile 64) loads and stores run 16 dims into "
+                   "the next head",
+                   (Patch("kernels.attention:_launch", "EVEN_D=head_dim == block_d", "EVEN_D=head_dim % 16 == 0"),),
+                   oracles=EVERYWHERE, families=("head_dim_48",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's head dims (16 and 32, 6 to 40 in its shape families) hold no multiple of 16 "
+                       "that is not a power of two"))),
             Mutant("empty-cache-accepted", "the return for a cache of no blocks comes before the index check "
                    "(pre-fix): sequences that reach a block of an empty cache are accepted and nothing is written",
                    (Patch("kernels.attention:paged_attention", "    if num_batch_rows == 0 or num_tokens == 0:\n",

@@ -130,6 +130,14 @@ CHECKS = (
                           '    validate.offsets("target_query_start_loc", target_starts[:num_batch_rows + 1], '
                           'num_target_rows)\n', ""),),
                    oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",)),
+            Mutant("offsets-tail-validated", "the launcher checks every target offset, also those past B + 1 (it "
+                   "forgets the [:B + 1] slice): stale offsets a larger batch left there refuse a valid call",
+                   (Patch("kernels.draft_inputs:prepare_draft_inputs",
+                          'validate.offsets("target_query_start_loc", target_starts[:num_batch_rows + 1],',
+                          'validate.offsets("target_query_start_loc", target_starts,'),),
+                   oracles={"cpu": "crash", "cuda": "crash"}, families=("stale_offsets",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's target query_start_loc holds exactly B + 1 offsets"))),
         ),
     ),
 )

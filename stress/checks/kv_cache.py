@@ -89,6 +89,21 @@ CHECKS = (
                            "overflow int32 offsets",
                            path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
                                "the engine's KV caches hold far fewer than 2^31 elements"))),
+            Mutant("v-row-k-strides", "the V-cache row offset is copied from the K line: V rows are addressed with "
+                   "K's block and slot strides, the same numbers whenever both caches share one layout",
+                   (Patch(_KV, "v_row = block * v_stride_b + offset * v_stride_t",
+                          "v_row = block * k_stride_b + offset * k_stride_t"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("v_token_major",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's K and V caches are the halves of one combined cache: one layout"))),
+            Mutant("tail-slots-validated", "the launcher checks every slot_mapping entry, also those past the "
+                   "tokens (it forgets the [:T] slice): a stale out-of-range entry there refuses a valid call",
+                   (Patch("kernels.kv_cache:write_kv", "writing = slot_mapping[:num_tokens]",
+                          "writing = slot_mapping"),),
+                   oracles={"cpu": "crash"}, families=("stale_tail",),
+                   why_not="the GPU launcher reads no index back (SPECSAN_CHECK_INDICES unset), so nothing refuses",
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's slot mappings past the tokens hold PAD or slots of its own cache"))),
         ),
     ),
 )

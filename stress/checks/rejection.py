@@ -137,6 +137,23 @@ CHECKS = (
                           "True, token,"),
                     Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("empty_residual", "extremes")),
+            Mutant("uniform-row-counts-padding", "the softmax statistics give the lanes past the vocab -2^126 (the "
+                   "clamp's floor) instead of -inf: they weigh nothing beside a finite score, but a row of -inf or "
+                   "NaN, uniform by contract, spreads its mass over the last tile's padding too",
+                   (Patch("kernels.rejection:_softmax_stats", 'temp), float("-inf"))', "temp), -CLAMP)"),
+                    Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("uniform_rows",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's target logits are finite: no row is all -inf or NaN"))),
+            Mutant("q-row-target-step-stride", "the draft-logits row of a step is addressed with the target's step "
+                   "stride (the neighbouring tensor's): the same number whenever both are contiguous over one "
+                   "vocabulary",
+                   (Patch(_VERIFY, "q_row_ptr = draft_row_ptr + step * draft_logits_step_stride",
+                          "q_row_ptr = draft_row_ptr + step * target_step_stride"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("agreeing_layouts",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's target logits and draft-logits cache are contiguous over one vocabulary: their "
+                       "step strides agree"))),
             Mutant("verify-subnormal-temperature-greedy", "temperatures below the smallest normal float32 are "
                    "flushed to 0, as a flush-to-zero build does: one ulp above 0 verifies greedily instead of "
                    "sampling",

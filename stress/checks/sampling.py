@@ -109,6 +109,15 @@ CHECKS = (
                           "temp = tl.load(temperature_ptr + slot, mask=live, other=0.0)\n"
                           "    temp = tl.where(temp < 1.1754944e-38, 0.0, temp)"),),
                    oracles=EVERYWHERE, families=("greedy_threshold",), path=SUBNORMAL_TEMPERATURES_UNREACHABLE),
+            Mutant("inert-columns-validated", "the launcher checks the cache column of every row, inert ones too "
+                   "(the live-row mask is left out): a stale column of a padded row refuses a valid call",
+                   (Patch("kernels.sampling:gumbel_sample", 'what="column", where=idx_mapping >= 0)',
+                          'what="column")'),),
+                   oracles={"cpu": "crash"}, families=("stale_columns",),
+                   why_not="the GPU launcher reads no index back (SPECSAN_CHECK_INDICES unset), so nothing refuses",
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's cache columns are arange % depth: every row's, an inert row's too, lies in "
+                       "the cache"))),
         ),
     ),
 )

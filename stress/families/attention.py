@@ -580,6 +580,14 @@ def head_dim(rng, device, launch, dim):
                           causal=bool(rng.integers(2)), note=f"head dim {dim}", **shape)
 
 
+def head_dim_48(rng, device, launch):
+    """A head dim that is a multiple of 16 but no power of two: its tile (64) is not filled, though each
+    16-wide slice of the head is, so only a mask against the head dim itself keeps loads and stores in the head
+    (the PATH_HEAD_DIMS classes are powers of two, which fill their tile, and one past them, which no multiple
+    of 16 is)."""
+    return head_dim(rng, device, launch, 48)
+
+
 FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long": long, "gqa": gqa,
             "dtypes": dtypes, "chunks": chunks, "widest_tiles": widest_tiles,
             "overflowing_tiles": overflowing_tiles, "wide_groups": wide_groups, "float32": float32,
@@ -588,7 +596,7 @@ FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long"
             "wide_table": wide_table, "infinite_keys": infinite_keys,
             "infinite_keys_split": infinite_keys_split,
             "nonfinite_keys": nonfinite_keys, "nonfinite_keys_split": nonfinite_keys_split,
-            **one_per_value(head_dim, "dim", PATH_HEAD_DIMS),
+            **one_per_value(head_dim, "dim", PATH_HEAD_DIMS), "head_dim_48": head_dim_48,
             **one_per_value(big_offsets, "layout", ("query", "out", "block_table", "caches")),
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
             # the launcher asks K and V for the same strides)

@@ -17,15 +17,30 @@ from stress.core.types import Case
 from stress.families.common import big, int64, laid_out, offset_reach, own_launch, pick, spread
 
 
-def write_kv_pair(key, value, slot_mapping, kv_cache, **launch) -> None:
+def halves(kv_cache: torch.Tensor, v_token_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V caches of a combined cache. ``v_token_major`` hands V over as a view of its half laid out
+    token-major (memory ``[block_size, num_blocks, H_kv, D]``): strides unlike K's, as separately allocated
+    caches may have, so V addressed with K's strides writes elsewhere."""
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    if v_token_major:
+        num_blocks, block_size = v_cache.shape[:2]
+        v_cache = v_cache.view(block_size, num_blocks, *v_cache.shape[2:]).transpose(0, 1)
+    return k_cache, v_cache
+
+
+def write_kv_pair(key, value, slot_mapping, kv_cache, v_token_major=False, **launch) -> None:
     """The production write into the K and V halves of a combined cache."""
-    write_kv(key, value, slot_mapping, kv_cache[0], kv_cache[1], **launch)
+    write_kv(key, value, slot_mapping, *halves(kv_cache, v_token_major), **launch)
 
 
-def write_kv_pair_reference(key, value, slot_mapping, kv_cache) -> torch.Tensor:
+def write_kv_pair_reference(key, value, slot_mapping, kv_cache, v_token_major=False) -> torch.Tensor:
     """The reference write, as a new combined cache. It runs where the case's tensors are: a cache past
     2^31 elements stays on the GPU (its loop indexes a handful of rows; no float math)."""
-    return torch.stack(reference.kv_cache.write_kv(key, value, slot_mapping, kv_cache[0], kv_cache[1]))
+    expected = kv_cache.clone()
+    written = reference.kv_cache.write_kv(key, value, slot_mapping, *halves(kv_cache, v_token_major))
+    for half, values in zip(halves(expected, v_token_major), written, strict=True):
+        half.copy_(values)
+    return expected
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 PAD = -1
@@ -247,6 +262,27 @@ BIG_SHARE = 4  # one GPU case in BIG_SHARE is past 2^31 elements: ~35 GB of devi
 # 8.6 GB combined cache, the reference's copies, the guarded copy), so several workers rarely hold one at once
 
 
+def v_token_major(rng, device, launch):
+    """A V cache laid out unlike the K cache (token-major, ``halves``): every other family hands over the two
+    halves of one combined cache, whose strides agree, so only here do V's offsets come from V's own strides."""
+    case = partial_block(rng, device, launch)
+    case.inputs["v_token_major"] = True
+    case.note += ", V token-major"
+    return case
+
+
+def stale_tail(rng, device, launch):
+    """Slot-mapping entries past the tokens that name no slot of this cache (what a larger batch or cache left
+    there): they are ignored, so the call is valid and writes as if they were PAD."""
+    case = ragged(rng, device, launch)
+    slots = case.inputs["slot_mapping"]
+    num_slots = case.inputs["kv_cache"].shape[1] * case.inputs["kv_cache"].shape[2]
+    tokens = case.inputs["key"].shape[0]
+    slots[tokens:] = torch.from_numpy(rng.integers(num_slots, 2 * num_slots, slots.numel() - tokens))
+    case.note = case.note.replace("5 slots past T", "5 out-of-range slots past T")
+    return case
+
+
 def big_cache(rng, device, launch):
     """Writes near the end of the caches (the highest offsets) and near their start. On the GPU one case in
     BIG_SHARE has caches past 2^31 elements each, built on the device; the others, and every CPU case, are
@@ -272,5 +308,6 @@ FAMILIES = {"pad": pad, "partial_block": partial_block, "null_block": null_block
             "dtypes": dtypes, "big_cache": big_cache, "bit_patterns": bit_patterns, "empty": empty,
             "smallest": smallest, "many_heads": many_heads, "capped_heads": capped_heads, "one_lane": one_lane,
             "wide_heads": wide_heads, "tile_limit": tile_limit, "spread_tokens": spread_tokens,
+            "v_token_major": v_token_major, "stale_tail": stale_tail,
             # key and value as slices of a fused projection, and a padded combined cache
             "layouts": laid_out(partial_block, "key", "value", "kv_cache")}

@@ -334,7 +334,17 @@ def agreeing_drafter(rng, device, launch):
     so requests reach the bonus row through depths 16 to 20, past the 16-lane token vector. From step 1 on each draft
     is the target's least likely token, which only the step's own draft row gives that probability: a read
     of another step's row rejects it. The bonus row is sure of token 0, which no bonus may exclude."""
-    depth, vocab = int(rng.integers(16, 21)), int(rng.integers(3, 25))
+    return _agreeing(rng, int(rng.integers(16, 21)))
+
+
+def _two_agreeing_steps(rng, device, launch):
+    """agreeing_drafter at depth 2: one step past step 0, whose row offset is 0 whatever the stride."""
+    return _agreeing(rng, 2)
+
+
+def _agreeing(rng, depth: int) -> Case:
+    """One sampled request whose draft logits are its target rows (see agreeing_drafter)."""
+    vocab = int(rng.integers(3, 25))
     case = _case(rng, batch=1, depth=depth, vocab=vocab, draft_logits=True, placeholder_share=0.0,
                  target=random_logits(rng, (1, depth + 1, vocab), 1.0), note=f"agreeing drafter, depth {depth}")
     inputs = case.inputs
@@ -408,13 +418,32 @@ def greedy_threshold(rng, device, launch):
     return case
 
 
+def uniform_rows(rng, device, launch):
+    """Sampled requests whose target rows are all -inf or all NaN (p uniform over the vocabulary) under
+    constant draft rows (q uniform too): p = q, so every draft is accepted. The vocab is one past a power of
+    two or past the swept tile, so its last tile is about half padding: a uniform p counts the vocab's lanes
+    only, and padding that weighs in lowers p(x) below q(x) and rejects."""
+    batch, k, _ = _size(rng, device)
+    b = min(batch, 4)  # each step's accept test is the point, not the batch: a GPU-sized case stays cheap
+    vocab = launch.get("block_v", 2 ** int(rng.integers(1, 12 if big(device) else 6))) + 1
+    target = torch.from_numpy(rng.choice(np.array([float("-inf"), float("nan")], dtype=np.float32), (b, k + 1, 1)))
+    case = _case(rng, batch=b, depth=k, vocab=vocab, target=target.expand(b, k + 1, vocab).contiguous(),
+                 greedy_share=0.0, placeholder_share=0.0, note=f"uniform rows, vocab {vocab}")
+    levels = rng.standard_normal((case.inputs["temperature"].numel(), k, 1)).astype(np.float32)
+    case.inputs["draft_logits"] = torch.from_numpy(levels).expand(-1, -1, vocab).contiguous()
+    return case
+
+
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
             "extremes": extremes, "tiles": tiles, "tiny_vocab": tiny_vocab,
             "shared_drafts": shared_drafts, "rejected_drafts": rejected_drafts, "agreeing_drafter": agreeing_drafter,
+            # draft logits row-padded, the target not: their step strides differ, so only a step row addressed with
+            # the draft's own stride holds its q
+            "agreeing_layouts": laid_out(_two_agreeing_steps, "draft_logits"),
             "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder,
             "empty_residual": empty_residual,
-            "greedy_threshold": greedy_threshold,
+            "greedy_threshold": greedy_threshold, "uniform_rows": uniform_rows,
             **one_per_value(big_offsets, "layout", ("steps", "target_logits", "draft_tokens", "out_tokens",
                                                            "draft_logits"))}
 
