@@ -143,7 +143,8 @@ def test_oob_write_is_its_own_verdict():
 
 
 def test_a_memory_verdict_retires_its_worker_and_a_plain_crash_does_not(monkeypatch):
-    """Out of bounds, or a crash that reads as heap damage: the process may be corrupted, so its worker goes."""
+    """Out of bounds, a crash that reads as heap damage, or on the CPU any failure once the kernel was launched
+    other than a launcher's refusal: the process may be corrupted, so its worker goes."""
     def overflowing(out, x):
         torch.as_strided(out, (9,), (1,)).copy_(torch.arange(9, dtype=torch.int32))
 
@@ -153,11 +154,25 @@ def test_a_memory_verdict_retires_its_worker_and_a_plain_crash_does_not(monkeypa
     def refusing(out, x):
         raise ValueError("x: not a tensor this launcher takes")
 
+    def damaged_after_launch(out, x):  # what a stray store into the heap left: a tensor of absurd size
+        raise IndexError("Dimension out of range (expected to be in range of [-1, 0], but got 34359738521)")
+
     for kernel, verdict, retired in ((overflowing, "fail:oob", True), (heap_damaged, "fail:crash", True),
-                                     (refusing, "fail:crash", False)):
+                                     (refusing, "fail:crash", False), (damaged_after_launch, "fail:crash", True)):
         monkeypatch.setitem(checks.BY_NAME, "fake", _fake_check(kernel))
         result = workers.run_case(cases.Task("fake", "f", 1), "cpu")
         assert (result.verdict, result.fatal) == (verdict, retired), result.details
+
+
+def test_a_failure_before_the_kernel_ran_keeps_its_worker(monkeypatch):
+    """A family or a reference that raises ran no kernel: nothing can have touched this process's memory."""
+    def reference_raising(out, x):
+        raise IndexError("the reference's own slip")
+
+    check = dataclasses.replace(_fake_check(lambda out, x: out.copy_(x)), reference=reference_raising)
+    monkeypatch.setitem(checks.BY_NAME, "fake", check)
+    result = workers.run_case(cases.Task("fake", "f", 1), "cpu")
+    assert (result.verdict, result.fatal) == ("fail:suite-error", False), result.details
 
 
 def test_an_in_process_run_says_it_is_not_trusted_after_a_memory_verdict():

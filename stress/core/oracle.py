@@ -54,6 +54,14 @@ def _memory_verdict(result: Result) -> bool:
     return result.verdict == Verdict.OOB or damaged
 
 
+def _host_damaged(result: Result, device: str, exc: BaseException) -> bool:
+    """Whether a case that raised may have damaged this process: on the CPU the interpreter runs kernels on the
+    process's own memory, so once a kernel was launched, a failure other than a launcher's ValueError refusing
+    its input may come from a stray store into the heap (the guard check itself then raising on a tensor of
+    absurd size), and later cases here could fail for reasons of their own."""
+    return device == "cpu" and "launch" in result.phases and not isinstance(exc, ValueError)
+
+
 def interpreter_gap(check: Check, case: Case, device: str, foreign_triton: bool = False) -> str | None:
     """Why the CPU interpreter cannot judge this case, or None: a bfloat16 ``tl.dot`` is computed on the operands'
     bit patterns there, so its output would diverge whatever the kernel's logic. The suite's own kernels say
@@ -260,13 +268,14 @@ def judge_task(task: Task, device: str, timeout: float, trace: bool) -> tuple[Re
         result.verdict, result.details = Verdict.TIMEOUT, [f"case ran past {timeout:g} s"]
     except SuiteError as exc:
         out_of_memory = isinstance(exc.__cause__, torch.OutOfMemoryError)  # the reference's copies on the GPU
+        result.fatal = _host_damaged(result, device, exc)
         result.verdict = SUITE_ERROR
         result.details = [f"specsan's own code failed: {exc}",
                           *"".join(traceback.format_exception(exc.__cause__)).splitlines()[-12:]]
     except Exception as exc:  # noqa: BLE001 - a crashing case is a verdict, not the end of the run
         result.verdict = Verdict.CRASH
         result.details = traceback.format_exception_only(exc)[-1:] + traceback.format_exc().splitlines()[-12:]
-        result.fatal = _fatal(exc)
+        result.fatal = _fatal(exc) or _host_damaged(result, device, exc)
         out_of_memory = isinstance(exc, torch.OutOfMemoryError)
     finally:
         if timeout:
