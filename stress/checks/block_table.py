@@ -16,6 +16,16 @@ from stress.checks.profiles import (
 )
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import block_table as bt_families
+from stress.families.ignored import (
+    HOSTILE_COUNT,
+    HOSTILE_NEGATIVE,
+    Region,
+    one_of,
+    past,
+    poisoned,
+    unmapped_slots,
+    whole_rows,
+)
 from stress.families.refusals import (
     NOT_POSITIVE,
     as_list,
@@ -88,6 +98,71 @@ UNALIGNED_PREFIX_REFUSALS = refusal_family(bt_families.prefix_aligned, (
 ), "has_unaligned_cached_prefix")
 
 
+# ---------------------------------------------------------------- ignored regions
+
+
+def gather_ignored(inputs: dict) -> list[Region]:
+    """Persistent rows no batch row selects: only the selected rows are copied."""
+    persistent = inputs["persistent"]
+    return [Region("persistent", whole_rows(unmapped_slots(inputs["idx_mapping"], persistent.shape[0]), persistent))]
+
+
+def _token_rows(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Each token's batch row (the last b with query_start_loc[b] <= t); -1 for tokens outside the batch."""
+    tokens = torch.arange(num_tokens)
+    rows = torch.bucketize(tokens, query_start_loc, right=True) - 1
+    outside = (tokens < query_start_loc[0]) | (tokens >= query_start_loc[-1])
+    return torch.where(outside, -1, rows)
+
+
+def slot_mapping_ignored(inputs: dict) -> list[Region]:
+    """Table entries no token's block index reaches (rows past the batch included), and the positions of tokens
+    outside the batch (they become PAD whatever they hold)."""
+    table, positions, block_size = inputs["block_table"], inputs["positions"], inputs["block_size"]
+    rows = _token_rows(inputs["query_start_loc"].long(), positions.numel())
+    columns = torch.div(positions, block_size, rounding_mode="floor")
+    on_table = (rows >= 0) & (columns >= 0) & (columns < table.shape[1])
+    reached = torch.zeros(table.shape, dtype=torch.bool)
+    reached[rows[on_table], columns[on_table]] = True
+    return [Region("block_table", ~reached), Region("positions", rows < 0)]
+
+
+def _shift_extents(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per batch row, the shift and the entries copied (0 for a padded row or a shift of 0)."""
+    table, idx_mapping, block_size = inputs["block_table"], inputs["idx_mapping"].long(), inputs["block_size"]
+    live = idx_mapping >= 0
+    cached = inputs["num_cached_tokens"].long()[idx_mapping.clamp(min=0)]
+    shift = torch.where(live, cached // block_size, 0)
+    needed = -(-inputs["seq_lens"][:idx_mapping.numel()].long() // block_size)
+    copied = torch.where(shift > 0, torch.minimum(table.shape[1] - shift, needed).clamp(min=0), 0)
+    return shift, copied
+
+
+def shift_ignored(inputs: dict) -> list[Region]:
+    """Table entries a row neither reads nor writes (all of a padded row, of a row that does not shift, of rows
+    past the batch), the counts of slots no batch row names and seq_lens past the batch; counts and seq_lens
+    stay >= 0, as the contract asks of every entry."""
+    table, idx_mapping = inputs["block_table"], inputs["idx_mapping"]
+    shift, copied = _shift_extents(inputs)
+    batch_rows = idx_mapping.numel()
+    column = torch.arange(table.shape[1])
+    touched = torch.ones(table.shape, dtype=torch.bool)
+    touched[batch_rows:] = False
+    touched[:batch_rows] = ((column < copied[:, None])
+                            | ((column >= shift[:, None]) & (column < (shift + copied)[:, None])))
+    return [Region("block_table", ~touched),
+            Region("num_cached_tokens", unmapped_slots(idx_mapping, inputs["num_cached_tokens"].numel()),
+                   HOSTILE_COUNT),
+            Region("seq_lens", past(batch_rows, inputs["seq_lens"].numel()), HOSTILE_COUNT)]
+
+
+def unaligned_prefix_ignored(inputs: dict) -> list[Region]:
+    """Padded rows may hold any negative slot, and the counts of slots no live row names any value."""
+    idx_mapping, cached = inputs["idx_mapping"], inputs["num_cached_tokens"]
+    return [Region("idx_mapping", idx_mapping < 0, HOSTILE_NEGATIVE),
+            Region("num_cached_tokens", unmapped_slots(idx_mapping, cached.numel()))]
+
+
 CHECKS = (
     Check(
         name="block_table.gather",
@@ -97,7 +172,8 @@ CHECKS = (
                  "no-refusals": NO_REFUSALS},
         kernel=kernels.block_table.gather_block_tables,
         reference=reference.block_table.gather_block_tables,
-        families={**bt_families.GATHER_FAMILIES, "refused": GATHER_REFUSALS},
+        families={**bt_families.GATHER_FAMILIES, "refused": GATHER_REFUSALS,
+                  "ignored_poisoned": poisoned(bt_families.gather_negative_slot, gather_ignored)},
         outputs=("out",),
         provenance={"out": "persistent"},
         mutants=(
@@ -140,7 +216,8 @@ CHECKS = (
                  "null-block-slots": NULL_BLOCK_SLOTS, "no-refusals": NO_REFUSALS},
         kernel=kernels.block_table.compute_slot_mappings,
         reference=reference.block_table.compute_slot_mappings,
-        families={**bt_families.SLOT_MAPPING_FAMILIES, "refused": SLOT_MAPPING_REFUSALS},
+        families={**bt_families.SLOT_MAPPING_FAMILIES, "refused": SLOT_MAPPING_REFUSALS,
+                  "ignored_poisoned": poisoned(bt_families.slots_padded, slot_mapping_ignored)},
         outputs=("out",),
         mutants=(
             Mutant("pad-tail-unwritten", "tokens past the batch keep stale slots instead of PAD",
@@ -162,7 +239,8 @@ CHECKS = (
         choices={"no-padded-rows": NO_PADDED_ROWS, "no-refusals": NO_REFUSALS},
         kernel=kernels.block_table.shift_block_table_rows,
         reference=reference.block_table.shift_block_table_rows,
-        families={**bt_families.SHIFT_FAMILIES, "refused": SHIFT_REFUSALS},
+        families={**bt_families.SHIFT_FAMILIES, "refused": SHIFT_REFUSALS,
+                  "ignored_poisoned": poisoned(bt_families.shift_padded, shift_ignored)},
         outputs=("block_table",),
         sweep=bt_families.shift_sweep,
         provenance={"block_table": "block_table"},
@@ -204,7 +282,9 @@ CHECKS = (
         choices={"no-refusals": NO_REFUSALS},
         kernel=kernels.block_table.has_unaligned_cached_prefix,
         reference=reference.block_table.has_unaligned_cached_prefix,
-        families={**bt_families.PREFIX_FAMILIES, "refused": UNALIGNED_PREFIX_REFUSALS},
+        families={**bt_families.PREFIX_FAMILIES, "refused": UNALIGNED_PREFIX_REFUSALS,
+                  "ignored_poisoned": poisoned(one_of(bt_families.prefix_padded, bt_families.prefix_unaligned),
+                                               unaligned_prefix_ignored)},
         outputs=(RETURN,),
         mutants=(
             Mutant("unaligned-not-refused", "fix 4 (docs/fixes.md#fix-4): a partial restored block is not refused",
@@ -217,6 +297,14 @@ CHECKS = (
                    path=Reach(unreachable=dict.fromkeys(
                        ("cpu", "cuda"), "the engine's idx_mapping holds live batch rows only; no slot -1 reaches the "
                                         "fail-closed test"))),
+            Mutant("padding-only-minus-one", "only slot -1 is taken for padding (slots != -1) where every negative "
+                   "slot is: another negative slot indexes a count from the end, or past it",
+                   (Patch(f"{_BT}:has_unaligned_cached_prefix", "slots = slots[slots >= 0]",
+                          "slots = slots[slots != -1]"),),
+                   oracles={"cpu": "crash", "cuda": "crash"}, families=("ignored_poisoned",),
+                   path=Reach(unreachable=dict.fromkeys(
+                       ("cpu", "cuda"), "the engine's idx_mapping holds live batch rows only; no negative slot "
+                                        "reaches the fail-closed test"))),
         ),
     ),
 )

@@ -101,8 +101,10 @@ class Family:
 
     ``own_launch_on``: devices where its cases run with no launch knobs (``stress.families.common.own_launch``);
     ``iteration_share``: the fraction of a run's iterations it gets (``one_per_value``); ``corruptions``: set on
-    a refusal family (``stress.families.refusals.refusal_family``), each applied to its own case of ``valid``.
-    A Check wraps a plain builder function in a Family with none of these traits.
+    a refusal family (``stress.families.refusals.refusal_family``), each applied to its own case of ``valid``;
+    ``ignored``: set on a poisoned family (``stress.families.ignored.poisoned``), the regions of a case of ``valid``
+    its contract ignores, which it fills with hostile values. A Check wraps a plain builder function in a Family
+    with none of these traits.
     """
 
     build: Callable[..., Case]
@@ -110,6 +112,7 @@ class Family:
     iteration_share: float = 1.0
     corruptions: tuple = ()
     valid: Callable | None = None
+    ignored: Callable | None = None
 
     def __call__(self, rng, device: str, launch: dict, **options) -> Case:
         return self.build(rng, device, launch, **options)
