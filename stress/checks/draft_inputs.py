@@ -1,6 +1,6 @@
 """Registry entries of draft_inputs.prepare: the draft's context, query and sampling rows."""
 
-
+import torch
 
 import kernels.draft_inputs
 import reference.draft_inputs
@@ -9,6 +9,7 @@ from stress.checks.profiles import NO_PADDED_ROWS, NO_REFUSALS
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import draft_inputs as di_families
 from stress.families.common import pick
+from stress.families.ignored import Region, one_of, past, poisoned, unmapped_slots
 from stress.families.refusals import (
     NOT_POSITIVE,
     Corruption,
@@ -81,6 +82,48 @@ PREPARE_REFUSALS = refusal_family(di_families.decode, (
 ), "prepare_draft_inputs")
 
 
+# ---------------------------------------------------------------- ignored regions
+
+
+def _request_positions(inputs: dict, batch_row: int) -> tuple[torch.Tensor, slice]:
+    """A live row's kept target rows (a slice of target_positions, the rejected suffix left out) and the positions
+    its context and query rows map through the block table (query positions unclamped)."""
+    starts, positions = inputs["target_query_start_loc"], inputs["target_positions"]
+    kept = slice(int(starts[batch_row]), int(starts[batch_row + 1]) - int(inputs["num_rejected"][batch_row]))
+    query_rows = _query_rows(inputs)
+    last = int(positions[kept.stop - 1])
+    return torch.cat([positions[kept], torch.arange(last + 1, last + 1 + query_rows)]), kept
+
+
+def prepare_ignored(inputs: dict) -> list[Region]:
+    """Target offsets past B + 1 (any value), the positions of rejected and unused target rows, block-table entries
+    no kept or query position reaches (rows past the batch included), counts past the batch, and slot state no
+    live row reads: last_sampled where the row did not sample, next_prefill_tokens where it did, and every slot
+    input of a slot no row names."""
+    num_batch_rows = batch_rows(inputs)
+    table, block_size = inputs["block_table"], inputs["block_size"]
+    reached = torch.zeros(table.shape, dtype=torch.bool)
+    read_positions = torch.zeros(inputs["target_positions"].numel(), dtype=torch.bool)
+    for batch_row in range(num_batch_rows):
+        mapped, kept = _request_positions(inputs, batch_row)
+        read_positions[kept] = True
+        columns = torch.div(mapped, block_size, rounding_mode="floor")
+        reached[batch_row, columns[(columns >= 0) & (columns < table.shape[1])]] = True
+    slots = inputs["idx_mapping"].long()
+    num_slots = inputs["last_sampled"].numel()
+    sampled = torch.zeros(num_slots, dtype=torch.bool)
+    sampled[slots[inputs["num_sampled"][:num_batch_rows] > 0]] = True
+    idle = unmapped_slots(inputs["idx_mapping"], num_slots)
+    return [Region("target_query_start_loc", past(num_batch_rows + 1, inputs["target_query_start_loc"].numel())),
+            Region("target_positions", ~read_positions),
+            Region("block_table", ~reached),
+            Region("num_sampled", past(num_batch_rows, inputs["num_sampled"].numel())),
+            Region("num_rejected", past(num_batch_rows, inputs["num_rejected"].numel())),
+            Region("last_sampled", idle | ~sampled),
+            Region("next_prefill_tokens", idle | sampled),
+            Region("num_cached_tokens", idle)]
+
+
 CHECKS = (
     Check(
         name="draft_inputs.prepare",
@@ -89,7 +132,9 @@ CHECKS = (
         choices={"no-padded-rows": NO_PADDED_ROWS, "no-refusals": NO_REFUSALS},
         kernel=kernels.draft_inputs.prepare_draft_inputs,
         reference=reference.draft_inputs.prepare_draft_inputs,
-        families={**di_families.FAMILIES, "refused": PREPARE_REFUSALS},
+        families={**di_families.FAMILIES, "refused": PREPARE_REFUSALS,
+                  "ignored_poisoned": poisoned(one_of(di_families.padded, di_families.rejected_suffix),
+                                               prepare_ignored)},
         outputs=(RETURN, *reference.draft_inputs.OUTPUTS),
         sweep=di_families.sweep,
         mutants=(
@@ -138,6 +183,14 @@ CHECKS = (
                    oracles={"cpu": "crash", "cuda": "crash"}, families=("stale_offsets",),
                    path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
                        "the engine's target query_start_loc holds exactly B + 1 offsets"))),
+            Mutant("last-position-by-count", "the last kept target position is taken as the last target row's "
+                   "position less the rejected count: right only while a request's target positions are "
+                   "consecutive, which the contract does not promise for the rejected suffix",
+                   (Patch(_DI, "last_pos = tl.load(target_positions_ptr + ctx_start + n_valid - 1)",
+                          "last_pos = tl.load(target_positions_ptr + ctx_start + n_ctx - 1) - (n_ctx - n_valid)"),),
+                   oracles=EVERYWHERE, families=("ignored_poisoned",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's target rows of a request hold consecutive positions, rejected ones included"))),
         ),
     ),
 )
