@@ -18,6 +18,7 @@ from stress.checks.profiles import (
 from stress.core.compare import exact_unless_near_tie
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import sampling as sampling_families
+from stress.families.ignored import Region, one_of, poisoned, unmapped_slots
 from stress.families.refusals import (
     Corruption,
     emptied,
@@ -67,6 +68,30 @@ GUMBEL_REFUSALS = refusal_family(sampling_families.mixed, (
 ), "gumbel_sample")
 
 
+# ---------------------------------------------------------------- ignored regions
+
+
+def noiseless_rows(inputs: dict) -> torch.Tensor:
+    """Rows that draw no noise: inert ones (slot -1) and greedy ones (their slot's temperature not > 0)."""
+    slots = inputs["idx_mapping"].long()
+    temperature = inputs["temperature"][slots.clamp(min=0)]
+    return (slots < 0) | ~(temperature > 0)
+
+
+def gumbel_ignored(inputs: dict) -> list[Region]:
+    """Temperature and seed of every slot no row names, the seeds of greedy slots, the positions (noise keys) of
+    rows that draw no noise, and the cache columns of inert rows."""
+    slots = inputs["idx_mapping"]
+    idle = unmapped_slots(slots, inputs["temperature"].numel())
+    greedy_slots = idle.clone()
+    greedy_slots[slots[slots >= 0].long()] = ~(inputs["temperature"][slots[slots >= 0].long()] > 0)
+    regions = [Region("temperature", idle), Region("seeds", greedy_slots),
+               Region("positions", noiseless_rows(inputs))]
+    if inputs.get("cache_cols") is not None:
+        regions.append(Region("cache_cols", slots < 0))
+    return regions
+
+
 CHECKS = (
     Check(
         name="sampling.gumbel",
@@ -78,7 +103,9 @@ CHECKS = (
                  "greedy-at-zero-only": GREEDY_AT_ZERO_ONLY, "no-refusals": NO_REFUSALS},
         kernel=kernels.sampling.gumbel_sample,
         reference=reference.sampling.gumbel_sample,
-        families={**sampling_families.FAMILIES, "refused": GUMBEL_REFUSALS},
+        families={**sampling_families.FAMILIES, "refused": GUMBEL_REFUSALS,
+                  "ignored_poisoned": poisoned(one_of(sampling_families.padded, sampling_families.mixed),
+                                               gumbel_ignored)},
         outputs=(RETURN, "logits_cache"),
         compare=exact_unless_near_tie,
         sweep=sampling_families.sampling_sweep,
