@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import torch
+
 import kernels.rejection
 import reference.rejection
 from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE, SUBNORMAL_TEMPERATURES_UNREACHABLE
@@ -18,6 +20,7 @@ from stress.checks.profiles import (
 from stress.core.compare import exact_unless_near_tie
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import rejection as rejection_families
+from stress.families.ignored import Region, one_of, poisoned, whole_rows
 from stress.families.refusals import (
     emptied,
     past_bound,
@@ -65,6 +68,41 @@ VERIFY_REFUSALS = refusal_family(rejection_families.mixed, (
 ), "verify")
 
 
+# ---------------------------------------------------------------- ignored regions
+
+
+def _sampled_slots(inputs: dict) -> torch.Tensor:
+    """Per slot, whether a live request on it verifies probabilistically (temperature > 0): only those read a
+    seed, a position key or draft logits."""
+    slots = inputs["idx_mapping"].long()
+    sampled = torch.zeros(inputs["temperature"].numel(), dtype=torch.bool)
+    live = slots[slots >= 0]
+    sampled[live] = inputs["temperature"][live] > 0
+    return sampled
+
+
+def verify_ignored(inputs: dict) -> list[Region]:
+    """Temperatures of slots no request names; seeds, position keys and draft-logits rows of requests that draw
+    nothing (inert or greedy); the target logits and drafts of inert requests; and the draft-logits row of a step
+    whose draft is a placeholder (no q takes part there)."""
+    slots = inputs["idx_mapping"].long()
+    sampled = _sampled_slots(inputs)
+    live = slots >= 0
+    inert = ~live
+    drawing = live & sampled[slots.clamp(min=0)]
+    idle = torch.ones_like(sampled)
+    idle[slots[live]] = False
+    regions = [Region("temperature", idle), Region("seeds", ~sampled), Region("positions", ~drawing),
+               Region("target_logits", whole_rows(inert, inputs["target_logits"])),
+               Region("draft_tokens", whole_rows(inert, inputs["draft_tokens"]))]
+    draft_logits = inputs.get("draft_logits")
+    if draft_logits is not None:
+        drafted = torch.zeros(draft_logits.shape[:2], dtype=torch.bool)
+        drafted[slots[drawing]] = inputs["draft_tokens"][drawing] >= 0
+        regions.append(Region("draft_logits", (~drafted)[:, :, None].expand(draft_logits.shape)))
+    return regions
+
+
 CHECKS = (
     Check(
         name="rejection.verify",
@@ -77,7 +115,9 @@ CHECKS = (
                  "no-refusals": NO_REFUSALS},
         kernel=kernels.rejection.verify,
         reference=reference.rejection.verify,
-        families={**rejection_families.FAMILIES, "refused": VERIFY_REFUSALS},
+        families={**rejection_families.FAMILIES, "refused": VERIFY_REFUSALS,
+                  "ignored_poisoned": poisoned(one_of(rejection_families.padded, rejection_families.placeholders),
+                                               verify_ignored)},
         outputs=("out_tokens", "num_sampled", "num_rejected"),
         compare=exact_unless_near_tie,
         sweep=rejection_families.verify_sweep,
