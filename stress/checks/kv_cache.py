@@ -10,6 +10,7 @@ from stress.checks.profiles import NO_PAD_SLOTS, NO_REFUSALS
 from stress.core.compare import exact_chunked
 from stress.core.types import Check, Mutant, Patch, Reach
 from stress.families import kv_cache as kv_families
+from stress.families.ignored import Region, one_of, past, poisoned, whole_rows
 from stress.families.refusals import (
     Corruption,
     past_bound,
@@ -61,6 +62,17 @@ WRITE_KV_REFUSALS = refusal_family(kv_families.pad, (
 ), "write_kv")
 
 
+# ---------------------------------------------------------------- ignored regions
+
+
+def write_ignored(inputs: dict) -> list[Region]:
+    """Slot-mapping entries past the tokens, and the key and value rows of PAD tokens (they write nothing)."""
+    slots, tokens = inputs["slot_mapping"], inputs["key"].shape[0]
+    pad = slots[:tokens] == kv_families.PAD
+    return [Region("slot_mapping", past(tokens, slots.numel())),
+            Region("key", whole_rows(pad, inputs["key"])), Region("value", whole_rows(pad, inputs["value"]))]
+
+
 CHECKS = (
     Check(
         name="kv_cache.write",
@@ -70,7 +82,8 @@ CHECKS = (
         launcher=kernels.kv_cache.write_kv,
         kernel=kv_families.write_kv_pair,  # kernels.kv_cache.write_kv on the halves of one combined cache
         reference=kv_families.write_kv_pair_reference,
-        families={**kv_families.FAMILIES, "refused": WRITE_KV_REFUSALS},
+        families={**kv_families.FAMILIES, "refused": WRITE_KV_REFUSALS,
+                  "ignored_poisoned": poisoned(one_of(kv_families.pad, kv_families.ragged), write_ignored)},
         outputs=("kv_cache",),
         compare=exact_chunked,
         sweep=kv_families.sweep,
