@@ -12,6 +12,7 @@ from stress.checks.profiles import CAUSAL_ONLY, FINITE_ATTENTION, NO_REFUSALS
 from stress.core.compare import within_float32_baseline
 from stress.core.types import Check, Mutant, Patch, Reach
 from stress.families import attention as attention_families
+from stress.families.ignored import Region, past, poisoned, whole_rows
 from stress.families.refusals import (
     Corruption,
     emptied,
@@ -58,6 +59,25 @@ def _reached_blocks(inputs: dict) -> torch.Tensor:
     return reached
 
 
+def _unread_queries(inputs: dict) -> torch.Tensor:
+    """Query rows no batch row reads: outside every row's span, or in a row with no key."""
+    starts, seq_lens = inputs["query_start_loc"].long(), inputs["seq_lens"]
+    read = torch.zeros(inputs["query"].shape[0], dtype=torch.bool)
+    for batch_row in range(starts.numel() - 1):
+        if seq_lens[batch_row] > 0:
+            read[starts[batch_row]:starts[batch_row + 1]] = True
+    return ~read
+
+
+def paged_ignored(inputs: dict) -> list[Region]:
+    """Block-table entries no sequence reaches (rows past the batch included), seq_lens past the batch, and the
+    query rows no batch row attends with."""
+    rows = inputs["query_start_loc"].numel() - 1
+    return [Region("block_table", ~_reached_blocks(inputs)),
+            Region("seq_lens", past(rows, inputs["seq_lens"].numel())),
+            Region("query", whole_rows(_unread_queries(inputs), inputs["query"]))]
+
+
 def _unfittable(rng, device, launch):
     """Decode rows of 130 float32 query heads per KV head at head dim 256: a program holds a whole group (256
     rows), whose query tile alone (256 KiB) passes a GPU's shared memory (227 KiB on an H200; the launcher's
@@ -101,7 +121,8 @@ CHECKS = (
         choices={"causal-only": CAUSAL_ONLY, "finite-attention": FINITE_ATTENTION, "no-refusals": NO_REFUSALS},
         kernel=kernels.attention.paged_attention,
         reference=attention_families.judged(reference.attention.paged_attention, ("v_cache",)),
-        families={**attention_families.FAMILIES, "refused": PAGED_ATTENTION_REFUSALS},
+        families={**attention_families.FAMILIES, "refused": PAGED_ATTENTION_REFUSALS,
+                  "ignored_poisoned": poisoned(attention_families.edges, paged_ignored)},
         outputs=("out",),
         compare=within_float32_baseline,
         sweep=attention_families.sweep,
@@ -171,6 +192,16 @@ CHECKS = (
                    (Patch("kernels.attention:_combine_splits_kernel", "seen = live & (l_s != 0)",
                           "seen = live & (l_s > 0)"),),
                    oracles=EVERYWHERE, families=("nonfinite_keys_split",), path=_FINITE_IN_THE_ENGINE),
+            Mutant("indices-checked-past-batch", "the launcher's index check reads every block-table and seq_lens "
+                   "row, also those past the batch (it forgets the [:B] slices): what a larger batch left there "
+                   "refuses a valid call",
+                   (Patch("kernels.attention:paged_attention",
+                          "_check_indices(query_start_loc, block_table[:num_batch_rows], seq_lens[:num_batch_rows],",
+                          "_check_indices(query_start_loc, block_table, seq_lens,"),),
+                   oracles={"cpu": "crash"}, families=("ignored_poisoned",),
+                   why_not="the GPU launcher reads no index back (SPECSAN_CHECK_INDICES unset), so nothing refuses",
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine hands attention its padded batch's rows only, none past it"))),
         ),
     ),
     Check(
