@@ -20,7 +20,6 @@ from stress.families.ignored import (
     HOSTILE_COUNT,
     HOSTILE_NEGATIVE,
     Region,
-    one_of,
     past,
     poisoned,
     unmapped_slots,
@@ -283,8 +282,7 @@ CHECKS = (
         kernel=kernels.block_table.has_unaligned_cached_prefix,
         reference=reference.block_table.has_unaligned_cached_prefix,
         families={**bt_families.PREFIX_FAMILIES, "refused": UNALIGNED_PREFIX_REFUSALS,
-                  "ignored_poisoned": poisoned(one_of(bt_families.prefix_padded, bt_families.prefix_unaligned),
-                                               unaligned_prefix_ignored)},
+                  "ignored_poisoned": poisoned(bt_families.prefix_padded, unaligned_prefix_ignored)},
         outputs=(RETURN,),
         mutants=(
             Mutant("unaligned-not-refused", "fix 4 (docs/fixes.md#fix-4): a partial restored block is not refused",

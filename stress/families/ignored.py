@@ -24,7 +24,7 @@ HOSTILE_INT64 = (-1, -2, INT64_MIN, INT64_MAX, 2**62, -(2**62), 2**31, 2**32 + 1
 HOSTILE_FLOAT = (float("nan"), float("inf"), float("-inf"), -0.0, 3.0e38)
 # a count whose contract is >= 0 everywhere: only its magnitude may be hostile
 HOSTILE_COUNT = (0, INT32_MAX, INT32_MAX - 1, 2**27 + 1)
-HOSTILE_NEGATIVE = (-2, -3, INT32_MIN, -(2**27) - 1)  # a padded row's slot, where any negative one is padding
+HOSTILE_NEGATIVE = (-2, INT32_MIN, -(2**27) - 1)  # a padded row's slot, where any negative one is padding
 
 
 def hostile(dtype: torch.dtype) -> tuple:
