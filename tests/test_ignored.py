@@ -39,7 +39,8 @@ def _expected_after_poison(valid_inputs: dict, poisoned_inputs: dict, name: str,
 
 def test_every_kernel_check_with_a_poisoned_family_is_listed():
     assert {check.name for check, _, _ in POISONED} >= {
-        "block_table.gather", "block_table.slot_mapping", "block_table.shift", "block_table.unaligned_prefix"}
+        "block_table.gather", "block_table.slot_mapping", "block_table.shift", "block_table.unaligned_prefix",
+        "draft_inputs.prepare", "sampling.gumbel", "rejection.verify", "kv_cache.write", "attention.paged"}
 
 
 @pytest.mark.parametrize("check,name,family", POISONED, ids=[f"{c.name}-{n}" for c, n, _ in POISONED])
