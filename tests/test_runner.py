@@ -354,3 +354,11 @@ def test_the_launchers_own_shape_runs_in_a_third_of_the_cases_of_a_wide_sweep():
         assert cases.draw_launch(narrow, seed) == narrow[int(np.random.default_rng([seed, 7]).integers(3))]
     forced_first = wide[1:]  # no default in the sweep: nothing to favour
     assert sum(cases.draw_launch(forced_first, s) == forced_first[0] for s in range(3000)) < 3000 * 0.15
+
+
+def test_a_refusal_case_whose_bad_input_went_through_retires_its_cpu_worker():
+    """An accepted refusal ran the kernel on input it should have refused (here a V cache one block short, written
+    past its end): under the interpreter that write lands in this process's memory."""
+    result = workers.run_case(cases.Task("kv_cache.write", "refused", 3, mutant="v-cache-shape-unchecked"), "cpu")
+    assert (result.verdict, result.fatal) == ("fail:accepted", True), result.details
+    assert workers.run_case(cases.Task("kv_cache.write", "refused", 3), "cpu").fatal is False

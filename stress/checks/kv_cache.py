@@ -48,6 +48,14 @@ def _slot_0_without_blocks(rng, inputs):
     return True
 
 
+def _separate_v_cache(change, what: str) -> Corruption:
+    """A V cache of its own (a copy of the case's V half, then ``change``d) that disagrees with the K cache."""
+    def apply(rng, inputs):
+        inputs["v_cache"] = change(kv_families.halves(inputs["kv_cache"])[1].clone())
+
+    return Corruption("v_cache", what, apply)
+
+
 WRITE_KV_REFUSALS = refusal_family(kv_families.pad, (
     retyped("value", torch.float16, torch.float32),
     *resized("value", 0, (-1, 1), "value one token off key"),
@@ -59,6 +67,10 @@ WRITE_KV_REFUSALS = refusal_family(kv_families.pad, (
     past_bound("slot_mapping", lambda i: i["kv_cache"].shape[1] * i["kv_cache"].shape[2],
                "a token's slot past the cache", live=_writing_tokens),
     Corruption("slot_mapping", "a token's slot 0 in caches of no blocks", _slot_0_without_blocks, on_gpu=False),
+    _separate_v_cache(lambda v: v[:-1].clone(), "a V cache of one block fewer than the K cache"),
+    _separate_v_cache(lambda v: v[:, :, :-1].clone(), "a V cache of one KV head fewer than the K cache"),
+    _separate_v_cache(lambda v: v.to(torch.float16 if v.dtype != torch.float16 else torch.float32),
+                      "a V cache in another dtype than the K cache"),
 ), "write_kv")
 
 
@@ -109,6 +121,19 @@ CHECKS = (
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("v_token_major",),
                    path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
                        "the engine's K and V caches are the halves of one combined cache: one layout"))),
+            Mutant("v-cache-shape-unchecked", "the launcher never compares the V cache's shape with the K cache's: "
+                   "a V cache of fewer blocks is written past its end",
+                   (Patch("kernels.kv_cache:write_kv", "if v_cache.shape != k_cache.shape:", "if False:"),),
+                   oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's K and V caches are the halves of one combined cache: one shape"))),
+            Mutant("value-heads-contiguous", "V rows are read as if their heads lay back to back (head * head_dim, "
+                   "not the head stride): the same numbers until value is a view with padded heads, such as a slice "
+                   "of a fused projection",
+                   (Patch(_KV, "head * value_stride_h + dim", "head * head_dim + dim"),),
+                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("head_layouts",),
+                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                       "the engine's values come from a projection viewed as [T, H_kv, D]: heads back to back"))),
             Mutant("tail-slots-validated", "the launcher checks every slot_mapping entry, also those past the "
                    "tokens (it forgets the [:T] slice): a stale out-of-range entry there refuses a valid call",
                    (Patch("kernels.kv_cache:write_kv", "writing = slot_mapping[:num_tokens]",

@@ -48,10 +48,12 @@ HEAP_DAMAGE = ("corrupt", "double free", "free(): ", "malloc", "bad_alloc")  # g
 
 
 def _memory_verdict(result: Result) -> bool:
-    """Out of bounds, or a crash that reads as heap damage: the interpreter runs kernels on host copies, so a
-    stray write may have landed in this process's heap, and later cases here would fail for reasons of their own."""
+    """Out of bounds, a crash that reads as heap damage, or on the CPU a refusal case whose bad input went
+    through: the interpreter runs kernels on host copies, so a stray write may have landed in this process's
+    heap, and later cases here would fail for reasons of their own."""
     damaged = result.verdict == Verdict.CRASH and any(w in line for line in result.details for w in HEAP_DAMAGE)
-    return result.verdict == Verdict.OOB or damaged
+    ran_on_bad_input = result.verdict == Verdict.ACCEPTED and result.device == "cpu"
+    return result.verdict == Verdict.OOB or damaged or ran_on_bad_input
 
 
 def _host_damaged(result: Result, device: str, exc: BaseException) -> bool:

@@ -28,14 +28,19 @@ def halves(kv_cache: torch.Tensor, v_token_major: bool = False) -> tuple[torch.T
     return k_cache, v_cache
 
 
-def write_kv_pair(key, value, slot_mapping, kv_cache, v_token_major=False, **launch) -> None:
-    """The production write into the K and V halves of a combined cache."""
-    write_kv(key, value, slot_mapping, *halves(kv_cache, v_token_major), **launch)
+def write_kv_pair(key, value, slot_mapping, kv_cache, v_token_major=False, v_cache=None, **launch) -> None:
+    """The production write into the K and V halves of a combined cache. ``v_cache``, a cache of its own in
+    place of the V half, is how a refusal case hands over caches that disagree (two halves of one cache
+    cannot)."""
+    k_half, v_half = halves(kv_cache, v_token_major)
+    write_kv(key, value, slot_mapping, k_half, v_half if v_cache is None else v_cache, **launch)
 
 
-def write_kv_pair_reference(key, value, slot_mapping, kv_cache, v_token_major=False) -> torch.Tensor:
+def write_kv_pair_reference(key, value, slot_mapping, kv_cache, v_token_major=False, v_cache=None) -> torch.Tensor:
     """The reference write, as a new combined cache. It runs where the case's tensors are: a cache past
     2^31 elements stays on the GPU (its loop indexes a handful of rows; no float math)."""
+    if v_cache is not None:
+        raise ValueError("v_cache: only a refusal case hands over a V cache of its own; it has no reference output")
     expected = kv_cache.clone()
     written = reference.kv_cache.write_kv(key, value, slot_mapping, *halves(kv_cache, v_token_major))
     for half, values in zip(halves(expected, v_token_major), written, strict=True):
@@ -271,6 +276,17 @@ def v_token_major(rng, device, launch):
     return case
 
 
+def few_heads(rng, device, launch):
+    """Two to eight KV heads of a model-sized (GPU) or small head dim, tokens spread over a few blocks: the base
+    of ``head_layouts``, whose padded views give every head of key, value and the caches its own stride."""
+    heads = int(rng.integers(2, 9 if big(device) else 5))
+    head_dim = pick(rng, (64, 128) if big(device) else (4, 8))
+    bs = pick(rng, (16, 32) if big(device) else (4, 8))
+    tokens = int(rng.integers(2, 3 * bs + 1))
+    return kv_case(rng, slots=_distinct_slots(rng, tokens, 4, bs), num_blocks=4, block_size=bs, heads=heads,
+                   head_dim=head_dim, dtype=pick(rng, DTYPES), note="several heads")
+
+
 def stale_tail(rng, device, launch):
     """Slot-mapping entries past the tokens that name no slot of this cache (what a larger batch or cache left
     there): they are ignored, so the call is valid and writes as if they were PAD."""
@@ -310,4 +326,6 @@ FAMILIES = {"pad": pad, "partial_block": partial_block, "null_block": null_block
             "wide_heads": wide_heads, "tile_limit": tile_limit, "spread_tokens": spread_tokens,
             "v_token_major": v_token_major, "stale_tail": stale_tail,
             # key and value as slices of a fused projection, and a padded combined cache
-            "layouts": laid_out(partial_block, "key", "value", "kv_cache")}
+            "layouts": laid_out(partial_block, "key", "value", "kv_cache"),
+            # the same over several heads: a head's stride is no longer its head dim anywhere
+            "head_layouts": laid_out(few_heads, "key", "value", "kv_cache")}
