@@ -82,9 +82,10 @@ def test_bad_arguments_name_the_argument(changes, needle, device):
         kkv.write_kv(**_args(device, **changes))
 
 
-def test_bad_knob_names_the_knob(device):
-    with pytest.raises(ValueError, match="block_t"):
-        kkv.write_kv(**_args(device), block_t=3)
+@pytest.mark.parametrize("knob", ["block_t", "block_h", "num_warps"])
+def test_bad_knob_names_the_knob(knob, device):
+    with pytest.raises(ValueError, match=f"^{knob}: expected a power of two"):
+        kkv.write_kv(**_args(device), **{knob: 3})
 
 
 @given(tokens=st.integers(0, 12), heads=st.integers(1, 3), head_dim=st.integers(1, 9),

@@ -99,6 +99,8 @@ CHECKS = (
         outputs=("kv_cache",),
         compare=exact_chunked,
         sweep=kv_families.sweep,
+        # launch knobs are no input a refusal family corrupts: each knob's refusal is a unit test
+        unit_tests=("tests/test_kv_cache.py::test_bad_knob_names_the_knob",),
         mutants=(
             PAD_WRITTEN,
             # the same bug with no guard zones: the write before the K cache leaves its allocation
