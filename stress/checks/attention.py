@@ -7,7 +7,7 @@ import kernels.attention
 import kernels.block_table
 import kernels.draft_inputs
 import reference.attention
-from stress.checks.common import EVERYWHERE
+from stress.checks.common import EVERYWHERE, unreachable_by_engine
 from stress.checks.profiles import CAUSAL_ONLY, FINITE_ATTENTION, NO_REFUSALS
 from stress.core.compare import within_float32_baseline
 from stress.core.types import Check, Mutant, Patch, Reach
@@ -30,8 +30,8 @@ _DI = "kernels.draft_inputs:_prepare_draft_inputs_kernel"
 _BT = "kernels.block_table"
 _ATT = "kernels.attention:_paged_attention_kernel"
 # non-finite scores, from the whole step's side
-_FINITE_IN_THE_ENGINE = Reach(unreachable=dict.fromkeys(
-    ("cpu", "cuda"), "the engine's models give finite queries and keys of moderate size: no score is NaN or infinite"))
+_FINITE_IN_THE_ENGINE = unreachable_by_engine(
+    "the engine's models give finite queries and keys of moderate size: no score is NaN or infinite")
 
 
 # ---------------------------------------------------------------- refusals
@@ -146,9 +146,9 @@ CHECKS = (
                    "the next head",
                    (Patch("kernels.attention:_launch", "EVEN_D=head_dim == block_d", "EVEN_D=head_dim % 16 == 0"),),
                    oracles=EVERYWHERE, families=("head_dim_48",),
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                   path=unreachable_by_engine(
                        "the engine's head dims (16 and 32, 6 to 40 in its shape families) hold no multiple of 16 "
-                       "that is not a power of two"))),
+                       "that is not a power of two")),
             Mutant("empty-cache-accepted", "the return for a cache of no blocks comes before the index check "
                    "(pre-fix): sequences that reach a block of an empty cache are accepted and nothing is written",
                    (Patch("kernels.attention:paged_attention", "    if num_batch_rows == 0 or num_tokens == 0:\n",
@@ -200,8 +200,7 @@ CHECKS = (
                           "_check_indices(query_start_loc, block_table, seq_lens,"),),
                    oracles={"cpu": "crash"}, families=("ignored_poisoned",),
                    why_not="the GPU launcher reads no index back (SPECSAN_CHECK_INDICES unset), so nothing refuses",
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
-                       "the engine hands attention its padded batch's rows only, none past it"))),
+                   path=unreachable_by_engine("the engine hands attention its padded batch's rows only, none past it")),
         ),
     ),
     Check(

@@ -6,6 +6,7 @@ import torch
 
 import kernels.block_table
 import reference.block_table
+from stress.checks.common import unreachable_by_engine
 from stress.checks.profiles import (
     BATCH_TOKENS_ONLY,
     NO_PADDED_ROWS,
@@ -42,9 +43,9 @@ from stress.families.refusals import (
 
 _BT = "kernels.block_table"
 # gather's refusal bugs, from the whole step's side
-_VALID_IN_THE_ENGINE = Reach(unreachable=dict.fromkeys(
-    ("cpu", "cuda"), "the engine builds every launcher argument itself and always validly: no bad input reaches "
-                     "gather's guards, whose refusal the block_table.gather refused family proves"))
+_VALID_IN_THE_ENGINE = unreachable_by_engine(
+    "the engine builds every launcher argument itself and always validly: no bad input reaches "
+                     "gather's guards, whose refusal the block_table.gather refused family proves")
 
 
 # ---------------------------------------------------------------- refusals
@@ -226,9 +227,9 @@ CHECKS = (
             Mutant("null-block-writable", "the null block 0 gets a real slot instead of PAD",
                    (Patch(f"{_BT}:_slot_mapping_kernel", "in_row & (block_id != 0)", "in_row"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"},
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                   path=unreachable_by_engine(
                        'the engine allocates a block for every position it maps (target tokens, draft context and '
-                       'query rows), so no slot mapping meets the null block'))),
+                       'query rows), so no slot mapping meets the null block')),
         ),
     ),
     Check(
@@ -270,8 +271,8 @@ CHECKS = (
                    (Patch(f"{_BT}:_shift_rows_kernel", "tl.load(seq_lens_ptr + batch_row).to(tl.int64), block_size)",
                           "tl.load(seq_lens_ptr + batch_row), block_size)"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("extremes",),
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
-                       "the engine's seq_lens stay far below 2^31 tokens, where the int32 block count wraps"))),
+                   path=unreachable_by_engine(
+                       "the engine's seq_lens stay far below 2^31 tokens, where the int32 block count wraps")),
         ),
     ),
     Check(
@@ -292,17 +293,16 @@ CHECKS = (
             Mutant("padded-slot-wraps", "padded rows (slot -1) index the last slot's count",
                    (Patch(f"{_BT}:has_unaligned_cached_prefix", "slots = slots[slots >= 0]", "pass"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",),
-                   path=Reach(unreachable=dict.fromkeys(
-                       ("cpu", "cuda"), "the engine's idx_mapping holds live batch rows only; no slot -1 reaches the "
-                                        "fail-closed test"))),
+                   path=unreachable_by_engine(
+                       "the engine's idx_mapping holds live batch rows only; no slot -1 reaches the "
+                                        "fail-closed test")),
             Mutant("padding-only-minus-one", "only slot -1 is taken for padding (slots != -1) where every negative "
                    "slot is: another negative slot indexes a count from the end, or past it",
                    (Patch(f"{_BT}:has_unaligned_cached_prefix", "slots = slots[slots >= 0]",
                           "slots = slots[slots != -1]"),),
                    oracles={"cpu": "crash", "cuda": "crash"}, families=("ignored_poisoned",),
-                   path=Reach(unreachable=dict.fromkeys(
-                       ("cpu", "cuda"), "the engine's idx_mapping holds live batch rows only; no negative slot "
-                                        "reaches the fail-closed test"))),
+                   path=unreachable_by_engine("the engine's idx_mapping holds live batch rows only; no negative slot "
+                                        "reaches the fail-closed test")),
         ),
     ),
 )

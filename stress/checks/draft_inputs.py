@@ -4,7 +4,7 @@ import torch
 
 import kernels.draft_inputs
 import reference.draft_inputs
-from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE
+from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE, unreachable_by_engine
 from stress.checks.profiles import NO_PADDED_ROWS, NO_REFUSALS
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import draft_inputs as di_families
@@ -181,16 +181,15 @@ CHECKS = (
                           'validate.offsets("target_query_start_loc", target_starts[:num_batch_rows + 1],',
                           'validate.offsets("target_query_start_loc", target_starts,'),),
                    oracles={"cpu": "crash", "cuda": "crash"}, families=("stale_offsets",),
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
-                       "the engine's target query_start_loc holds exactly B + 1 offsets"))),
+                   path=unreachable_by_engine("the engine's target query_start_loc holds exactly B + 1 offsets")),
             Mutant("last-position-by-count", "the last kept target position is taken as the last target row's "
                    "position less the rejected count: right only while a request's target positions are "
                    "consecutive, which the contract does not promise for the rejected suffix",
                    (Patch(_DI, "last_pos = tl.load(target_positions_ptr + ctx_start + n_valid - 1)",
                           "last_pos = tl.load(target_positions_ptr + ctx_start + n_ctx - 1) - (n_ctx - n_valid)"),),
                    oracles=EVERYWHERE, families=("ignored_poisoned",),
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
-                       "the engine's target rows of a request hold consecutive positions, rejected ones included"))),
+                   path=unreachable_by_engine(
+                       "the engine's target rows of a request hold consecutive positions, rejected ones included")),
         ),
     ),
 )

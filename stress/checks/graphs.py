@@ -4,6 +4,7 @@ import dataclasses
 
 import reference.spec.draft_step
 import stress.oracles.graph_replay
+from stress.checks.common import unreachable_by_engine
 from stress.checks.spec import NON_CAUSAL_CLAIMS_FULL
 from stress.core.types import RETURN, SANITIZER, Check, Mutant, Patch, Reach, Skip
 from stress.families import graph_replay as replay_families
@@ -41,18 +42,18 @@ CHECKS = (
                    "but is left out of the graph",
                    (Patch(_STEP, "kv_cache.write_kv(", "capturing() or kv_cache.write_kv("),),
                    oracles=_ON_GPU, why_not=_NO_GRAPHS,
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                   path=unreachable_by_engine(
                        'the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step, '
-                       'whose KV write this bug leaves out of the capture'))),
+                       'whose KV write this bug leaves out of the capture')),
             Mutant("padded-draft-rows-slot-0", "fix 3, pre-fix (docs/fixes.md#fix-3) in the draft step: padded "
                                                "sampling rows map to "
                    "slot 0 and write its logits cache",
                    (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
                           "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
                    oracles=_ON_GPU, families=("padded_graph",), why_not=_NO_GRAPHS,
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                   path=unreachable_by_engine(
                        'the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step, '
-                       'whose padded sampling rows this bug maps to slot 0'))),
+                       'whose padded sampling rows this bug maps to slot 0')),
             # the spec.backends patch, hunted where its effect shows: host-planned attention captured for
             # non-causal drafting replays with the lengths of the capture batch
             dataclasses.replace(NON_CAUSAL_CLAIMS_FULL, oracles=_ON_GPU, families=("non_causal_draft",),
@@ -74,10 +75,10 @@ CHECKS = (
                    "a later capture in the shared pool is handed their memory",
                    (Patch(_DRAFT_GRAPHS, "self._captured_backbone_outputs.append(hidden)", "pass"),),
                    oracles=_ON_GPU, why_not=_NO_GRAPHS,
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                   path=unreachable_by_engine(
                        "the engine reads a replay's results only from static buffers the graph copies its logits and "
                        'tokens into, never a backbone output after the replay: an address a later capture reuses '
-                       'changes nothing it reads'))),
+                       'changes nothing it reads')),
         ),
     ),
 )

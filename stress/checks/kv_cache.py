@@ -5,7 +5,7 @@ import dataclasses
 import torch
 
 import kernels.kv_cache
-from stress.checks.common import ENGINE_SAMPLED
+from stress.checks.common import ENGINE_SAMPLED, unreachable_by_engine
 from stress.checks.profiles import NO_PAD_SLOTS, NO_REFUSALS
 from stress.core.compare import exact_chunked
 from stress.core.types import Check, Mutant, Patch, Reach
@@ -114,36 +114,35 @@ CHECKS = (
                    oracles={"cuda": "divergence"}, families=("big_cache",),
                    why_not="needs a cache past 2^31 elements, big_cache's GPU-only size; a CPU-sized cache cannot "
                            "overflow int32 offsets",
-                           path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
-                               "the engine's KV caches hold far fewer than 2^31 elements"))),
+                           path=unreachable_by_engine("the engine's KV caches hold far fewer than 2^31 elements")),
             Mutant("v-row-k-strides", "the V-cache row offset is copied from the K line: V rows are addressed with "
                    "K's block and slot strides, the same numbers whenever both caches share one layout",
                    (Patch(_KV, "v_row = block * v_stride_b + offset * v_stride_t",
                           "v_row = block * k_stride_b + offset * k_stride_t"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("v_token_major",),
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
-                       "the engine's K and V caches are the halves of one combined cache: one layout"))),
+                   path=unreachable_by_engine(
+                       "the engine's K and V caches are the halves of one combined cache: one layout")),
             Mutant("v-cache-shape-unchecked", "the launcher never compares the V cache's shape with the K cache's: "
                    "a V cache of fewer blocks is written past its end",
                    (Patch("kernels.kv_cache:write_kv", "if v_cache.shape != k_cache.shape:", "if False:"),),
                    oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",),
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
-                       "the engine's K and V caches are the halves of one combined cache: one shape"))),
+                   path=unreachable_by_engine(
+                       "the engine's K and V caches are the halves of one combined cache: one shape")),
             Mutant("value-heads-contiguous", "V rows are read as if their heads lay back to back (head * head_dim, "
                    "not the head stride): the same numbers until value is a view with padded heads, such as a slice "
                    "of a fused projection",
                    (Patch(_KV, "head * value_stride_h + dim", "head * head_dim + dim"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("head_layouts",),
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
-                       "the engine's values come from a projection viewed as [T, H_kv, D]: heads back to back"))),
+                   path=unreachable_by_engine(
+                       "the engine's values come from a projection viewed as [T, H_kv, D]: heads back to back")),
             Mutant("tail-slots-validated", "the launcher checks every slot_mapping entry, also those past the "
                    "tokens (it forgets the [:T] slice): a stale out-of-range entry there refuses a valid call",
                    (Patch("kernels.kv_cache:write_kv", "writing = slot_mapping[:num_tokens]",
                           "writing = slot_mapping"),),
                    oracles={"cpu": "crash"}, families=("stale_tail",),
                    why_not="the GPU launcher reads no index back (SPECSAN_CHECK_INDICES unset), so nothing refuses",
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
-                       "the engine's slot mappings past the tokens hold PAD or slots of its own cache"))),
+                   path=unreachable_by_engine(
+                       "the engine's slot mappings past the tokens hold PAD or slots of its own cache")),
         ),
     ),
 )

@@ -6,7 +6,7 @@ import torch
 
 import kernels.rejection
 import reference.rejection
-from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE, SUBNORMAL_TEMPERATURES_UNREACHABLE
+from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE, SUBNORMAL_TEMPERATURES_UNREACHABLE, unreachable_by_engine
 from stress.checks.profiles import (
     DRAFTS_IN_VOCAB,
     FINITE_LOGITS,
@@ -125,9 +125,9 @@ CHECKS = (
             Mutant("placeholder-accepted", "a -1 draft is tested like a token (as token 0) instead of rejected",
                    (Patch(_VERIFY, "accepted = valid & (p_x", "accepted = (p_x"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",),
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                   path=unreachable_by_engine(
                        'the engine schedules real drafts only and verifies each request with exactly its drafts (one '
-                       'launch per draft count): no -1 placeholder is ever verified'))),
+                       'launch per draft count): no -1 placeholder is ever verified')),
             Mutant("placeholder-resampled-from-residual", "a placeholder step is resampled from max(p - q, 0) with "
                    "q the draft-logits row of a step the request never drafted, instead of sampled from p",
                    (Patch(_VERIFY, "if draft < 0:  # no draft at this step", "if False:  # no draft at this step"),),
@@ -139,34 +139,34 @@ CHECKS = (
                    (Patch(_VERIFY, "(p_x > uint_to_uniform_float(bits) * q_x)",
                           "(p_x >= uint_to_uniform_float(bits) * q_x)"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("extremes",),
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                   path=unreachable_by_engine(
                        "the engine's small random models spread logits far less than the ~100 a float32 softmax needs"
-                       ' to give a token probability exactly 0'))),
+                       ' to give a token probability exactly 0')),
             Mutant("padding-counted-as-rejected", "num_rejected (pre-fix) counts a shorter request's trailing "
                    "placeholders as rejected drafts: k + 1 - num_sampled instead of its own d + 1 - num_sampled",
                    (Patch(_VERIFY, "tl.where(live, own_drafts + 1 - sampled, 0)",
                           "tl.where(live, num_drafts + 1 - sampled, 0)"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",),
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                   path=unreachable_by_engine(
                        'the engine verifies each request with exactly its drafts (one launch per draft count): no '
-                       "padding placeholder follows a request's drafts"))),
+                       "padding placeholder follows a request's drafts")),
             Mutant("step-offset-int32", "the draft step is an int32 counter: step * the target's step stride "
                    "wraps past 2^31 elements and the bonus row is read 8 GB before the logits",
                    (Patch(_VERIFY, "step = b.to(tl.int64) * 0", "step = b * 0"),),
                    oracles={"cuda": "crash"}, families=("big_offsets_steps",),
                    why_not="needs a view past 2^31 elements, big_offsets_steps' GPU-only size; on the CPU its rows "
                            "are a few thousand elements apart",
-                           path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                           path=unreachable_by_engine(
                                'the engine verifies contiguous logits of a small vocabulary: no step offset nears '
-                               '2^31 elements'))),
+                               '2^31 elements')),
             Mutant("shared-drafts-row-stride-one", "draft_tokens' row stride passed as max(1, stride) (pre-fix): "
                    "one draft row expanded to the batch (stride 0) is read at rows 1, 2, ... elements apart",
                    (Patch("kernels.rejection:verify", "draft_tokens.stride(0), idx_mapping",
                           "max(1, draft_tokens.stride(0)), idx_mapping"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("shared_drafts",),
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                   path=unreachable_by_engine(
                        "the engine's draft tokens are a contiguous [requests, depth] buffer, never one row expanded "
-                       'over the batch (stride 0)'))),
+                       'over the batch (stride 0)')),
             Mutant("seed-by-row", "the Philox seed is read by batch row instead of request slot",
                    (Patch(_VERIFY, "tl.load(seeds_ptr + slot,", "tl.load(seeds_ptr + b,"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",),
@@ -183,17 +183,16 @@ CHECKS = (
                    (Patch("kernels.rejection:_softmax_stats", 'temp), float("-inf"))', "temp), -CLAMP)"),
                     Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("uniform_rows",),
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
-                       "the engine's target logits are finite: no row is all -inf or NaN"))),
+                   path=unreachable_by_engine("the engine's target logits are finite: no row is all -inf or NaN")),
             Mutant("q-row-target-step-stride", "the draft-logits row of a step is addressed with the target's step "
                    "stride (the neighbouring tensor's): the same number whenever both are contiguous over one "
                    "vocabulary",
                    (Patch(_VERIFY, "q_row_ptr = draft_row_ptr + step * draft_logits_step_stride",
                           "q_row_ptr = draft_row_ptr + step * target_step_stride"),),
                    oracles={"cpu": "divergence", "cuda": "divergence"}, families=("agreeing_layouts",),
-                   path=Reach(unreachable=dict.fromkeys(("cpu", "cuda"),
+                   path=unreachable_by_engine(
                        "the engine's target logits and draft-logits cache are contiguous over one vocabulary: their "
-                       "step strides agree"))),
+                       "step strides agree")),
             Mutant("verify-subnormal-temperature-greedy", "temperatures below the smallest normal float32 are "
                    "flushed to 0, as a flush-to-zero build does: one ulp above 0 verifies greedily instead of "
                    "sampling",

@@ -54,7 +54,8 @@ def poison(rng: np.random.Generator, inputs: dict, region: Region) -> bool:
     tensor = inputs[region.name]
     pool = torch.tensor(region.values or hostile(tensor.dtype),
                         dtype=torch.float64 if tensor.dtype.is_floating_point else torch.int64)
-    order = np.concatenate([rng.permutation(pool.numel()), rng.integers(pool.numel(), size=max(0, count - pool.numel()))])
+    order = np.concatenate([rng.permutation(pool.numel()),
+                            rng.integers(pool.numel(), size=max(0, count - pool.numel()))])
     filled = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype).copy_(tensor)
     filled[region.where] = pool[torch.from_numpy(order[:count])].to(tensor.dtype)
     inputs[region.name] = filled
