@@ -148,15 +148,16 @@ def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_ro
 
 
 def hunt_mutant(check_name: str, mutant_name: str, device: str, oracle: str, max_iters: int, seed: int,
-         launch: dict | None, timeout: float = 0) -> Kill:
-    """Run one mutant through its families round-robin, in this process, until a case fails with ``oracle``."""
+         launch: dict | None, timeout: float = 0, jobs: int = 0) -> Kill:
+    """Run one mutant through its families round-robin until a case fails with ``oracle``: in this process, or
+    with ``jobs`` worker processes (a mutant whose cases may take their process down)."""
     from stress import checks
 
     if oracle in sanitizer.TOOLS and (reason := _sanitizer_blind(oracle, device, {})):
         return Kill(check_name, mutant_name, device, oracle, "not_checked", reason=reason)
     rows: list[Kill] = []
     h = _new_hunt(checks.get(check_name), mutant_name, device, oracle, max_iters, seed, launch)
-    _run_hunts([h], device, 0, timeout, rows.append)
+    _run_hunts([h], device, jobs, timeout, rows.append)
     return rows[0]
 
 
