@@ -180,7 +180,7 @@ CHECKS = (
                    (Patch("kernels.draft_inputs:prepare_draft_inputs",
                           'validate.offsets("target_query_start_loc", target_starts[:num_batch_rows + 1],',
                           'validate.offsets("target_query_start_loc", target_starts,'),),
-                   oracles={"cpu": "crash", "cuda": "crash"}, families=("stale_offsets",),
+                   oracles={"cpu": "crash", "cuda": "crash"}, families=("ignored_poisoned",),
                    path=unreachable_by_engine("the engine's target query_start_loc holds exactly B + 1 offsets")),
             Mutant("last-position-by-count", "the last kept target position is taken as the last target row's "
                    "position less the rejected count: right only while a request's target positions are "

@@ -140,7 +140,7 @@ CHECKS = (
                    "(the live-row mask is left out): a stale column of a padded row refuses a valid call",
                    (Patch("kernels.sampling:gumbel_sample", 'what="column", where=idx_mapping >= 0)',
                           'what="column")'),),
-                   oracles={"cpu": "crash"}, families=("stale_columns",),
+                   oracles={"cpu": "crash"}, families=("ignored_poisoned",),
                    why_not="the GPU launcher reads no index back (SPECSAN_CHECK_INDICES unset), so nothing refuses",
                    path=unreachable_by_engine(
                        "the engine's cache columns are arange % depth: every row's, an inert row's too, lies in "

@@ -126,19 +126,6 @@ def padded(rng, device, launch):
                       pad_tokens=int(rng.integers(1, 12)), note="padded")
 
 
-def stale_offsets(rng, device, launch):
-    """A padded batch whose target offsets past B + 1 are what a larger earlier batch left there (past this
-    batch's target rows): they are never read, so the call is valid."""
-    case = padded(rng, device, launch)
-    offsets = case.inputs["target_query_start_loc"]
-    num_batch_rows = case.inputs["idx_mapping"].numel()
-    stale = offsets[num_batch_rows + 1:]
-    stale.copy_(offsets[num_batch_rows] + torch.from_numpy(np.cumsum(rng.integers(1, 9, stale.numel())))
-                .to(torch.int32))
-    case.note += ", stale offsets past B + 1"
-    return case
-
-
 def prefix_cache(rng, device, launch):
     """Aligned cached prefixes shorten seq_lens; one unaligned live slot refuses the batch."""
     unaligned = bool(rng.integers(2))
@@ -240,5 +227,5 @@ def big_offsets(rng, device, launch):
 FAMILIES = {"decode": decode, "padded": padded, "prefix_cache": prefix_cache, "rejected_suffix": rejected_suffix,
             "chunked_prefill": chunked_prefill, "zero_width": zero_width, "max_model_len": max_model_len,
             "null_block": null_block, "long_prefill": long_prefill, "tiles": tiles, "extremes": extremes,
-            "big_offsets": big_offsets, "stale_offsets": stale_offsets,
+            "big_offsets": big_offsets,
             "layouts": common.laid_out(prefix_cache, "block_table", "draft_tokens")}

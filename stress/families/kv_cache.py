@@ -287,18 +287,6 @@ def few_heads(rng, device, launch):
                    head_dim=head_dim, dtype=pick(rng, DTYPES), note="several heads")
 
 
-def stale_tail(rng, device, launch):
-    """Slot-mapping entries past the tokens that name no slot of this cache (what a larger batch or cache left
-    there): they are ignored, so the call is valid and writes as if they were PAD."""
-    case = ragged(rng, device, launch)
-    slots = case.inputs["slot_mapping"]
-    num_slots = case.inputs["kv_cache"].shape[1] * case.inputs["kv_cache"].shape[2]
-    tokens = case.inputs["key"].shape[0]
-    slots[tokens:] = torch.from_numpy(rng.integers(num_slots, 2 * num_slots, slots.numel() - tokens))
-    case.note = case.note.replace("5 slots past T", "5 out-of-range slots past T")
-    return case
-
-
 def big_cache(rng, device, launch):
     """Writes near the end of the caches (the highest offsets) and near their start. On the GPU one case in
     BIG_SHARE has caches past 2^31 elements each, built on the device; the others, and every CPU case, are
@@ -324,7 +312,7 @@ FAMILIES = {"pad": pad, "partial_block": partial_block, "null_block": null_block
             "dtypes": dtypes, "big_cache": big_cache, "bit_patterns": bit_patterns, "empty": empty,
             "smallest": smallest, "many_heads": many_heads, "capped_heads": capped_heads, "one_lane": one_lane,
             "wide_heads": wide_heads, "tile_limit": tile_limit, "spread_tokens": spread_tokens,
-            "v_token_major": v_token_major, "stale_tail": stale_tail,
+            "v_token_major": v_token_major,
             # key and value as slices of a fused projection, and a padded combined cache
             "layouts": laid_out(partial_block, "key", "value", "kv_cache"),
             # the same over several heads: a head's stride is no longer its head dim anywhere

@@ -124,19 +124,6 @@ def padded(rng, device, launch):
                  greedy_share=0.2, note=f"{pad} inert rows")
 
 
-def stale_columns(rng, device, launch):
-    """Inert rows (slot -1) whose cache columns lie outside the cache (stale, or never set): an inert row
-    stores nothing, so its column is never followed and the call is valid."""
-    case = padded(rng, device, launch)
-    inputs = case.inputs
-    inert = inputs["idx_mapping"] < 0
-    depth = inputs["logits_cache"].shape[1]
-    stale = rng.integers(depth, 2 * depth + 2, int(inert.sum())) * pick(rng, (1, -1))
-    inputs["cache_cols"][inert] = torch.from_numpy(stale.astype(np.int32))
-    case.note += ", their cache columns outside the cache"
-    return case
-
-
 def zero_width(rng, device, launch):
     """No rows at all (a depth-0 draft; sometimes over an empty vocabulary too, which only a row needs), or
     only inert ones."""
@@ -302,5 +289,5 @@ FAMILIES = {"mixed": mixed, "padded": padded, "zero_width": zero_width, "nonfini
             "long_vocab": long_vocab, "ties": ties, "layouts": laid_out(padded, "logits", "logits_cache"),
             "extremes": extremes, "tiles": tiles, "no_cache": no_cache,
             "tiny_vocab": tiny_vocab, "every_slot": every_slot, "huge_vocab": huge_vocab,
-            "greedy_threshold": greedy_threshold, "stale_columns": stale_columns,
+            "greedy_threshold": greedy_threshold,
             **one_per_value(big_offsets, "layout", ("logits", "logits_cache", "cache columns"))}

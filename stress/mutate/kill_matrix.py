@@ -283,4 +283,3 @@ def table(rows: list[Kill]) -> str:
         lines.append(f"{k.check:28} {k.mutant:24} {k.oracle:10} {k.device:6} {k.status:11} {k.iterations:>5}{path}  "
                      f"{tail}")
     return "\n".join(lines)
-
