@@ -6,7 +6,7 @@ import torch
 
 import kernels.block_table
 import reference.block_table
-from stress.checks.common import unreachable_by_engine
+from stress.checks.common import EVERYWHERE, unreachable_by_engine
 from stress.checks.profiles import (
     BATCH_TOKENS_ONLY,
     NO_PADDED_ROWS,
@@ -180,7 +180,7 @@ CHECKS = (
             Mutant("gather-by-batch-row", "reads the persistent row of batch row b instead of its slot",
                    (Patch(f"{_BT}:_gather_rows_kernel", "slot = tl.load(idx_mapping_ptr + batch_row).to(tl.int64)",
                           "slot = batch_row.to(tl.int64) + tl.load(idx_mapping_ptr + batch_row).to(tl.int64) * 0"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}),
+                   oracles=EVERYWHERE),
             Mutant("row-overread", "the column term is dropped from the load mask: lanes past the width read the "
                    "next row, and past the last row, memory outside the table",
                    (Patch(f"{_BT}:_gather_rows_kernel", "persistent_stride + cols, mask=live, other=0)",
@@ -204,7 +204,7 @@ CHECKS = (
                    "has already written",
                    (Patch(f"{_BT}:gather_block_tables", "    if persistent.shape[0] == 0:\n",
                           "    if persistent.shape[0] == 0:\n        out.zero_()\n"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("refused",),
+                   oracles=EVERYWHERE, families=("refused",),
                    path=_VALID_IN_THE_ENGINE),
         ),
     ),
@@ -223,10 +223,10 @@ CHECKS = (
             Mutant("pad-tail-unwritten", "tokens past the batch keep stale slots instead of PAD",
                    (Patch(f"{_BT}:_slot_mapping_kernel", "mask=tokens < num_out)  # tokens past the batch: PAD",
                           "mask=live)"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",)),
+                   oracles=EVERYWHERE, families=("padded",)),
             Mutant("null-block-writable", "the null block 0 gets a real slot instead of PAD",
                    (Patch(f"{_BT}:_slot_mapping_kernel", "in_row & (block_id != 0)", "in_row"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"},
+                   oracles=EVERYWHERE,
                    path=unreachable_by_engine(
                        'the engine allocates a block for every position it maps (target tokens, draft context and '
                        'query rows), so no slot mapping meets the null block')),
@@ -258,19 +258,19 @@ CHECKS = (
                                          "instead of slot",
                    (Patch(f"{_BT}:_shift_rows_kernel", "tl.load(num_cached_tokens_ptr + slot, mask=slot >= 0",
                           "tl.load(num_cached_tokens_ptr + batch_row, mask=slot >= 0"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"},
+                   oracles=EVERYWHERE,
                    path=Reach(families=("shared_prefix",))),
             Mutant("ignores-seq-lens", "fix 4 (docs/fixes.md#fix-4): copies to the end of the row instead of the "
                                        "needed blocks",
                    (Patch(f"{_BT}:_shift_rows_kernel", "n = tl.minimum(width - shift, needed)",
                           "n = width - shift + needed * 0"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"},
+                   oracles=EVERYWHERE,
                    path=Reach(families=("shared_prefix",))),
             Mutant("seq-len-blocks-int32", "the blocks a seq_len needs are counted in int32: cdiv's + block_size - 1 "
                    "wraps a seq_len near 2^31 negative and the row is not shifted",
                    (Patch(f"{_BT}:_shift_rows_kernel", "tl.load(seq_lens_ptr + batch_row).to(tl.int64), block_size)",
                           "tl.load(seq_lens_ptr + batch_row), block_size)"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("extremes",),
+                   oracles=EVERYWHERE, families=("extremes",),
                    path=unreachable_by_engine(
                        "the engine's seq_lens stay far below 2^31 tokens, where the int32 block count wraps")),
         ),
@@ -288,11 +288,11 @@ CHECKS = (
         mutants=(
             Mutant("unaligned-not-refused", "fix 4 (docs/fixes.md#fix-4): a partial restored block is not refused",
                    (Patch(f"{_BT}:has_unaligned_cached_prefix", "return any(", "return False and any("),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"},
+                   oracles=EVERYWHERE,
                    path=Reach(families=("unaligned_prefix",))),
             Mutant("padded-slot-wraps", "padded rows (slot -1) index the last slot's count",
                    (Patch(f"{_BT}:has_unaligned_cached_prefix", "slots = slots[slots >= 0]", "pass"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",),
+                   oracles=EVERYWHERE, families=("padded",),
                    path=unreachable_by_engine(
                        "the engine's idx_mapping holds live batch rows only; no slot -1 reaches the "
                                         "fail-closed test")),

@@ -5,7 +5,7 @@ import dataclasses
 import torch
 
 import kernels.kv_cache
-from stress.checks.common import ENGINE_SAMPLED, unreachable_by_engine
+from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE, unreachable_by_engine
 from stress.checks.profiles import NO_PAD_SLOTS, NO_REFUSALS
 from stress.core.compare import exact_chunked
 from stress.core.types import Check, Mutant, Patch, Reach
@@ -119,7 +119,7 @@ CHECKS = (
                    "K's block and slot strides, the same numbers whenever both caches share one layout",
                    (Patch(_KV, "v_row = block * v_stride_b + offset * v_stride_t",
                           "v_row = block * k_stride_b + offset * k_stride_t"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("v_token_major",),
+                   oracles=EVERYWHERE, families=("v_token_major",),
                    path=unreachable_by_engine(
                        "the engine's K and V caches are the halves of one combined cache: one layout")),
             Mutant("v-cache-shape-unchecked", "the launcher never compares the V cache's shape with the K cache's: "
@@ -132,7 +132,7 @@ CHECKS = (
                    "not the head stride): the same numbers until value is a view with padded heads, such as a slice "
                    "of a fused projection",
                    (Patch(_KV, "head * value_stride_h + dim", "head * head_dim + dim"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("head_layouts",),
+                   oracles=EVERYWHERE, families=("head_layouts",),
                    path=unreachable_by_engine(
                        "the engine's values come from a projection viewed as [T, H_kv, D]: heads back to back")),
             Mutant("tail-slots-validated", "the launcher checks every slot_mapping entry, also those past the "

@@ -34,14 +34,14 @@ _VERIFY = "kernels.rejection:_verify_kernel"
 _ACCEPT_IGNORES_U = Mutant(
     "accept-ignores-u", "accepts iff p(x) >= q(x): the uniform is dropped from the accept test",
     (Patch(_VERIFY, "(p_x > uint_to_uniform_float(bits) * q_x)", "(p_x >= q_x)"),),
-    oracles={"cpu": "divergence", "cuda": "divergence"},
+    oracles=EVERYWHERE,
     path=Reach(families=ENGINE_SAMPLED))
 _RESAMPLE_FROM_TARGET = Mutant(
     "resample-from-target", "resamples from p (rejected draft included) instead of the residual max(p - q, 0)",
     (Patch(_VERIFY, "bits, draft, p_max, p_sum, q_max, q_sum, vocab,\n                                       "
                     "HAS_DRAFT_LOGITS, BLOCK_V)",
            "bits, -1, p_max, p_sum, q_max, q_sum, vocab,\n                                       False, BLOCK_V)"),),
-    oracles={"cpu": "divergence", "cuda": "divergence"},
+    oracles=EVERYWHERE,
     path=Reach(families=ENGINE_SAMPLED))
 
 
@@ -124,21 +124,21 @@ CHECKS = (
         mutants=(
             Mutant("placeholder-accepted", "a -1 draft is tested like a token (as token 0) instead of rejected",
                    (Patch(_VERIFY, "accepted = valid & (p_x", "accepted = (p_x"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",),
+                   oracles=EVERYWHERE, families=("placeholders",),
                    path=unreachable_by_engine(
                        'the engine schedules real drafts only and verifies each request with exactly its drafts (one '
                        'launch per draft count): no -1 placeholder is ever verified')),
             Mutant("placeholder-resampled-from-residual", "a placeholder step is resampled from max(p - q, 0) with "
                    "q the draft-logits row of a step the request never drafted, instead of sampled from p",
                    (Patch(_VERIFY, "if draft < 0:  # no draft at this step", "if False:  # no draft at this step"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",)),
+                   oracles=EVERYWHERE, families=("placeholders",)),
             _ACCEPT_IGNORES_U,
             _RESAMPLE_FROM_TARGET,
             Mutant("accepts-zero-target-probability", "accepts iff p(x) >= u q(x) (pre-fix): a token of target "
                    "probability 0 passes when its draft probability is 0 too, where upstream's log test rejects it",
                    (Patch(_VERIFY, "(p_x > uint_to_uniform_float(bits) * q_x)",
                           "(p_x >= uint_to_uniform_float(bits) * q_x)"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("extremes",),
+                   oracles=EVERYWHERE, families=("extremes",),
                    path=unreachable_by_engine(
                        "the engine's small random models spread logits far less than the ~100 a float32 softmax needs"
                        ' to give a token probability exactly 0')),
@@ -146,7 +146,7 @@ CHECKS = (
                    "placeholders as rejected drafts: k + 1 - num_sampled instead of its own d + 1 - num_sampled",
                    (Patch(_VERIFY, "tl.where(live, own_drafts + 1 - sampled, 0)",
                           "tl.where(live, num_drafts + 1 - sampled, 0)"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("placeholders",),
+                   oracles=EVERYWHERE, families=("placeholders",),
                    path=unreachable_by_engine(
                        'the engine verifies each request with exactly its drafts (one launch per draft count): no '
                        "padding placeholder follows a request's drafts")),
@@ -163,33 +163,33 @@ CHECKS = (
                    "one draft row expanded to the batch (stride 0) is read at rows 1, 2, ... elements apart",
                    (Patch("kernels.rejection:verify", "draft_tokens.stride(0), idx_mapping",
                           "max(1, draft_tokens.stride(0)), idx_mapping"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("shared_drafts",),
+                   oracles=EVERYWHERE, families=("shared_drafts",),
                    path=unreachable_by_engine(
                        "the engine's draft tokens are a contiguous [requests, depth] buffer, never one row expanded "
                        'over the batch (stride 0)')),
             Mutant("seed-by-row", "the Philox seed is read by batch row instead of request slot",
                    (Patch(_VERIFY, "tl.load(seeds_ptr + slot,", "tl.load(seeds_ptr + b,"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",),
+                   oracles=EVERYWHERE, families=("mixed",),
                    path=Reach(families=ENGINE_SAMPLED)),
             Mutant("empty-residual-token-0", "an empty residual (p <= q at every token) resamples token 0, the "
                    "argmax of an all -inf row (pre-fix, as upstream), instead of Gumbel-max over the target row",
                    (Patch("kernels.rejection:_gumbel_argmax", 'tl.max(best_scores, 0) > float("-inf"), token,',
                           "True, token,"),
                     Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("empty_residual", "extremes")),
+                   oracles=EVERYWHERE, families=("empty_residual", "extremes")),
             Mutant("uniform-row-counts-padding", "the softmax statistics give the lanes past the vocab -2^126 (the "
                    "clamp's floor) instead of -inf: they weigh nothing beside a finite score, but a row of -inf or "
                    "NaN, uniform by contract, spreads its mass over the last tile's padding too",
                    (Patch("kernels.rejection:_softmax_stats", 'temp), float("-inf"))', "temp), -CLAMP)"),
                     Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("uniform_rows",),
+                   oracles=EVERYWHERE, families=("uniform_rows",),
                    path=unreachable_by_engine("the engine's target logits are finite: no row is all -inf or NaN")),
             Mutant("q-row-target-step-stride", "the draft-logits row of a step is addressed with the target's step "
                    "stride (the neighbouring tensor's): the same number whenever both are contiguous over one "
                    "vocabulary",
                    (Patch(_VERIFY, "q_row_ptr = draft_row_ptr + step * draft_logits_step_stride",
                           "q_row_ptr = draft_row_ptr + step * target_step_stride"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("agreeing_layouts",),
+                   oracles=EVERYWHERE, families=("agreeing_layouts",),
                    path=unreachable_by_engine(
                        "the engine's target logits and draft-logits cache are contiguous over one vocabulary: their "
                        "step strides agree")),

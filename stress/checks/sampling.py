@@ -83,9 +83,7 @@ def gumbel_ignored(inputs: dict) -> list[Region]:
     rows that draw no noise, and the cache columns of inert rows."""
     slots = inputs["idx_mapping"]
     idle = unmapped_slots(slots, inputs["temperature"].numel())
-    greedy_slots = idle.clone()
-    greedy_slots[slots[slots >= 0].long()] = ~(inputs["temperature"][slots[slots >= 0].long()] > 0)
-    regions = [Region("temperature", idle), Region("seeds", greedy_slots),
+    regions = [Region("temperature", idle), Region("seeds", idle | ~(inputs["temperature"] > 0)),
                Region("positions", noiseless_rows(inputs))]
     if inputs.get("cache_cols") is not None:
         regions.append(Region("cache_cols", slots < 0))
@@ -114,21 +112,21 @@ CHECKS = (
                                          "cached logits",
                    (Patch(_SAMPLING, "slot = tl.load(idx_mapping_ptr + row)",
                           "slot = tl.maximum(tl.load(idx_mapping_ptr + row), 0)"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("padded",),
+                   oracles=EVERYWHERE, families=("padded",),
                    path=Reach(families=ENGINE_SAMPLED)),
             Mutant("draft-noise-unsalted", "noise keys (docs/contracts/sampling.md#noise-keys): drafting reuses the "
                                            "verifier's noise stream (no +2^30)",
                    (Patch(_SAMPLING, "tl.load(positions_ptr + row) + pos_salt", "tl.load(positions_ptr + row)"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",),
+                   oracles=EVERYWHERE, families=("mixed",),
                    path=Reach(families=ENGINE_SAMPLED)),
             Mutant("cache-after-temperature", "the logits cache stores scaled logits instead of the raw ones",
                    (Patch(_SAMPLING, "tl.store(cache_row_ptr + tokens, logits,",
                           "tl.store(cache_row_ptr + tokens, logits / tl.where(temp > 0, temp, 1.0),"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",),
+                   oracles=EVERYWHERE, families=("mixed",),
                    path=Reach(families=ENGINE_SAMPLED)),
             Mutant("temperature-by-row", "temperature read by batch row instead of request slot",
                    (Patch(_SAMPLING, "tl.load(temperature_ptr + slot,", "tl.load(temperature_ptr + row,"),),
-                   oracles={"cpu": "divergence", "cuda": "divergence"}, families=("mixed",),
+                   oracles=EVERYWHERE, families=("mixed",),
                    path=Reach(families=ENGINE_SAMPLED)),
             Mutant("subnormal-temperature-greedy", "temperatures below the smallest normal float32 are flushed to 0, "
                    "as a flush-to-zero build does: one ulp above 0 turns greedy instead of sampling",
