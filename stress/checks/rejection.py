@@ -20,7 +20,7 @@ from stress.checks.profiles import (
 from stress.core.compare import exact_unless_near_tie
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import rejection as rejection_families
-from stress.families.ignored import Region, one_of, poisoned, whole_rows
+from stress.families.ignored import Region, one_of, poisoned, unmapped_slots, whole_rows
 from stress.families.refusals import (
     emptied,
     past_bound,
@@ -90,9 +90,8 @@ def verify_ignored(inputs: dict) -> list[Region]:
     live = slots >= 0
     inert = ~live
     drawing = live & sampled[slots.clamp(min=0)]
-    idle = torch.ones_like(sampled)
-    idle[slots[live]] = False
-    regions = [Region("temperature", idle), Region("seeds", ~sampled), Region("positions", ~drawing),
+    regions = [Region("temperature", unmapped_slots(inputs["idx_mapping"], sampled.numel())),
+               Region("seeds", ~sampled), Region("positions", ~drawing),
                Region("target_logits", whole_rows(inert, inputs["target_logits"])),
                Region("draft_tokens", whole_rows(inert, inputs["draft_tokens"]))]
     draft_logits = inputs.get("draft_logits")
