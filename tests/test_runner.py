@@ -357,8 +357,8 @@ def test_the_launchers_own_shape_runs_in_a_third_of_the_cases_of_a_wide_sweep():
 
 
 def test_a_refusal_case_whose_bad_input_went_through_retires_its_cpu_worker():
-    """An accepted refusal ran the kernel on input it should have refused (here a V cache one block short, written
-    past its end): under the interpreter that write lands in this process's memory."""
+    """An accepted refusal ran the kernel on input it should have refused (here V caches shaped unlike the K cache):
+    under the interpreter whatever it wrote out of place landed in this process's memory."""
     accepted = cases.Task("kv_cache.write", "refused", 3, mutant="v-cache-shape-unchecked")
     seen = []  # in a worker process: the stray write must not land in this one
     workers.execute([accepted, cases.Task("kv_cache.write", "refused", 3)], "cpu", 1, seen.append)

@@ -67,8 +67,10 @@ WRITE_KV_REFUSALS = refusal_family(kv_families.pad, (
     past_bound("slot_mapping", lambda i: i["kv_cache"].shape[1] * i["kv_cache"].shape[2],
                "a token's slot past the cache", live=_writing_tokens),
     Corruption("slot_mapping", "a token's slot 0 in caches of no blocks", _slot_0_without_blocks, on_gpu=False),
-    _separate_v_cache(lambda v: v[:-1].clone(), "a V cache of one block fewer than the K cache"),
-    _separate_v_cache(lambda v: v[:, :, :-1].clone(), "a V cache of one KV head fewer than the K cache"),
+    # larger than the K cache, so a launcher that lets it through still writes inside it (a smaller one would be
+    # written past its end, which under the interpreter may kill the process before any verdict)
+    _separate_v_cache(lambda v: torch.cat([v, v[:1]]), "a V cache of one block more than the K cache"),
+    _separate_v_cache(lambda v: torch.cat([v, v[:, :, :1]], 2), "a V cache of one KV head more than the K cache"),
     _separate_v_cache(lambda v: v.to(torch.float16 if v.dtype != torch.float16 else torch.float32),
                       "a V cache in another dtype than the K cache"),
 ), "write_kv")
@@ -123,7 +125,7 @@ CHECKS = (
                    path=unreachable_by_engine(
                        "the engine's K and V caches are the halves of one combined cache: one layout")),
             Mutant("v-cache-shape-unchecked", "the launcher never compares the V cache's shape with the K cache's: "
-                   "a V cache of fewer blocks is written past its end",
+                   "a V cache shaped otherwise is written through the K cache's shape",
                    (Patch("kernels.kv_cache:write_kv", "if v_cache.shape != k_cache.shape:", "if False:"),),
                    oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",),
                    path=unreachable_by_engine(
