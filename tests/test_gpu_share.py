@@ -132,3 +132,54 @@ def test_compiles_are_timed_apart_from_launches_and_hooks_already_installed_keep
     with compiles.timed(phases := {}):
         pass
     assert phases == {}  # nothing compiled, nothing counted
+
+
+def _compile_variant(directory: str, key: str, holding, finish) -> None:
+    """A worker compiling one variant: it holds the variant's lock until ``finish`` is set."""
+    from triton import knobs
+
+    from stress.core import compiles
+
+    compiles.share(directory)
+    knobs.runtime.jit_cache_hook(key=key, repr="kernel[num_warps=4]", fn=None)
+    holding.set()
+    finish.wait(30)
+    knobs.runtime.jit_post_compile_hook(key=key, repr="kernel[num_warps=4]", fn=None)
+
+
+def test_workers_compile_each_variant_once_the_others_wait_for_it(tmp_path, monkeypatch):
+    """A variant another worker is compiling holds this one's compile back until that one is done; another
+    variant does not wait; a cache hook already installed keeps its answer, and a skipped compile (the
+    hook said so) holds no lock."""
+    import multiprocessing
+
+    knobs = pytest.importorskip("triton").knobs
+    from stress.core import compiles
+
+    context = multiprocessing.get_context("spawn")
+    holding, finish = context.Event(), context.Event()
+    worker = context.Process(target=_compile_variant, args=(str(tmp_path), "k", holding, finish))
+    worker.start()
+    try:
+        assert holding.wait(60)
+        monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: kw["key"] == "skipped")
+        monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+        compiles.share(str(tmp_path))
+        hook, done = knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook
+        assert hook(key="other", repr="", fn=None) is False and compiles._held  # another variant: no wait
+        done(key="other", repr="", fn=None)
+        assert not compiles._held
+        assert hook(key="skipped", repr="", fn=None) is True and not compiles._held
+        waited = []
+        thread = threading.Thread(target=lambda: waited.append(hook(key="k", repr="kernel[num_warps=4]", fn=None)))
+        thread.start()
+        time.sleep(0.5)
+        assert thread.is_alive() and not waited  # positive control: the variant being compiled waits
+        finish.set()
+        thread.join(30)
+        assert waited == [False]
+        compiles.release()  # as the end of a case does after a compile that raised
+        assert not compiles._held
+    finally:
+        finish.set()
+        worker.join(30)

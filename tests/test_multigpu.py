@@ -34,7 +34,7 @@ def fake_gpus(monkeypatch):
     return pinned
 
 
-@pytest.mark.parametrize("cores, per_gpu", [(256, 16), (48, 12), (20, 5), (6, 1)])
+@pytest.mark.parametrize("cores, per_gpu", [(256, 8), (48, 6), (20, 2), (6, 1)])
 def test_stress_workers_default_to_an_even_share_of_every_gpu(fake_gpus, monkeypatch, cores, per_gpu, device):
     monkeypatch.setattr(gpus, "cores", lambda: cores)
     monkeypatch.setenv("SPECSAN_DEVICE", device.type)  # _init_worker sets it; restored after the test

@@ -301,7 +301,8 @@ def device_and_seed(seed: bool = True) -> argparse.ArgumentParser:
     return parent
 
 
-def pool_options(what: str, jobs: str = "one per CPU core, up to 16 per GPU") -> argparse.ArgumentParser:
+def pool_options(what: str, jobs: str = "one per CPU core; on a GPU one per 2 cores, 8 per GPU at most"
+                 ) -> argparse.ArgumentParser:
     """The parent parser of --jobs and --timeout, for a command whose cases are ``what``."""
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument("--jobs", type=count(0), help=f"worker processes; 0 runs in this process (default: {jobs})")

@@ -96,14 +96,22 @@ def _invariant_failures(tokens: torch.Tensor, expected: TargetDistribution) -> l
         problems.append("emitted tokens are not a prefix followed by -1")
     drafts = expected.one_hot_drafts
     if drafts is not None and width > 1:
-        for trial in range(trials):
-            last = int(lengths[trial]) - 1
-            if last < width - 1 and int(tokens[trial, last]) == int(drafts[last]):
-                problems.append(f"trial {trial} resampled its rejected draft {int(drafts[last])} at position {last}")
-                break
-            if not torch.equal(tokens[trial, :last], drafts[:last]):
+        # per trial, its last emitted position: a resample there must differ from that position's draft,
+        # and every position before it must repeat the drafts; the first trial that breaks either is named.
+        # A trial that emitted nothing (already a problem above) indexes from the end, as Python's -1 does.
+        last = lengths - 1
+        at_last = tokens.gather(1, (last % width)[:, None])[:, 0]
+        resampled = (last < width - 1) & (at_last == drafts[last % (width - 1)])
+        prefix = torch.arange(width - 1)[None, :] < last[:, None]
+        differs = (last < 0) | ((tokens[:, :width - 1] != drafts[None, :]) & prefix).any(1)
+        broken = (resampled | differs).nonzero()
+        if broken.numel():
+            trial = int(broken[0])
+            if bool(resampled[trial]):
+                spot = int(last[trial])
+                problems.append(f"trial {trial} resampled its rejected draft {int(drafts[spot])} at position {spot}")
+            else:
                 problems.append(f"trial {trial}: accepted tokens differ from the drafts")
-                break
     return problems
 
 
