@@ -1,5 +1,6 @@
 """Comparison of kernel outputs with reference outputs, and first-divergence reports."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -180,6 +181,10 @@ class Float64Expected:
     baseline: torch.Tensor
     computed: torch.Tensor
     floor: float
+    # A further floor, asked only of an output the bound above rejects: the float32 rounding of inputs whose
+    # size the baseline's own error does not show (attention's scores in the thousands: see
+    # stress.families.attention.score_rounding). A callable, so a passing case never pays for it.
+    rounding: Callable[[], float] | None = None
 
 
 @dataclass
@@ -220,12 +225,18 @@ def within_float32_baseline(output: str, expected, got) -> Divergence | Tolerate
     baseline_error = float(baseline_gap.max()) if baseline_gap.numel() else 0.0
     allowed = 2 * baseline_error + expected.floor
     wrong = torch.where(computed, ~same & (error > allowed), ~same)
+    rounding = ""
+    if wrong.any() and expected.rounding is not None:
+        extra = expected.rounding()
+        allowed, rounding = allowed + extra, f" + input rounding {extra:.3g}"
+        wrong = torch.where(computed, ~same & (error > allowed), ~same)
     worst = float(error[computed].max()) if judged else 0.0
     if wrong.any():
         idx = wrong.nonzero()[:SHOW].tolist()
         first = [(tuple(i), want[tuple(i)].item(), have[tuple(i)].item()) for i in idx]
         return FloatDivergence(output, int(wrong.sum()), first, allowed=f"{allowed:.3g} = 2 x float32 baseline "
-                               f"{baseline_error:.3g} + floor {expected.floor:.3g}; elements not computed: bit for bit")
+                               f"{baseline_error:.3g} + floor {expected.floor:.3g}{rounding}; elements not computed: "
+                               "bit for bit")
     ratio = f"{worst / baseline_error:.2f}x" if baseline_error else "n/a (baseline exact)"
     return Tolerated(output, f"max error {worst:.3g} vs float64 = {ratio} the float32 baseline's {baseline_error:.3g} "
-                             f"(allowed 2x + floor {expected.floor:.3g})")
+                             f"(allowed 2x + floor {expected.floor:.3g}{rounding})")

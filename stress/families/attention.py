@@ -13,6 +13,7 @@ from kernels.attention import launch_shape, paged_attention
 from kernels.block_table import shift_block_table_rows
 from kernels.draft_inputs import prepare_draft_inputs
 from kernels.kv_cache import write_kv
+from reference.attention import FLOAT32_MAX, gather_kv
 from stress.core.compare import Float64Expected
 from stress.core.types import Case
 from stress.families.common import (
@@ -42,13 +43,47 @@ def sweep(device: str) -> list[dict]:
     return [{}, {"block_m": 32, "block_n": 16, "kv_splits": 3}]
 
 
-def judged(reference_fn, value_inputs: tuple[str, ...]):
+def score_rounding(inputs: dict, value_scale: float) -> float:
+    """What rounding a score to float32 can move an output by, in a paged-attention case: one float32 ulp of
+    the largest absolute dot product ``scale * sum |q_i| |k_i|`` over the pairs that carry weight (visible,
+    finite score within float32), times the largest value's size.
+
+    A score is a float32 sum whose partial sums reach that size, so its error grows with it, and a weight
+    moves by the score's error (relative). Keys planted a thousand above the rest put scores in the
+    thousands, where this is the largest error any float32 computation makes; the baseline's own error
+    there depends on its summation order, and the kernel's order can land above twice it.
+    """
+    query, k_cache = inputs["query"].to(torch.float64), inputs["k_cache"]
+    starts, scale = inputs["query_start_loc"].tolist(), inputs["scale"]
+    largest = 0.0
+    for batch_row in range(len(starts) - 1):
+        first, last = starts[batch_row], starts[batch_row + 1]
+        length = int(inputs["seq_lens"][batch_row])
+        if last == first or length == 0:
+            continue
+        keys = gather_kv(k_cache, inputs["block_table"][batch_row], length).to(torch.float64)
+        group = query.shape[1] // keys.shape[1]
+        q = query[first:last].unflatten(1, (keys.shape[1], group))  # [Q, H_kv, G, D]: head h reads KV h // G
+        scores = torch.einsum("qhgd,lhd->qhgl", q, keys) * scale
+        spans = torch.einsum("qhgd,lhd->qhgl", q.abs(), keys.abs()) * scale
+        visible = torch.ones(last - first, length, dtype=torch.bool)
+        if inputs["causal"]:
+            visible = torch.arange(length)[None, :] <= (length - (last - first) + torch.arange(last - first))[:, None]
+        weighted = visible[:, None, None, :] & torch.isfinite(scores) & (scores.abs() <= FLOAT32_MAX * scale)
+        if weighted.any():
+            largest = max(largest, float(spans[weighted].max()))
+    return largest * torch.finfo(torch.float32).eps * value_scale
+
+
+def judged(reference_fn, value_inputs: tuple[str, ...], rounding=None):
     """The check's reference: ``reference_fn``'s float64 ``out`` (its first output) as a Float64Expected.
 
     The float32 baseline is the same reference at float32, rounded to the output dtype. The floor is
     ``FLOOR_ULPS`` ulps (of the output dtype) of the largest value any query could read: one bounds
     rounding the softmax probabilities to a 16-bit dtype before they weight the values; a float32
     output gets four, as the GPU's exp2 is approximate to a few ulps where the baseline's is not.
+    ``rounding(inputs, value_scale)`` (``score_rounding``), where given, is asked only of an output that
+    bound rejects.
     """
     def reference(**inputs):
         exact = reference_fn(**inputs)
@@ -60,7 +95,8 @@ def judged(reference_fn, value_inputs: tuple[str, ...]):
         scale = float(values.abs().max()) if values.numel() else 0.0
         first = Float64Expected(value=outputs[0], computed=outputs[0] != given.to(torch.float64),
                                 baseline=(baseline[0] if isinstance(baseline, tuple) else baseline).to(given.dtype),
-                                floor=FLOOR_ULPS.get(given.dtype, 1) * torch.finfo(given.dtype).eps * scale)
+                                floor=FLOOR_ULPS.get(given.dtype, 1) * torch.finfo(given.dtype).eps * scale,
+                                rounding=(lambda: rounding(inputs, scale)) if rounding else None)
         return (first, *outputs[1:]) if isinstance(exact, tuple) else first
     reference.bare = reference_fn  # refusal cases only ask whether it validates: no float32 baseline for them
     return reference
