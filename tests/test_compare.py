@@ -1,5 +1,6 @@
 """stress.core.compare.exact_unless_near_tie: near-tie rows are counted, not judged; too many leave a case unjudged."""
 
+import pytest
 import torch
 
 from reference.sampling import Decided
@@ -80,3 +81,41 @@ def test_a_nan_or_infinite_reference_is_matched_exactly_not_bounded():
     for got in ([0.5, float("inf"), 1.0], [float("nan"), float("-inf"), 1.0], [float("nan"), float("inf"), 1.5]):
         found = compare.within_float32_baseline("o", expected, torch.tensor(got))
         assert isinstance(found, Divergence) and found.total == 1, got
+
+
+def test_input_rounding_is_added_only_to_an_output_the_baseline_bound_rejects():
+    """``rounding`` (attention's score rounding) widens the bound of a rejected output and is not asked of one
+    that passes; an error past both still diverges, and the message names the added term."""
+    asked = []
+
+    def rounding():
+        asked.append(1)
+        return 0.5
+
+    want = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    expected = compare.Float64Expected(value=want, baseline=torch.tensor([1.0, 2.1]),
+                                       computed=torch.ones(2, dtype=torch.bool), floor=0.0, rounding=rounding)
+    assert isinstance(compare.within_float32_baseline("o", expected, torch.tensor([1.0, 2.15])), Tolerated)
+    assert not asked  # within twice the baseline's 0.1: the term is never computed
+    passed = compare.within_float32_baseline("o", expected, torch.tensor([1.0, 2.6]))
+    assert isinstance(passed, Tolerated) and "input rounding 0.5" in passed.note and asked == [1]
+    found = compare.within_float32_baseline("o", expected, torch.tensor([1.0, 2.8]))  # past 0.2 + 0.5
+    assert isinstance(found, Divergence) and found.total == 1 and "+ input rounding 0.5" in found.lines()[0]
+
+
+def test_score_rounding_grows_with_the_dot_products_that_carry_weight():
+    """One float32 ulp of the largest weighted |q||k| dot times the values' size: keys a thousand above the
+    rest raise it a thousandfold; a key whose score overflows float32 (no weight, or a NaN row) adds nothing."""
+    from stress.families.attention import score_rounding
+
+    query = torch.tensor([[[4.0, 1.0, 1.0, 1.0]]])
+    k_cache = torch.ones(1, 4, 1, 4)  # one block of 4 slots, one KV head, head dim 4
+    inputs = {"query": query, "k_cache": k_cache, "block_table": torch.zeros(1, 1, dtype=torch.int32),
+              "seq_lens": torch.tensor([4], dtype=torch.int32), "query_start_loc": torch.tensor([0, 1]),
+              "scale": 0.5, "causal": False}
+    eps = torch.finfo(torch.float32).eps
+    assert score_rounding(inputs, 2.0) == pytest.approx(7 * 0.5 * eps * 2.0)
+    k_cache[0, 1, 0, 0] = -1000.0  # |q||k| counts the size, not the sign
+    assert score_rounding(inputs, 2.0) == pytest.approx((4000 + 3) * 0.5 * eps * 2.0)
+    k_cache[0, 1, 0, 0] = 1e38  # 4e38: past float32, so its score is +inf and carries no finite weight
+    assert score_rounding(inputs, 2.0) == pytest.approx(7 * 0.5 * eps * 2.0)
