@@ -175,7 +175,7 @@ CHECKS = (
                    (Patch("kernels.rejection:_gumbel_argmax", 'tl.max(best_scores, 0) > float("-inf"), token,',
                           "True, token,"),
                     Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
-                   oracles=EVERYWHERE, families=("empty_residual", "extremes")),
+                   oracles=EVERYWHERE, families=("empty_residual", "empty_residual_spread", "extremes")),
             Mutant("uniform-row-counts-padding", "the softmax statistics give the lanes past the vocab -2^126 (the "
                    "clamp's floor) instead of -inf: they weigh nothing beside a finite score, but a row of -inf or "
                    "NaN, uniform by contract, spreads its mass over the last tile's padding too",

@@ -359,7 +359,7 @@ def _agreeing(rng, depth: int) -> Case:
     return case
 
 
-def empty_residual(rng, device, launch):
+def empty_residual(rng, device, launch, spread: bool = False):
     """Draft logits that leave no residual max(p - q, 0): a copy of the target row, bit for bit (p = q at any
     temperature), or, at a temperature near 0, another row whose maximum is the target's by a margin of 1 (both
     one-hot on it, every other p and q exactly 0). Each request accepts its first j drafts (the row's argmax,
@@ -368,21 +368,30 @@ def empty_residual(rng, device, launch):
     an all -inf argmax gives, is outside the target's support in half the requests."""
     b, k, v = _size(rng, device)
     v = max(v, 3)
+    if spread:  # two or three vocab tiles (the launcher's own tile is 1024 at most): a best must survive its tile
+        tile = launch.get("block_v", 1024)
+        v = int(rng.integers(tile + 1, 3 * tile))
     case = _case(rng, batch=b, depth=k, vocab=v, greedy_share=0.0, draft_logits=True, placeholder_share=0.0,
-                 note=f"empty residual, vocab {v}")
+                 note=f"empty residual{', spread' if spread else ''}, vocab {v}")
     inputs = case.inputs
     target, cached, drafts, slots = (inputs["target_logits"], inputs["draft_logits"], inputs["draft_tokens"],
                                      inputs["idx_mapping"].long())
     temps = inputs["temperature"]
     for slot in range(temps.numel()):
-        temps[slot] = pick(rng, NEAR_ZERO_TEMPERATURES) if rng.integers(2) else rng.uniform(0.25, 2.0)
+        if spread:
+            temps[slot] = rng.uniform(1.0, 2.0)
+        else:
+            temps[slot] = pick(rng, NEAR_ZERO_TEMPERATURES) if rng.integers(2) else rng.uniform(0.25, 2.0)
     for i in range(b):
-        one_hot = float(temps[slots[i]]) <= max(NEAR_ZERO_TEMPERATURES) and bool(rng.integers(2))
-        rejected_at = int(rng.integers(0, k + 1))
+        one_hot = not spread and float(temps[slots[i]]) <= max(NEAR_ZERO_TEMPERATURES) and bool(rng.integers(2))
+        rejected_at = int(rng.integers(0, k if spread else k + 1))
         for step in range(k):
             row = target[i, step]
+            if spread:  # logits within [-1, 1]: at temperatures 1-2 the resample lands off the argmax most times
+                row /= row.abs().max().clamp(min=1e-30)
             y = int(row.argmax())
-            row[y] = row.max() + 1  # the margin that makes the row one-hot near temperature 0
+            if not spread:
+                row[y] = row.max() + 1  # the margin that makes the row one-hot near temperature 0
             outside = torch.from_numpy(rng.random(v) < 0.3)
             outside[0] = bool(rng.integers(2))
             outside[pick(rng, [t for t in range(v) if t != y])] = True
@@ -398,8 +407,19 @@ def empty_residual(rng, device, launch):
                 drafts[i, step] = y
             elif step == rejected_at:
                 zero = outside.nonzero().flatten()
-                drafts[i, step] = pick(rng, (int(zero[int(rng.integers(len(zero)))]),) * 3 + (-1, v, 2**62))
+                # a placeholder resamples as a bonus would, outside the residual: spread cases leave it out
+                past = (v, 2**62) if spread else (-1, v, 2**62)
+                unsupported = (int(zero[int(rng.integers(len(zero)))]),) * 3 + past
+                drafts[i, step] = pick(rng, unsupported)
     return case
+
+
+def empty_residual_spread(rng, device, launch):
+    """``empty_residual`` with every request rejected, at temperatures 1 to 2 over logits within [-1, 1]: the
+    resample from the target row is spread over its support, so a fallback that takes the row's argmax, or
+    scores p or q instead of logits / temp, emits another token in most requests. The vocabulary spans two or
+    three vocab tiles, so a fallback that forgets an earlier tile's best shows too."""
+    return empty_residual(rng, device, launch, spread=True)
 
 
 def greedy_threshold(rng, device, launch):
@@ -442,7 +462,7 @@ FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zer
             # the draft's own stride holds its q
             "agreeing_layouts": laid_out(_two_agreeing_steps, "draft_logits"),
             "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder,
-            "empty_residual": empty_residual,
+            "empty_residual": empty_residual, "empty_residual_spread": empty_residual_spread,
             "greedy_threshold": greedy_threshold, "uniform_rows": uniform_rows,
             **one_per_value(big_offsets, "layout", ("steps", "target_logits", "draft_tokens", "out_tokens",
                                                            "draft_logits"))}
