@@ -35,23 +35,25 @@ def tensor(name: str, t, *, dtype=None, ndim=None, device=None, min_numel=0, uni
 
 
 def same_device(**tensors) -> torch.device:
-    """All tensors on one device; returns it."""
-    devices = {name: t.device for name, t in tensors.items()}
-    first = next(iter(devices.values()))
-    for name, dev in devices.items():
-        if dev != first:
-            raise ValueError(f"{name}: on {dev}, but {next(iter(devices))} is on {first}; "
+    """All tensors on one device; returns it. The device most of them are on is the one meant (the first
+    tensor's on a tie), so the error names a tensor that is off it, not the first one that differs from it."""
+    devices = [t.device for t in tensors.values()]
+    meant = max(dict.fromkeys(devices), key=devices.count)
+    for name, t in tensors.items():
+        if t.device != meant:
+            others = next(other for other, u in tensors.items() if u.device == meant)
+            raise ValueError(f"{name}: on {t.device}, but {others} is on {meant}; "
                              "put all tensors on one device")
-    return first
+    return meant
 
 
 def on_kernel_device(**tensors) -> torch.device:
-    """All tensors on one device, and that the device kernels run on; returns it."""
-    dev = same_device(**tensors)
-    if dev.type != runtime.DEVICE:
-        name = next(iter(tensors))
-        raise ValueError(f"{name}: on {dev.type}, but kernels run on {runtime.DEVICE}; move the tensors there")
-    return dev
+    """All tensors on one device, and that the device kernels run on; returns it. The error names the tensor
+    that is off it."""
+    for name, t in tensors.items():
+        if t.device.type != runtime.DEVICE:
+            raise ValueError(f"{name}: on {t.device.type}, but kernels run on {runtime.DEVICE}; move it there")
+    return same_device(**tensors)
 
 
 def positive_int(name: str, v) -> int:

@@ -60,3 +60,25 @@ def test_on_the_gpu_indices_are_not_read_back_unless_asked(monkeypatch):
     monkeypatch.setattr(validate, "CHECK_INDICES_ON_GPU", True)
     with pytest.raises(ValueError, match=r"idx_mapping: slot 9 at \[1\] is outside \[-1, 4\)"):
         validate.indices("idx_mapping", slots, -1, 4, what="slot")
+
+
+@pytest.mark.parametrize("misplaced", ["first", "middle", "last"])
+def test_the_device_check_names_the_tensor_off_the_device_wherever_it_stands(misplaced):
+    """A tensor on another device is named, also when it comes first: comparing every tensor with the first
+    one named the first that differed from it (the next, well placed, argument)."""
+    from kernels import runtime
+
+    names = ["first", "middle", "last"]
+    here = torch.zeros(2, device=runtime.DEVICE)
+    tensors = {name: torch.zeros(2, device="meta") if name == misplaced else here for name in names}
+    with pytest.raises(ValueError, match=f"^{misplaced}: on meta"):
+        validate.on_kernel_device(**tensors)
+    with pytest.raises(ValueError, match=f"^{misplaced}: on meta, but"):
+        validate.same_device(**tensors)
+    assert validate.on_kernel_device(**{name: here for name in names}) == here.device
+
+
+def test_a_tensor_on_another_device_is_handed_over_unguarded():
+    """A refusal case's tensor on the meta device has no data to copy or guard: the call gets it as it is."""
+    placed, args = guards.guarded({"a": torch.zeros(3), "b": torch.zeros(3, device="meta")}, torch.device("cpu"))
+    assert list(placed) == ["a"] and args["b"].is_meta and not args["a"].is_meta

@@ -16,6 +16,7 @@ from stress.families.ignored import Region, past, poisoned, whole_rows
 from stress.families.refusals import (
     Corruption,
     emptied,
+    moved,
     past_bound,
     qsl_rows,
     refusal_family,
@@ -110,6 +111,7 @@ PAGED_ATTENTION_REFUSALS = refusal_family(attention_families.decode, (
     # well formed, but more than the GPU holds: no program of whole groups fits its shared memory
     Corruption("query", "130 float32 query heads per KV head at head dim 256", lambda rng, inputs: None,
                valid=_unfittable, on_cpu=False),
+    *moved("query", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc", "out"),
 ), "paged_attention")
 
 

@@ -30,6 +30,7 @@ from stress.families.refusals import (
     NOT_POSITIVE,
     as_list,
     batch_rows,
+    moved,
     one_dim_more,
     past_bound,
     qsl_rows,
@@ -58,6 +59,7 @@ GATHER_REFUSALS = refusal_family(bt_families.gather_basic, (
     retyped("idx_mapping", torch.int64), one_dim_more("out"), as_list("persistent"),
     # out's own dtype and type: the later guards compare only its shape, so only out's validation refuses these
     retyped("out", torch.int64), as_list("out"),
+    *moved("persistent", "idx_mapping", "out"),
 ), "gather_block_tables")
 
 
@@ -79,6 +81,7 @@ SLOT_MAPPING_REFUSALS = refusal_family(bt_families.slots_basic, (
     replace(past_bound("query_start_loc", lambda i: i["positions"].numel() + 1,
                        "the last offset past the tokens, within out's padding", live=last_offset),
             valid=bt_families.slots_padded),
+    *moved("block_table", "query_start_loc", "positions", "out"),
 ), "compute_slot_mappings")
 
 
@@ -88,6 +91,7 @@ SHIFT_REFUSALS = refusal_family(bt_families.shift_slot_vs_row, (
     past_bound("idx_mapping", lambda i: i["num_cached_tokens"].numel(), "a slot past num_cached_tokens"),
     *replaced("block_size", NOT_POSITIVE, "block_size not a positive int"),
     retyped("num_cached_tokens", torch.int64),
+    *moved("block_table", "idx_mapping", "num_cached_tokens", "seq_lens"),
 ), "shift_block_table_rows")
 
 

@@ -14,6 +14,7 @@ from stress.families.refusals import (
     NOT_POSITIVE,
     Corruption,
     batch_rows,
+    moved,
     past_bound,
     refusal_family,
     replaced,
@@ -79,6 +80,10 @@ PREPARE_REFUSALS = refusal_family(di_families.decode, (
     *resized("query_slot_mapping", 0, (-1, 1), "query_slot_mapping one entry off input_ids"),
     *resized("sample_idx_mapping", 0, (-1, 1), "sample_idx_mapping one entry off sample_indices"),
     *resized("draft_tokens", 1, (-1, 1), "draft_tokens one column off num_draft_tokens"),
+    *moved("idx_mapping", "target_query_start_loc", "target_positions", "num_sampled", "num_rejected", "last_sampled",
+           "next_prefill_tokens", "num_cached_tokens", "block_table", "context_positions", "context_slot_mapping",
+           "input_ids", "positions", "query_slot_mapping", "sample_indices", "sample_pos", "sample_idx_mapping",
+           "query_start_loc", "seq_lens", "draft_tokens"),
 ), "prepare_draft_inputs")
 
 

@@ -13,6 +13,7 @@ from stress.families import kv_cache as kv_families
 from stress.families.ignored import Region, one_of, past, poisoned, whole_rows
 from stress.families.refusals import (
     Corruption,
+    moved,
     past_bound,
     refusal_family,
     resized,
@@ -73,6 +74,8 @@ WRITE_KV_REFUSALS = refusal_family(kv_families.pad, (
     _separate_v_cache(lambda v: torch.cat([v, v[:, :, :1]], 2), "a V cache of one KV head more than the K cache"),
     _separate_v_cache(lambda v: v.to(torch.float16 if v.dtype != torch.float16 else torch.float32),
                       "a V cache in another dtype than the K cache"),
+    *moved("key", "value", "slot_mapping"), *moved("kv_cache", refused="k_cache"),
+    _separate_v_cache(lambda v: v.to("meta"), "a V cache on another device than the K cache"),
 ), "write_kv")
 
 

@@ -23,6 +23,7 @@ from stress.families import rejection as rejection_families
 from stress.families.ignored import Region, one_of, poisoned, unmapped_slots, whole_rows
 from stress.families.refusals import (
     emptied,
+    moved,
     past_bound,
     refusal_family,
     resized,
@@ -65,6 +66,8 @@ VERIFY_REFUSALS = refusal_family(rejection_families.mixed, (
     *resized("draft_logits", 2, (-1, 1), "draft_logits one vocabulary entry short or past the target's"),
     past_bound("idx_mapping", lambda i: i["temperature"].numel(), "a slot past temperature"),
     emptied({"target_logits": 2, "draft_logits": 2}, "a vocabulary of 0", refused="target_logits"),
+    *moved("target_logits", "draft_tokens", "idx_mapping", "temperature", "seeds", "positions", "out_tokens",
+          "num_sampled", "num_rejected", "draft_logits"),
 ), "verify")
 
 

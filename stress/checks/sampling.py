@@ -22,6 +22,7 @@ from stress.families.ignored import Region, one_of, poisoned, unmapped_slots
 from stress.families.refusals import (
     Corruption,
     emptied,
+    moved,
     past_bound,
     refusal_family,
     replaced,
@@ -65,6 +66,7 @@ GUMBEL_REFUSALS = refusal_family(sampling_families.mixed, (
     Corruption("cache_cols", "the cache column of slot 0's row past the cache", _slot_0_column_past_cache,
                on_gpu=False),
     emptied({"logits": 1, "logits_cache": 2}, "a vocabulary of 0", refused="logits"),
+    *moved("logits", "idx_mapping", "temperature", "seeds", "positions", "logits_cache", "cache_cols"),
 ), "gumbel_sample")
 
 

@@ -104,8 +104,9 @@ def torch_device(device: str) -> torch.device:
 
 def guarded(inputs: dict, dev: torch.device) -> tuple[dict, dict]:
     """Guarded copies of the tensor ``inputs`` on ``dev``, and the call's arguments: those copies' views,
-    and fresh copies of every other input."""
-    placed = {k: place(k, v, dev) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    and fresh copies of every other input. A tensor on the meta device (a refusal case's tensor on another
+    device, ``stress.families.refusals.moved``) is handed over as it is: it has no data to guard."""
+    placed = {k: place(k, v, dev) for k, v in inputs.items() if isinstance(v, torch.Tensor) and not v.is_meta}
     return placed, {**copy.deepcopy({k: v for k, v in inputs.items() if k not in placed}),
                     **{k: g.view for k, g in placed.items()}}
 

@@ -96,6 +96,23 @@ def resized(name: str, dim: int, sizes: tuple, what: str, refused: str | None = 
                  for choice in sizes)
 
 
+def moved(*names: str, refused: str | None = None) -> tuple[Corruption, ...]:
+    """One corruption per name: that tensor on the meta device, which no kernel runs on and which holds no data,
+    so the launcher must refuse it by name (``refused``, where the case's input reaches the launcher under
+    another) before it reads it: its device check names the tensor off the kernel's device, not the first one
+    that differs from the rest. A name the case leaves out is skipped."""
+    def move(name):
+        def apply(rng, inputs):
+            if not isinstance(inputs.get(name), torch.Tensor):
+                return False
+            inputs[name] = inputs[name].to("meta")
+            return True
+
+        return apply
+
+    return tuple(Corruption(refused or name, f"{name} on another device", move(name)) for name in names)
+
+
 def emptied(dims: dict[str, int], what: str, refused: str, on_gpu: bool = True) -> Corruption:
     """Every tensor of ``dims`` given size 0 along its dimension (a vocabulary of 0 in logits and cache alike);
     a tensor absent from the case is skipped, and a case with no entry along the first is left alone.
