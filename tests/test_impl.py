@@ -165,3 +165,42 @@ def test_list_impl_json_is_json_only(capsys):
     listed = {c["check"]: c["impl"] for c in json.loads(capsys.readouterr().out)}
     assert "temperature-floor" in listed["sampling.gumbel"]["choices"]
     assert listed["spec.slots"]["registrable"] is False and listed["spec.slots"]["why_not"]
+
+
+def test_a_driver_check_judges_and_names_the_implementation_its_driver_calls(monkeypatch):
+    """rejection.distribution runs verify's trials: with an implementation registered against verify, its cases
+    judge that one, and their records and repro lines name it; a choice that only verify defines leaves them
+    out rather than judging them under a choice they cannot apply."""
+    from stress.core.workers import run_case
+
+    task = Task("rejection.distribution", "target_distribution", 0)
+    monkeypatch.setenv(impl.ENV, "rejection.verify=eager.rejection:verify")
+    result = run_case(task, "cpu", trace=False)
+    assert result.verdict == "pass" and result.impl == "rejection.verify=eager.rejection:verify"
+    assert result.repro().endswith("--impl rejection.verify=eager.rejection:verify")
+    crashed = workers.result_of(pool.Outcome(task, failure="died", detail="killed"), "cpu", 300, True)
+    assert crashed.repro().endswith("--impl rejection.verify=eager.rejection:verify")
+    monkeypatch.setenv(impl.ENV, "rejection.verify=eager.rejection:verify@no-padded-rows")
+    left_out = run_case(task, "cpu", trace=False)
+    assert left_out.verdict.startswith("not_checked") and "no-padded-rows" in left_out.verdict
+    monkeypatch.setenv(impl.ENV, "")
+    assert run_case(task, "cpu", trace=False).impl is None
+
+
+def test_a_driver_judges_only_checks_an_implementation_can_be_registered_against():
+    for check in checks.REGISTRY:
+        for name in check.judges:
+            assert impl.why_not_registrable(checks.get(name)) is None, (check.name, name)
+            assert impl.why_not_registrable(check) is not None, check.name  # a driver, not a launcher
+
+
+def test_temperature_floor_looks_only_at_the_slots_the_batch_samples():
+    """A low temperature on a slot no batch row names is never read, so it leaves the case in the profile."""
+    from stress.checks import profiles
+
+    def case(temperature, idx_mapping):
+        return Case({"temperature": torch.tensor(temperature), "idx_mapping": torch.tensor(idx_mapping,
+                                                                                        dtype=torch.int32)})
+
+    assert profiles.TEMPERATURE_FLOOR.outside(case([1.0, 0.001], [0, -1])) is None
+    assert "temperature in (0" in profiles.TEMPERATURE_FLOOR.outside(case([1.0, 0.001], [1, 0]))

@@ -211,6 +211,7 @@ CHECKS = (
         contract="a draft step over a restored prefix attends only to KV the draft computed: never-written KV stays "
                  "out of sight (fix 4)",
         kernel=attention_families.prefix_masked_draft,  # drives the production kernels of one draft step
+        judges=("draft_inputs.prepare", "kv_cache.write", "block_table.shift", "attention.paged"),
         reference=attention_families.judged(reference.attention.prefix_masked_draft,
                                             ("v_cache", "context_value", "query_value")),
         families=attention_families.PREFIX_FAMILIES,

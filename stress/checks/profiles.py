@@ -29,8 +29,17 @@ def _pad_slots(case: Case) -> str | None:
 FLOOR = 0.01
 
 
+def _sampled_temperatures(case: Case) -> torch.Tensor | None:
+    """The temperatures of the slots some batch row samples (every one where no idx_mapping maps rows to
+    slots): a slot no row names is never read, whatever it holds."""
+    temperature, idx = _tensor(case, "temperature"), _tensor(case, "idx_mapping")
+    if temperature is None or idx is None:
+        return temperature
+    return temperature[idx[(idx >= 0) & (idx < temperature.numel())].long()]
+
+
 def _low_temperature(case: Case) -> str | None:
-    temperature = _tensor(case, "temperature")
+    temperature = _sampled_temperatures(case)
     if temperature is None:
         return None
     low = (temperature > 0) & (temperature < FLOOR)
@@ -110,10 +119,9 @@ def _refusal(case: Case) -> str | None:
 
 def _not_zero_greedy(case: Case) -> str | None:
     """A temperature below 0 or NaN on a slot some batch row samples: greedy under the contract (not > 0)."""
-    temperature, idx = _tensor(case, "temperature"), _tensor(case, "idx_mapping")
-    if temperature is None or idx is None or temperature.numel() == 0:
+    used = _sampled_temperatures(case)
+    if used is None or _tensor(case, "idx_mapping") is None:
         return None
-    used = temperature[idx[idx >= 0].long()]
     return "a negative or NaN temperature" if bool(((used < 0) | used.isnan()).any()) else None
 
 

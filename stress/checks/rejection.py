@@ -208,6 +208,7 @@ CHECKS = (
         name="rejection.distribution",
         contract="the tokens verification emits follow the target distribution (chi-square over many trials)",
         kernel=distribution.verify_trials,
+        judges=("rejection.verify",),
         reference=distribution.expected_distribution,
         families=rejection_families.DISTRIBUTION_FAMILIES,
         outputs=(RETURN,),

@@ -210,6 +210,18 @@ def of_check(check: Check) -> tuple[Registration, Implementation] | None:
     return (registration, _load(registration, check)) if registration else None
 
 
+def judged_by(check: Check, by_name: dict[str, Check]) -> list[tuple[Registration, Implementation]]:
+    """What ``check``'s cases judge: its own registration, or those of the checks its driver calls
+    (``Check.judges``), which its records and repro lines then name."""
+    own = of_check(check)
+    return [own] if own else [found for name in check.judges if (found := of_check(by_name[name]))]
+
+
+def specs(found: list[tuple[Registration, Implementation]]) -> str | None:
+    """The ``--impl`` values of ``found`` as a repro line gives them (None: the suite's own launchers)."""
+    return " --impl ".join(registration.spec() for registration, _ in found) or None
+
+
 _LOADED: dict[Registration, Implementation] = {}
 
 
@@ -242,13 +254,19 @@ def reference_stream(check: Check) -> Iterator[None]:
         yield
 
 
-def outside_profile(check: Check, case: Case) -> str | None:
-    """Why ``case`` lies outside the profile of the implementation judged for ``check``, or None."""
-    found = of_check(check)
-    for name in found[1].profile if found else ():
-        choice = check.choices[name]
-        if choice.outside is not None and (why := choice.outside(case)):
-            return f"outside the implementation's profile ({name}: {choice.doc}): {why}"
+def outside_profile(check: Check, case: Case, found: list[tuple[Registration, Implementation]]) -> str | None:
+    """Why ``case`` lies outside the profiles of the implementations judged for ``check`` (``found``), or None.
+    A choice of another check (one a driver calls) that ``check`` does not define leaves every case out: no
+    case of this check is judged under a choice it cannot apply."""
+    for registration, implementation in found:
+        for name in implementation.profile:
+            choice = check.choices.get(name)
+            if choice is None:
+                return (f"outside the implementation's profile: it declares {name}, a choice of "
+                        f"{registration.check} that {check.name} does not define, so its cases cannot be judged "
+                        "under it")
+            if choice.outside is not None and (why := choice.outside(case)):
+                return f"outside the implementation's profile ({name}: {choice.doc}): {why}"
     return None
 
 

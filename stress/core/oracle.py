@@ -256,13 +256,13 @@ def judge_task(task: Task, device: str, timeout: float, trace: bool) -> tuple[Re
         if device not in check.devices:
             result.verdict = not_checked(check.skipped(device=device))
             return result, out_of_memory
-        registered = impl.of_check(check)
-        result.impl = registered[0].spec() if registered else None
+        registered = impl.judged_by(check, checks.BY_NAME)
+        result.impl = impl.specs(registered)
         with _phase(result.phases, "build"):
             case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
         result.launch, result.note = case.launch, case.note
-        foreign_triton = registered is not None and impl.written_in_triton(registered[1])
-        if why := interpreter_gap(check, case, device, foreign_triton) or impl.outside_profile(check, case):
+        foreign_triton = any(impl.written_in_triton(implementation) for _, implementation in registered)
+        if why := interpreter_gap(check, case, device, foreign_triton) or impl.outside_profile(check, case, registered):
             result.verdict = not_checked(why)
             return result, out_of_memory
         result.verdict, result.details = _judged_case(check, case, task.seed, device, trace, result, mutant)

@@ -253,6 +253,9 @@ class Check:
     # the production launcher an implementation registered against this check stands in for, where ``kernel`` is
     # the suite's adapter over it (None: ``kernel`` itself, when it is a launcher of kernels/)
     launcher: Callable | None = None
+    # other checks whose launchers ``kernel`` (a driver) calls: an implementation registered against one of them
+    # is what this check's cases judge (rejection.distribution runs verify's trials)
+    judges: tuple[str, ...] = ()
 
     @property
     def docs(self) -> str:

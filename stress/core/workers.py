@@ -117,10 +117,11 @@ def result_of(outcome: pool.Outcome, device: str, timeout: float, trace: bool) -
     result = outcome.value
     if outcome.failure:
         # rebuilt here, in the parent: the registration judged comes from the environment it shares with the worker
-        registration = impl.registered().get(task.check)
+        from stress import checks
+
+        judged = impl.judged_by(checks.get(task.check), checks.BY_NAME)
         result = Result(task.check, task.family, task.seed, device, Verdict.CRASH, mutant=task.mutant,
-                        launch=dict(task.launch or ()), seconds=round(outcome.seconds, 4),
-                        impl=registration.spec() if registration else None)
+                        launch=dict(task.launch or ()), seconds=round(outcome.seconds, 4), impl=impl.specs(judged))
         if outcome.failure == "timeout":
             result.verdict, result.details = Verdict.TIMEOUT, [f"case ran past {timeout:g} s; its worker was killed"]
         elif outcome.failure == "died":
