@@ -18,6 +18,7 @@ from stress.families.refusals import (
     refusal_family,
     resized,
     retyped,
+    strided,
 )
 
 _KV = "kernels.kv_cache:_write_kv_kernel"
@@ -76,6 +77,7 @@ WRITE_KV_REFUSALS = refusal_family(kv_families.pad, (
                       "a V cache in another dtype than the K cache"),
     *moved("key", "value", "slot_mapping"), *moved("kv_cache", refused="k_cache"),
     _separate_v_cache(lambda v: v.to("meta"), "a V cache on another device than the K cache"),
+    *strided("key", "value"), *strided("kv_cache", refused="k_cache"),
 ), "write_kv")
 
 

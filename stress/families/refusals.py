@@ -113,6 +113,23 @@ def moved(*names: str, refused: str | None = None) -> tuple[Corruption, ...]:
     return tuple(Corruption(refused or name, f"{name} on another device", move(name)) for name in names)
 
 
+def strided(*names: str, refused: str | None = None) -> tuple[Corruption, ...]:
+    """One corruption per name: that tensor as a view whose innermost stride is 2 (every other element of a
+    buffer twice as wide), which the kernels' unit-stride loads would misread: the launcher must refuse it
+    by name (``refused``, as in ``moved``). A tensor of fewer than two elements is left alone."""
+    def widen(name):
+        def apply(rng, inputs):
+            t = inputs.get(name)
+            if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.numel() < 2:
+                return False
+            inputs[name] = torch.stack([t, t], -1)[..., 0]
+            return True
+
+        return apply
+
+    return tuple(Corruption(refused or name, f"{name} of innermost stride 2", widen(name)) for name in names)
+
+
 def emptied(dims: dict[str, int], what: str, refused: str, on_gpu: bool = True) -> Corruption:
     """Every tensor of ``dims`` given size 0 along its dimension (a vocabulary of 0 in logits and cache alike);
     a tensor absent from the case is skipped, and a case with no entry along the first is left alone.
