@@ -204,3 +204,16 @@ def test_temperature_floor_looks_only_at_the_slots_the_batch_samples():
 
     assert profiles.TEMPERATURE_FLOOR.outside(case([1.0, 0.001], [0, -1])) is None
     assert "temperature in (0" in profiles.TEMPERATURE_FLOOR.outside(case([1.0, 0.001], [1, 0]))
+
+
+def test_masked_logits_judges_a_masked_token_and_leaves_out_nan_inf_and_fully_masked_rows():
+    """An engine that masks tokens with -inf but defines nothing for NaN, +inf or a fully masked row declares
+    masked-logits and keeps its masked-token cases judged, which finite-logits would leave out."""
+    from stress.checks import profiles
+
+    inf = float("inf")
+    for logits, judged in (([[0.0, -inf, 1.0]], True), ([[0.0, float("nan"), 1.0]], False),
+                           ([[0.0, inf, 1.0]], False), ([[-inf, -inf, -inf], [0.0, 1.0, 2.0]], False)):
+        case = Case({"target_logits": torch.tensor([logits])})
+        assert (profiles.MASKED_LOGITS.outside(case) is None) == judged, logits
+        assert profiles.FINITE_LOGITS.outside(case) is not None, logits  # the broader choice leaves all four out

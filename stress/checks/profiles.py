@@ -54,6 +54,21 @@ def _non_finite(*names: str):
     return outside
 
 
+def _unmasked_non_finite(*names: str):
+    """NaN or +inf in ``names``, or a row of them with every token -inf; a -inf beside finite logits (a masked
+    token) is inside."""
+    def outside(case: Case) -> str | None:
+        bad = []
+        for name in names:
+            t = _tensor(case, name)
+            if t is None or not t.is_floating_point() or t.numel() == 0:
+                continue
+            if bool((t.isnan() | (t == float("inf"))).any()) or bool((t == float("-inf")).all(-1).any()):
+                bad.append(name)
+        return f"NaN, +inf or a row of only -inf in {', '.join(bad)}" if bad else None
+    return outside
+
+
 def _non_finite_attended(case: Case) -> str | None:
     """NaN or infinity in the batch's queries or in the keys and values its rows reach (positions below each
     row's sequence length, through its block-table row). Cache slots no row reaches are not read by the
@@ -176,6 +191,9 @@ NO_PAD_SLOTS = Choice("every token it is given is written (no PAD -1 slots)", ou
 TEMPERATURE_FLOOR = Choice(f"a temperature above 0 is raised to at least {FLOOR}", outside=_low_temperature)
 FINITE_LOGITS = Choice("NaN and infinite logits are undefined for it",
                        outside=_non_finite("logits", "target_logits", "draft_logits"))
+MASKED_LOGITS = Choice("NaN, +inf and rows of only -inf logits are undefined for it; a -inf logit beside finite ones "
+                       "(a masked token) is defined", outside=_unmasked_non_finite("logits", "target_logits",
+                                                                                   "draft_logits"))
 FINITE_ATTENTION = Choice("NaN and infinite queries, keys and values are undefined for it",
                           outside=_non_finite_attended)
 NO_PLACEHOLDER_DRAFTS = Choice("every draft token is a real token (no -1 placeholders)", outside=_placeholder_drafts)

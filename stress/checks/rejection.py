@@ -11,6 +11,7 @@ from stress.checks.profiles import (
     DRAFTS_IN_VOCAB,
     FINITE_LOGITS,
     GREEDY_AT_ZERO_ONLY,
+    MASKED_LOGITS,
     NO_DRAFT_LOGITS,
     NO_PADDED_ROWS,
     NO_PLACEHOLDER_DRAFTS,
@@ -111,7 +112,7 @@ CHECKS = (
         contract="greedy or probabilistic verification of k drafts per request: accept iff p(x) > u q(x), resample "
                  "from max(p - q, 0), bonus token when all are accepted",
         choices={"no-padded-rows": NO_PADDED_ROWS, "temperature-floor": TEMPERATURE_FLOOR,
-                 "finite-logits": FINITE_LOGITS,
+                 "finite-logits": FINITE_LOGITS, "masked-logits": MASKED_LOGITS,
                  "no-placeholder-drafts": NO_PLACEHOLDER_DRAFTS, "drafts-in-vocab": DRAFTS_IN_VOCAB,
                  "no-draft-logits": NO_DRAFT_LOGITS, "greedy-at-zero-only": GREEDY_AT_ZERO_ONLY,
                  "no-refusals": NO_REFUSALS},
@@ -179,6 +180,14 @@ CHECKS = (
                           "True, token,"),
                     Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
                    oracles=EVERYWHERE, families=("empty_residual", "empty_residual_spread", "extremes")),
+            Mutant("greedy-argmax-of-probabilities", "greedy verification takes the argmax of exp(logits), as an "
+                   "argmax of probabilities does: the same order, but two logits closer than the exponential's "
+                   "float32 spacing tie there, and the lower token wins where the higher logit should",
+                   (Patch("kernels.rejection:_argmax", "logits = tl.load(row_ptr + tokens, mask=tokens < vocab, "
+                          'other=float("-inf"))', "logits = tl.exp(tl.load(row_ptr + tokens, mask=tokens < vocab, "
+                          'other=float("-inf")))'),
+                    Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
+                   oracles=EVERYWHERE, families=("ulp_ties",)),
             Mutant("uniform-row-counts-padding", "the softmax statistics give the lanes past the vocab -2^126 (the "
                    "clamp's floor) instead of -inf: they weigh nothing beside a finite score, but a row of -inf or "
                    "NaN, uniform by contract, spreads its mass over the last tile's padding too",

@@ -10,6 +10,7 @@ from stress.checks.profiles import (
     CACHE_AFTER_TEMPERATURE,
     FINITE_LOGITS,
     GREEDY_AT_ZERO_ONLY,
+    MASKED_LOGITS,
     NO_LOGITS_CACHE,
     NO_PADDED_ROWS,
     NO_REFUSALS,
@@ -98,7 +99,7 @@ CHECKS = (
         contract="one Gumbel-max token per row keyed by (seeds[slot], position), greedy at temperature 0; slot -1 "
                  "rows inert; raw logits cached per (slot, column) (fix 3)",
         choices={"no-padded-rows": NO_PADDED_ROWS, "temperature-floor": TEMPERATURE_FLOOR,
-                 "finite-logits": FINITE_LOGITS,
+                 "finite-logits": FINITE_LOGITS, "masked-logits": MASKED_LOGITS,
                  "no-logits-cache": NO_LOGITS_CACHE, "cache-after-temperature": CACHE_AFTER_TEMPERATURE,
                  "greedy-at-zero-only": GREEDY_AT_ZERO_ONLY, "no-refusals": NO_REFUSALS},
         kernel=kernels.sampling.gumbel_sample,

@@ -92,6 +92,29 @@ def mixed(rng, device, launch):
                  draft_logits=mode == "draft logits", note=mode)
 
 
+def ulp_ties(rng, device, launch):
+    """Greedy rows whose two largest logits are one float32 ulp apart near 0 (|logit| < 0.25), the larger at the
+    higher token: the argmax is the higher token, but the exponentials of the two round to one float32, so a
+    verifier that takes the argmax of probabilities (or of exp(logits)) sees a tie and emits the lower one.
+    The drafts propose either of the two, so both a wrong accept and a wrong reject show."""
+    b, k, v = _size(rng, device)
+    v = max(v, 2)
+    target = torch.from_numpy(rng.uniform(-0.25, 0.2, (b, k + 1, v)).astype(np.float32))
+    for row in target.view(-1, v):
+        low, high = sorted(rng.choice(v, 2, replace=False).tolist())
+        top = np.float32(rng.uniform(-0.2, 0.2))
+        row.clamp_(max=float(top) - 0.01)
+        row[low], row[high] = float(top), float(np.nextafter(top, np.float32(1)))
+    case = _case(rng, batch=b, depth=k, vocab=v, greedy_share=1.0, target=target, placeholder_share=0.0,
+                 note="greedy, top two logits one ulp apart")
+    drafts = case.inputs["draft_tokens"]
+    for i in range(b):
+        for step in range(k):
+            order = target[i, step].argsort(descending=True)
+            drafts[i, step] = int(order[int(rng.integers(2))])
+    return case
+
+
 def placeholders(rng, device, launch):
     """-1 drafts (always rejected) in greedy and probabilistic requests."""
     b, k, v = _size(rng, device)
@@ -462,7 +485,7 @@ FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zer
             # the draft's own stride holds its q
             "agreeing_layouts": laid_out(_two_agreeing_steps, "draft_logits"),
             "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder,
-            "empty_residual": empty_residual, "empty_residual_spread": empty_residual_spread,
+            "empty_residual": empty_residual, "empty_residual_spread": empty_residual_spread, "ulp_ties": ulp_ties,
             "greedy_threshold": greedy_threshold, "uniform_rows": uniform_rows,
             **one_per_value(big_offsets, "layout", ("steps", "target_logits", "draft_tokens", "out_tokens",
                                                            "draft_logits"))}
