@@ -78,6 +78,10 @@ WRITE_KV_REFUSALS = refusal_family(kv_families.pad, (
     *moved("key", "value", "slot_mapping"), *moved("kv_cache", refused="k_cache"),
     _separate_v_cache(lambda v: v.to("meta"), "a V cache on another device than the K cache"),
     *strided("key", "value"), *strided("kv_cache", refused="k_cache"),
+    _separate_v_cache(lambda v: torch.stack([v, v], -1)[..., 0], "a V cache of innermost stride 2"),
+    retyped("kv_cache", torch.float16, torch.float32, refused="k_cache"),
+    # the launcher compares value and the caches with key, so a key unlike the other three is named through value
+    retyped("key", torch.float16, torch.float32, refused="value"),
 ), "write_kv")
 
 
@@ -127,6 +131,13 @@ CHECKS = (
                    (Patch(_KV, "v_row = block * v_stride_b + offset * v_stride_t",
                           "v_row = block * k_stride_b + offset * k_stride_t"),),
                    oracles=EVERYWHERE, families=("v_token_major",),
+                   path=unreachable_by_engine(
+                       "the engine's K and V caches are the halves of one combined cache: one layout")),
+            Mutant("v-head-k-stride", "the launcher hands the kernel the K cache's head stride for V: the same number "
+                   "whenever both caches share one layout, V's heads written elsewhere when they do not",
+                   (Patch("kernels.kv_cache:write_kv", "v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),",
+                          "v_cache.stride(0), v_cache.stride(1), k_cache.stride(2),"),),
+                   oracles=EVERYWHERE, families=("v_head_major",),
                    path=unreachable_by_engine(
                        "the engine's K and V caches are the halves of one combined cache: one layout")),
             Mutant("v-cache-shape-unchecked", "the launcher never compares the V cache's shape with the K cache's: "

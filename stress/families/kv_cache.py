@@ -17,33 +17,39 @@ from stress.core.types import Case
 from stress.families.common import big, int64, laid_out, offset_reach, own_launch, pick, spread
 
 
-def halves(kv_cache: torch.Tensor, v_token_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def halves(kv_cache: torch.Tensor, v_token_major: bool = False, v_head_major: bool = False
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """The K and V caches of a combined cache. ``v_token_major`` hands V over as a view of its half laid out
-    token-major (memory ``[block_size, num_blocks, H_kv, D]``): strides unlike K's, as separately allocated
-    caches may have, so V addressed with K's strides writes elsewhere."""
+    token-major (memory ``[block_size, num_blocks, H_kv, D]``), ``v_head_major`` head-major (memory
+    ``[num_blocks, H_kv, block_size, D]``): strides unlike K's (the block and token strides, or the head and
+    token strides), as separately allocated caches may have, so V addressed with K's strides writes elsewhere."""
     k_cache, v_cache = kv_cache[0], kv_cache[1]
+    num_blocks, block_size, heads, dim = v_cache.shape
     if v_token_major:
-        num_blocks, block_size = v_cache.shape[:2]
-        v_cache = v_cache.view(block_size, num_blocks, *v_cache.shape[2:]).transpose(0, 1)
+        v_cache = v_cache.view(block_size, num_blocks, heads, dim).transpose(0, 1)
+    elif v_head_major:
+        v_cache = v_cache.view(num_blocks, heads, block_size, dim).transpose(1, 2)
     return k_cache, v_cache
 
 
-def write_kv_pair(key, value, slot_mapping, kv_cache, v_token_major=False, v_cache=None, **launch) -> None:
+def write_kv_pair(key, value, slot_mapping, kv_cache, v_token_major=False, v_head_major=False, v_cache=None,
+                  **launch) -> None:
     """The production write into the K and V halves of a combined cache. ``v_cache``, a cache of its own in
     place of the V half, is how a refusal case hands over caches that disagree (two halves of one cache
     cannot)."""
-    k_half, v_half = halves(kv_cache, v_token_major)
+    k_half, v_half = halves(kv_cache, v_token_major, v_head_major)
     write_kv(key, value, slot_mapping, k_half, v_half if v_cache is None else v_cache, **launch)
 
 
-def write_kv_pair_reference(key, value, slot_mapping, kv_cache, v_token_major=False, v_cache=None) -> torch.Tensor:
+def write_kv_pair_reference(key, value, slot_mapping, kv_cache, v_token_major=False, v_head_major=False,
+                            v_cache=None) -> torch.Tensor:
     """The reference write, as a new combined cache. It runs where the case's tensors are: a cache past
     2^31 elements stays on the GPU (its loop indexes a handful of rows; no float math)."""
     if v_cache is not None:
         raise ValueError("v_cache: only a refusal case hands over a V cache of its own; it has no reference output")
     expected = kv_cache.clone()
-    written = reference.kv_cache.write_kv(key, value, slot_mapping, *halves(kv_cache, v_token_major))
-    for half, values in zip(halves(expected, v_token_major), written, strict=True):
+    written = reference.kv_cache.write_kv(key, value, slot_mapping, *halves(kv_cache, v_token_major, v_head_major))
+    for half, values in zip(halves(expected, v_token_major, v_head_major), written, strict=True):
         half.copy_(values)
     return expected
 
@@ -276,6 +282,15 @@ def v_token_major(rng, device, launch):
     return case
 
 
+def v_head_major(rng, device, launch):
+    """A V cache laid out head-major (``halves``): its head stride is block_size * D where K's is D, so only here
+    does a launcher that hands the kernel K's head stride for V write V's heads elsewhere (two to eight heads)."""
+    case = few_heads(rng, device, launch)
+    case.inputs["v_head_major"] = True
+    case.note += ", V head-major"
+    return case
+
+
 def few_heads(rng, device, launch):
     """Two to eight KV heads of a model-sized (GPU) or small head dim, tokens spread over a few blocks: the base
     of ``head_layouts``, whose padded views give every head of key, value and the caches its own stride."""
@@ -312,7 +327,7 @@ FAMILIES = {"pad": pad, "partial_block": partial_block, "null_block": null_block
             "dtypes": dtypes, "big_cache": big_cache, "bit_patterns": bit_patterns, "empty": empty,
             "smallest": smallest, "many_heads": many_heads, "capped_heads": capped_heads, "one_lane": one_lane,
             "wide_heads": wide_heads, "tile_limit": tile_limit, "spread_tokens": spread_tokens,
-            "v_token_major": v_token_major,
+            "v_token_major": v_token_major, "v_head_major": v_head_major,
             # key and value as slices of a fused projection, and a padded combined cache
             "layouts": laid_out(partial_block, "key", "value", "kv_cache"),
             # the same over several heads: a head's stride is no longer its head dim anywhere
