@@ -28,6 +28,7 @@ from stress.families.refusals import (
     refusal_family,
     replaced,
     resized,
+    strided,
 )
 
 _SAMPLING = "kernels.sampling:_gumbel_sample_kernel"
@@ -68,6 +69,7 @@ GUMBEL_REFUSALS = refusal_family(sampling_families.mixed, (
                on_gpu=False),
     emptied({"logits": 1, "logits_cache": 2}, "a vocabulary of 0", refused="logits"),
     *moved("logits", "idx_mapping", "temperature", "seeds", "positions", "logits_cache", "cache_cols"),
+    *strided("logits", "temperature", "seeds", "logits_cache"),  # per-row tensors hold one entry on the CPU
 ), "gumbel_sample")
 
 
