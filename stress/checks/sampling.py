@@ -28,6 +28,7 @@ from stress.families.refusals import (
     refusal_family,
     replaced,
     resized,
+    retyped,
     strided,
 )
 
@@ -70,6 +71,7 @@ GUMBEL_REFUSALS = refusal_family(sampling_families.mixed, (
     emptied({"logits": 1, "logits_cache": 2}, "a vocabulary of 0", refused="logits"),
     *moved("logits", "idx_mapping", "temperature", "seeds", "positions", "logits_cache", "cache_cols"),
     *strided("logits", "temperature", "seeds", "logits_cache"),  # per-row tensors hold one entry on the CPU
+    retyped("idx_mapping", torch.int64), retyped("positions", torch.int32), retyped("cache_cols", torch.int64),
 ), "gumbel_sample")
 
 

@@ -177,9 +177,11 @@ def replaced(name: str, values: tuple, what: str, refused: str | None = None) ->
 
 
 def retyped(name: str, *dtypes: torch.dtype, refused: str | None = None) -> Corruption:
-    """``name`` in the first of ``dtypes`` it does not have already."""
+    """``name`` in the first of ``dtypes`` it does not have already (a case that leaves it out is skipped)."""
     def apply(rng, inputs):
-        t = inputs[name]
+        t = inputs.get(name)
+        if t is None:
+            return False
         inputs[name] = t.to(next(d for d in dtypes if d != t.dtype))
 
     return Corruption(refused or name, f"{name} in another dtype", apply)
