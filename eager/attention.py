@@ -31,9 +31,7 @@ def _checked(query, k_cache, v_cache, block_table, seq_lens, query_start_loc, sc
     validate.tensor("query_start_loc", query_start_loc, dtype=torch.int32, ndim=1, min_numel=1)
     validate.same_device(query=query, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
                          query_start_loc=query_start_loc, out=out)
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("out", out)):
-        if t.dtype != query.dtype:
-            raise ValueError(f"{name}: dtype {t.dtype}, but query is {query.dtype}; use one dtype throughout")
+    validate.same_dtype("use one dtype throughout", query=query, k_cache=k_cache, v_cache=v_cache, out=out)
     if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
         raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} and strides {v_cache.stride()} must equal k_cache's "
                          f"{tuple(k_cache.shape)} and {k_cache.stride()} (one layout for both, as in a combined KV "

@@ -60,9 +60,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
         validate.tensor(name, t, dtype=FLOAT_DTYPES, ndim=4)
     validate.tensor("slot_mapping", slot_mapping, dtype=torch.int64, ndim=1)
     validate.on_kernel_device(key=key, value=value, slot_mapping=slot_mapping, k_cache=k_cache, v_cache=v_cache)
-    for name, t in (("value", value), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != key.dtype:
-            raise ValueError(f"{name}: dtype {t.dtype}, but key is {key.dtype}; store K and V in one dtype")
+    validate.same_dtype("store K and V in one dtype", key=key, value=value, k_cache=k_cache, v_cache=v_cache)
     if value.shape != key.shape:
         raise ValueError(f"value: shape {tuple(value.shape)} differs from key {tuple(key.shape)}")
     if v_cache.shape != k_cache.shape:

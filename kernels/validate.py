@@ -34,16 +34,30 @@ def tensor(name: str, t, *, dtype=None, ndim=None, device=None, min_numel=0, uni
     return t
 
 
+def _meant(values: list):
+    """The value most entries have (the first entry's on a tie): the one the caller meant, so an error names an
+    argument off it rather than the first one that differs from the first."""
+    return max(dict.fromkeys(values), key=values.count)
+
+
 def same_device(**tensors) -> torch.device:
-    """All tensors on one device; returns it. The device most of them are on is the one meant (the first
-    tensor's on a tie), so the error names a tensor that is off it, not the first one that differs from it."""
-    devices = [t.device for t in tensors.values()]
-    meant = max(dict.fromkeys(devices), key=devices.count)
+    """All tensors on one device; returns it. The error names a tensor off the device most of them are on."""
+    meant = _meant([t.device for t in tensors.values()])
     for name, t in tensors.items():
         if t.device != meant:
             others = next(other for other, u in tensors.items() if u.device == meant)
-            raise ValueError(f"{name}: on {t.device}, but {others} is on {meant}; "
-                             "put all tensors on one device")
+            raise ValueError(f"{name}: on {t.device}, but {others} is on {meant}; put all tensors on one device")
+    return meant
+
+
+def same_dtype(fix: str, **tensors) -> torch.dtype:
+    """All tensors of one dtype; returns it. The error names a tensor off the dtype most of them have, and ends
+    with ``fix``."""
+    meant = _meant([t.dtype for t in tensors.values()])
+    for name, t in tensors.items():
+        if t.dtype != meant:
+            others = next(other for other, u in tensors.items() if u.dtype == meant)
+            raise ValueError(f"{name}: dtype {t.dtype}, but {others} is {meant}; {fix}")
     return meant
 
 

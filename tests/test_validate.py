@@ -82,3 +82,14 @@ def test_a_tensor_on_another_device_is_handed_over_unguarded():
     """A refusal case's tensor on the meta device has no data to copy or guard: the call gets it as it is."""
     placed, args = guards.guarded({"a": torch.zeros(3), "b": torch.zeros(3, device="meta")}, torch.device("cpu"))
     assert list(placed) == ["a"] and args["b"].is_meta and not args["a"].is_meta
+
+
+def test_the_dtype_check_names_the_tensor_unlike_the_others():
+    """A key unlike value and both caches is named itself (comparing with the first tensor named value); on a
+    tie the first tensor's dtype is the one meant, as before."""
+    half, full = torch.zeros(2, dtype=torch.float16), torch.zeros(2)
+    with pytest.raises(ValueError, match="^key: dtype torch.float32, but value is torch.float16; fix it$"):
+        validate.same_dtype("fix it", key=full, value=half, k_cache=half, v_cache=half)
+    with pytest.raises(ValueError, match="^k_cache: dtype torch.float16, but key is torch.float32"):
+        validate.same_dtype("fix it", key=full, value=full, k_cache=half, v_cache=half)
+    assert validate.same_dtype("fix it", key=half, value=half) == torch.float16

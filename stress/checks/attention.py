@@ -92,6 +92,7 @@ def _unfittable(rng, device, launch):
 PAGED_ATTENTION_REFUSALS = refusal_family(attention_families.decode, (
     retyped("out", torch.float16, torch.float32),
     retyped("k_cache", torch.float16, torch.float32),
+    retyped("query", torch.float16, torch.float32),  # unlike the caches and out: named itself
     *resized("v_cache", 0, (-1, 1), "v_cache one block off k_cache"),
     *resized("query", 2, (-1, 1), "query one head dim off the caches", refused="k_cache"),
     emptied({"k_cache": 2, "v_cache": 2}, "caches without KV heads", refused="query"),

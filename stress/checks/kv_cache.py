@@ -80,8 +80,7 @@ WRITE_KV_REFUSALS = refusal_family(kv_families.pad, (
     *strided("key", "value"), *strided("kv_cache", refused="k_cache"),
     _separate_v_cache(lambda v: torch.stack([v, v], -1)[..., 0], "a V cache of innermost stride 2"),
     retyped("kv_cache", torch.float16, torch.float32, refused="k_cache"),
-    # the launcher compares value and the caches with key, so a key unlike the other three is named through value
-    retyped("key", torch.float16, torch.float32, refused="value"),
+    retyped("key", torch.float16, torch.float32),  # unlike the other three: named, not the first compared with it
 ), "write_kv")
 
 
