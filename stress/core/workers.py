@@ -119,7 +119,8 @@ def result_of(outcome: pool.Outcome, device: str, timeout: float, trace: bool) -
         # rebuilt here, in the parent: the registration judged comes from the environment it shares with the worker
         from stress import checks
 
-        judged = impl.judged_by(checks.get(task.check), checks.BY_NAME)
+        check = checks.BY_NAME.get(task.check)
+        judged = impl.judged_by(check, checks.BY_NAME) if check else []
         result = Result(task.check, task.family, task.seed, device, Verdict.CRASH, mutant=task.mutant,
                         launch=dict(task.launch or ()), seconds=round(outcome.seconds, 4), impl=impl.specs(judged))
         if outcome.failure == "timeout":
