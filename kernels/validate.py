@@ -34,31 +34,32 @@ def tensor(name: str, t, *, dtype=None, ndim=None, device=None, min_numel=0, uni
     return t
 
 
-def _meant(values: list):
-    """The value most entries have (the first entry's on a tie): the one the caller meant, so an error names an
+def _odd_one(values: dict) -> tuple[str, str, object] | None:
+    """(an argument off the value most arguments have, one that has it, that value), or None when all agree. The
+    value most have is the one the caller meant (the first argument's on a tie), so the error names an
     argument off it rather than the first one that differs from the first."""
-    return max(dict.fromkeys(values), key=values.count)
+    listed = list(values.values())
+    meant = max(dict.fromkeys(listed), key=listed.count)
+    odd = next((name for name, value in values.items() if value != meant), None)
+    return None if odd is None else (odd, next(name for name, value in values.items() if value == meant), meant)
 
 
 def same_device(**tensors) -> torch.device:
     """All tensors on one device; returns it. The error names a tensor off the device most of them are on."""
-    meant = _meant([t.device for t in tensors.values()])
-    for name, t in tensors.items():
-        if t.device != meant:
-            others = next(other for other, u in tensors.items() if u.device == meant)
-            raise ValueError(f"{name}: on {t.device}, but {others} is on {meant}; put all tensors on one device")
-    return meant
+    if found := _odd_one({name: t.device for name, t in tensors.items()}):
+        name, others, meant = found
+        raise ValueError(f"{name}: on {tensors[name].device}, but {others} is on {meant}; "
+                         "put all tensors on one device")
+    return next(iter(tensors.values())).device
 
 
 def same_dtype(fix: str, **tensors) -> torch.dtype:
     """All tensors of one dtype; returns it. The error names a tensor off the dtype most of them have, and ends
     with ``fix``."""
-    meant = _meant([t.dtype for t in tensors.values()])
-    for name, t in tensors.items():
-        if t.dtype != meant:
-            others = next(other for other, u in tensors.items() if u.dtype == meant)
-            raise ValueError(f"{name}: dtype {t.dtype}, but {others} is {meant}; {fix}")
-    return meant
+    if found := _odd_one({name: t.dtype for name, t in tensors.items()}):
+        name, others, meant = found
+        raise ValueError(f"{name}: dtype {tensors[name].dtype}, but {others} is {meant}; {fix}")
+    return next(iter(tensors.values())).dtype
 
 
 def on_kernel_device(**tensors) -> torch.device:
