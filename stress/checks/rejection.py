@@ -28,7 +28,9 @@ from stress.families.refusals import (
     past_bound,
     refusal_family,
     resized,
+    retyped,
     rows_short_of,
+    strided,
 )
 from stress.oracles import distribution
 
@@ -69,6 +71,12 @@ VERIFY_REFUSALS = refusal_family(rejection_families.mixed, (
     emptied({"target_logits": 2, "draft_logits": 2}, "a vocabulary of 0", refused="target_logits"),
     *moved("target_logits", "draft_tokens", "idx_mapping", "temperature", "seeds", "positions", "out_tokens",
           "num_sampled", "num_rejected", "draft_logits"),
+    # every integer and float argument in another dtype, and the tensors that hold more than one entry on the CPU
+    # as views of innermost stride 2: their dtype and stride checks are the only guards against them
+    retyped("draft_tokens", torch.int32), retyped("idx_mapping", torch.int64), retyped("temperature", torch.float64),
+    retyped("seeds", torch.int32), retyped("positions", torch.int32), retyped("out_tokens", torch.int32),
+    retyped("num_sampled", torch.int64), retyped("num_rejected", torch.int64), retyped("target_logits", torch.float64),
+    *strided("target_logits", "draft_tokens", "out_tokens", "draft_logits"),
 ), "verify")
 
 
