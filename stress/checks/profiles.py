@@ -46,27 +46,25 @@ def _low_temperature(case: Case) -> str | None:
     return f"a temperature in (0, {FLOOR})" if bool(low.any()) else None
 
 
-def _non_finite(*names: str):
+def _undefined_in(*names: str, undefined, what: str):
+    """A profile test: the float tensors of ``names`` where ``undefined(tensor)`` holds are named with ``what``."""
     def outside(case: Case) -> str | None:
-        bad = [n for n in names if (t := _tensor(case, n)) is not None and t.is_floating_point()
-               and not bool(torch.isfinite(t).all())]
-        return f"NaN or infinity in {', '.join(bad)}" if bad else None
+        bad = [n for n in names if (t := _tensor(case, n)) is not None and t.is_floating_point() and t.numel()
+               and bool(undefined(t))]
+        return f"{what} in {', '.join(bad)}" if bad else None
     return outside
+
+
+def _non_finite(*names: str):
+    return _undefined_in(*names, undefined=lambda t: ~torch.isfinite(t).all(), what="NaN or infinity")
 
 
 def _unmasked_non_finite(*names: str):
     """NaN or +inf in ``names``, or a row of them with every token -inf; a -inf beside finite logits (a masked
     token) is inside."""
-    def outside(case: Case) -> str | None:
-        bad = []
-        for name in names:
-            t = _tensor(case, name)
-            if t is None or not t.is_floating_point() or t.numel() == 0:
-                continue
-            if bool((t.isnan() | (t == float("inf"))).any()) or bool((t == float("-inf")).all(-1).any()):
-                bad.append(name)
-        return f"NaN, +inf or a row of only -inf in {', '.join(bad)}" if bad else None
-    return outside
+    return _undefined_in(*names, what="NaN, +inf or a row of only -inf",
+                         undefined=lambda t: (t.isnan() | (t == float("inf"))).any()
+                         | (t == float("-inf")).all(-1).any())
 
 
 def _non_finite_attended(case: Case) -> str | None:

@@ -96,38 +96,37 @@ def resized(name: str, dim: int, sizes: tuple, what: str, refused: str | None = 
                  for choice in sizes)
 
 
+def _each(names: tuple[str, ...], what: str, change, refused: str | None) -> tuple[Corruption, ...]:
+    """One corruption per name: that tensor replaced by ``change(tensor)``, or the case skipped where the tensor
+    is absent or ``change`` gives None. ``what`` is formatted with the name; ``refused`` as in ``moved``."""
+    def apply_to(name):
+        def apply(rng, inputs):
+            t = inputs.get(name)
+            changed = change(t) if isinstance(t, torch.Tensor) else None
+            if changed is None:
+                return False
+            inputs[name] = changed
+            return True
+
+        return apply
+
+    return tuple(Corruption(refused or name, what.format(name=name), apply_to(name)) for name in names)
+
+
 def moved(*names: str, refused: str | None = None) -> tuple[Corruption, ...]:
     """One corruption per name: that tensor on the meta device, which no kernel runs on and which holds no data,
     so the launcher must refuse it by name (``refused``, where the case's input reaches the launcher under
     another) before it reads it: its device check names the tensor off the kernel's device, not the first one
     that differs from the rest. A name the case leaves out is skipped."""
-    def move(name):
-        def apply(rng, inputs):
-            if not isinstance(inputs.get(name), torch.Tensor):
-                return False
-            inputs[name] = inputs[name].to("meta")
-            return True
-
-        return apply
-
-    return tuple(Corruption(refused or name, f"{name} on another device", move(name)) for name in names)
+    return _each(names, "{name} on another device", lambda t: t.to("meta"), refused)
 
 
 def strided(*names: str, refused: str | None = None) -> tuple[Corruption, ...]:
     """One corruption per name: that tensor as a view whose innermost stride is 2 (every other element of a
     buffer twice as wide), which the kernels' unit-stride loads would misread: the launcher must refuse it
     by name (``refused``, as in ``moved``). A tensor of fewer than two elements is left alone."""
-    def widen(name):
-        def apply(rng, inputs):
-            t = inputs.get(name)
-            if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.numel() < 2:
-                return False
-            inputs[name] = torch.stack([t, t], -1)[..., 0]
-            return True
-
-        return apply
-
-    return tuple(Corruption(refused or name, f"{name} of innermost stride 2", widen(name)) for name in names)
+    return _each(names, "{name} of innermost stride 2",
+                 lambda t: torch.stack([t, t], -1)[..., 0] if t.dim() and t.numel() >= 2 else None, refused)
 
 
 def emptied(dims: dict[str, int], what: str, refused: str, on_gpu: bool = True) -> Corruption:
