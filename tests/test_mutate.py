@@ -191,6 +191,21 @@ def test_a_survivor_killed_by_another_devices_kept_record_says_where_and_still_c
     assert sum(line.startswith("    UNEXPLAINED") for line in lines) == 1 and same.status == "survived"
 
 
+def test_a_kernel_mutant_the_gpu_compiler_refuses_says_so_off_the_gpu_and_still_counts(tmp_path):
+    """A CPU survivor whose TTIR did not compile (the interpreter ran it) is named as one a GPU launch would refuse;
+    on a GPU the same row says nothing (there it ran compiled), and a survivor that compiled says nothing."""
+    from stress.mutate.equivalence import NOT_COMPILED
+
+    refused, compiled = (dataclasses.replace(_row(HOST, "cmp-flip", "", "", "survived"), id=f"gen:y:{i}",
+                                             equivalence=test) for i, test in enumerate((NOT_COMPILED, "ttir")))
+    mutate.killed_elsewhere([refused, compiled], "cpu", str(tmp_path))
+    assert refused.killed_elsewhere.startswith("does not compile for a GPU") and compiled.killed_elsewhere == ""
+    assert refused.status == "survived"
+    on_gpu = dataclasses.replace(refused, killed_elsewhere="")
+    mutate.killed_elsewhere([on_gpu], "cuda", str(tmp_path))
+    assert on_gpu.killed_elsewhere == ""
+
+
 @pytest.mark.slow
 def test_unit_tests_kill_a_fallback_slip_and_not_a_speed_setting():
     """attention.paged's unit tests run the tile fallback on a simulated small device: dropping its last rung

@@ -92,6 +92,10 @@ SHIFT_REFUSALS = refusal_family(bt_families.shift_slot_vs_row, (
     *replaced("block_size", NOT_POSITIVE, "block_size not a positive int"),
     retyped("num_cached_tokens", torch.int64),
     *moved("block_table", "idx_mapping", "num_cached_tokens", "seq_lens"),
+    # the dtypes and knobs only each argument's own validation refuses (the later guards compare sizes)
+    retyped("block_table", torch.int64), retyped("idx_mapping", torch.int64), retyped("seq_lens", torch.int64),
+    *replaced("chunk", (3, 0), "chunk not a power of two"),
+    *replaced("num_warps", (3,), "num_warps not a power of two"),
 ), "shift_block_table_rows")
 
 

@@ -548,5 +548,15 @@ def prefix_padded(rng, device, launch):
     return _prefix_case(rng, block_sizes=[16], unaligned_live=False, padded=True, note="slot -1 rows")
 
 
+def prefix_no_live_rows(rng, device, launch):
+    """No batch row holds a slot (every row padded, or no row) while every slot's count is unaligned: nothing
+    live is unaligned, so the answer is False, and the slot bound has no live slot to test."""
+    num_slots = int(rng.integers(1, 5))
+    cached = rng.integers(0, 20, num_slots) * 16 + rng.integers(1, 16, num_slots)
+    idx_mapping = torch.full((int(rng.integers(0, 4)),), -1, dtype=torch.int32)
+    return Case(inputs={"num_cached_tokens": int32(cached), "idx_mapping": idx_mapping, "block_sizes": (16,)},
+                note=f"{idx_mapping.numel()} padded rows, no live row")
+
+
 PREFIX_FAMILIES = {"aligned": prefix_aligned, "unaligned": prefix_unaligned, "slot_zero": prefix_slot_zero,
-                   "multi_group": prefix_multi_group, "padded": prefix_padded}
+                   "multi_group": prefix_multi_group, "padded": prefix_padded, "no_live_rows": prefix_no_live_rows}

@@ -234,10 +234,18 @@ def explain(rows: list[Row], device: str, entries: list[dict] | None = None) -> 
 
 def killed_elsewhere(rows: list[Row], device: str, directory: str = RECORDS) -> None:
     """A survivor here that a kept record of another device killed, on the same module source (its fingerprint),
-    is a slip that device shows and this one cannot: the row says where and how. That is evidence, not a reason:
-    the row still counts as a survivor here."""
+    is a slip that device shows and this one cannot: the row says where and how; so is a kernel mutant the GPU
+    compiler refuses, which only the interpreter runs. That is evidence, not a reason: the row still counts as a
+    survivor here."""
     import glob
 
+    from stress.mutate.equivalence import NOT_COMPILED
+
+    if device != "cuda":  # the GPU compiler refused it: a GPU's first launch of the kernel raises
+        for row in rows:
+            if row.status == "survived" and row.equivalence == NOT_COMPILED:
+                row.killed_elsewhere = ("does not compile for a GPU (its TTIR fails, compiled on this machine): a GPU "
+                                        "launch of it raises")
     for path in sorted(glob.glob(os.path.join(directory, "mutate-*.jsonl.gz"))):
         header, known = earlier_run(path)
         other = header.get("device")

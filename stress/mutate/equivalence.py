@@ -160,6 +160,8 @@ def _ast_key(fn) -> str:
 
 # ---------------------------------------------------------------- the verdict
 
+NOT_COMPILED = "ttir (the mutant does not compile)"  # the test's name for a kernel mutant the GPU compiler refuses
+
 
 class Equivalence:
     """Decides mutants of one run; caches the original TTIR per (kernel, signature)."""
@@ -203,7 +205,7 @@ class Equivalence:
                 with planted.applied(mutant):
                     mutated = self._ttirs(launched, against=self._original[key])
                 if mutated is None:
-                    return False, "ttir (the mutant does not compile)"
+                    return False, NOT_COMPILED
                 return mutated == self._original[key], "ttir"
         with planted.applied(mutant):
             same = _ast_key(getattr(module, attr)) == _ast_key(original)
