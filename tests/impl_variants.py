@@ -7,6 +7,7 @@ import types
 import torch
 
 from eager import attention, sampling
+from kernels.rejection import verify as _PRODUCTION_VERIFY
 from reference import philox
 from stress.core.impl import Implementation
 
@@ -76,3 +77,14 @@ def sampler_greedy_at_zero_only(logits, idx_mapping, temperature, seeds, positio
         if temp < 0 or temp != temp:
             tokens[row] = int(torch.nan_to_num(logits[row] / temp, nan=float("-inf")).argmax())
     return tokens
+
+
+def verify_rejecting_unsupported_drafts(*args, **kwargs):
+    """The verification kernel with the accept test of a ratio p(x) / q(x) that needs q(x) > 0: a draft its
+    drafter gave probability 0 is rejected (the planted bug rejects-zero-draft-probability, as an engine's code)."""
+    from stress import checks
+    from stress.core import patches
+
+    planted = next(m for m in checks.get("rejection.verify").mutants if m.name == "rejects-zero-draft-probability")
+    with patches.applied(planted):
+        return _PRODUCTION_VERIFY(*args, **kwargs)  # the module's own name is this implementation while it is judged

@@ -217,3 +217,17 @@ def test_masked_logits_judges_a_masked_token_and_leaves_out_nan_inf_and_fully_ma
         case = Case({"target_logits": torch.tensor([logits])})
         assert (profiles.MASKED_LOGITS.outside(case) is None) == judged, logits
         assert profiles.FINITE_LOGITS.outside(case) is not None, logits  # the broader choice leaves all four out
+
+
+def test_drafts_in_support_leaves_out_drafts_of_zero_draft_probability_and_judges_the_rest():
+    """A verifier that rejects a draft of q(x) = 0 fails unsupported_drafts until it declares drafts-in-support;
+    then those cases are not judged, and its ordinary cases pass."""
+    families = ["unsupported_drafts", "mixed"]
+    undeclared = gate.judge("rejection.verify", impl_variants.verify_rejecting_unsupported_drafts, iters=3,
+                            families=families)
+    assert any(r.verdict == "fail:divergence" and r.family == "unsupported_drafts" for r in undeclared)
+    declared = gate.judge("rejection.verify", impl.Implementation(impl_variants.verify_rejecting_unsupported_drafts,
+                                                                  profile=("drafts-in-support",)),
+                          iters=3, families=families)
+    assert _verdicts(declared) == {"pass", "not_checked"}
+    assert all(r.not_checked for r in declared if r.family == "unsupported_drafts")

@@ -5,6 +5,7 @@ the reason) or says how the expected outputs differ. A check's entry lists the o
 
 import torch
 
+from reference.rejection import softmax
 from stress.core.types import Case, Choice
 
 
@@ -103,6 +104,23 @@ def _drafts_past_vocab(case: Case) -> str | None:
     return "a draft token past the vocabulary" if bool((drafts >= logits.shape[-1]).any()) else None
 
 
+def _draft_outside_support(case: Case) -> str | None:
+    """A draft of a sampled live request that its drafter's logits give probability 0 (as the reference computes
+    q: exactly 0 where the kernel's is), at any step."""
+    drafts, cached = _tensor(case, "draft_tokens"), _tensor(case, "draft_logits")
+    idx, temperature = _tensor(case, "idx_mapping"), _tensor(case, "temperature")
+    if drafts is None or cached is None or idx is None or temperature is None:
+        return None
+    for b_row, slot in enumerate(idx.tolist()):
+        temp = float(temperature[slot]) if 0 <= slot < temperature.numel() else 0.0
+        if not temp > 0:
+            continue
+        for step, x in enumerate(drafts[b_row, :cached.shape[1]].tolist()):
+            if 0 <= x < cached.shape[-1] and float(softmax(cached[slot, step], temp)[0][x]) == 0:
+                return "a draft its drafter gave probability 0 (q(x) = 0)"
+    return None
+
+
 def _input_given(name: str, what: str):
     def outside(case: Case) -> str | None:
         return what if case.inputs.get(name) is not None else None
@@ -196,6 +214,8 @@ FINITE_ATTENTION = Choice("NaN and infinite queries, keys and values are undefin
                           outside=_non_finite_attended)
 NO_PLACEHOLDER_DRAFTS = Choice("every draft token is a real token (no -1 placeholders)", outside=_placeholder_drafts)
 DRAFTS_IN_VOCAB = Choice("draft tokens lie inside the vocabulary", outside=_drafts_past_vocab)
+DRAFTS_IN_SUPPORT = Choice("every draft has probability above 0 under its drafter's logits (a draft of q(x) = 0 may be "
+                           "rejected)", outside=_draft_outside_support)
 NO_DRAFT_LOGITS = Choice("it verifies without draft logits (no probabilistic residual from a draft distribution)",
                          outside=_input_given("draft_logits", "draft logits given"))
 NO_LOGITS_CACHE = Choice("it keeps no processed-logits cache", outside=_input_given("logits_cache", "a logits cache"))

@@ -8,6 +8,7 @@ import kernels.rejection
 import reference.rejection
 from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE, SUBNORMAL_TEMPERATURES_UNREACHABLE, unreachable_by_engine
 from stress.checks.profiles import (
+    DRAFTS_IN_SUPPORT,
     DRAFTS_IN_VOCAB,
     FINITE_LOGITS,
     GREEDY_AT_ZERO_ONLY,
@@ -122,6 +123,7 @@ CHECKS = (
         choices={"no-padded-rows": NO_PADDED_ROWS, "temperature-floor": TEMPERATURE_FLOOR,
                  "finite-logits": FINITE_LOGITS, "masked-logits": MASKED_LOGITS,
                  "no-placeholder-drafts": NO_PLACEHOLDER_DRAFTS, "drafts-in-vocab": DRAFTS_IN_VOCAB,
+                 "drafts-in-support": DRAFTS_IN_SUPPORT,
                  "no-draft-logits": NO_DRAFT_LOGITS, "greedy-at-zero-only": GREEDY_AT_ZERO_ONLY,
                  "no-refusals": NO_REFUSALS},
         kernel=kernels.rejection.verify,
@@ -196,6 +198,11 @@ CHECKS = (
                           'other=float("-inf")))'),
                     Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
                    oracles=EVERYWHERE, families=("ulp_ties",)),
+            Mutant("rejects-zero-draft-probability", "a draft the drafter gave probability 0 is rejected (accept "
+                   "iff q(x) > 0 and p(x) / q(x) > u, a ratio test that needs q > 0) where p(x) > u q(x) accepts it",
+                   (Patch(_VERIFY, "accepted = valid & (p_x > uint_to_uniform_float(bits) * q_x)",
+                          "accepted = valid & (q_x > 0) & (p_x > uint_to_uniform_float(bits) * q_x)"),),
+                   oracles=EVERYWHERE, families=("unsupported_drafts",)),
             Mutant("uniform-row-counts-padding", "the softmax statistics give the lanes past the vocab -2^126 (the "
                    "clamp's floor) instead of -inf: they weigh nothing beside a finite score, but a row of -inf or "
                    "NaN, uniform by contract, spreads its mass over the last tile's padding too",

@@ -477,6 +477,30 @@ def uniform_rows(rng, device, launch):
     return case
 
 
+def unsupported_drafts(rng, device, launch):
+    """Sampled requests with draft logits whose every draft is a token the drafter gave probability 0: its draft
+    logit -inf, or 1000 below its row's maximum (float32 exp underflows to 0 at every temperature drawn), while
+    the target gives it a logit within 2 of its row's maximum. p(x) > 0 = u q(x): every draft is accepted and
+    the bonus follows. A verifier that rejects a draft of q(x) = 0 (a test of p / q that needs q > 0) stops at
+    the first."""
+    b, k, v = _size(rng, device)
+    v = max(v, 2)
+    case = _case(rng, batch=b, depth=k, vocab=v, greedy_share=0.0, draft_logits=True, placeholder_share=0.0,
+                 note="every draft outside the drafter's support")
+    inputs = case.inputs
+    target, cached, drafts = inputs["target_logits"], inputs["draft_logits"], inputs["draft_tokens"]
+    for b_row, slot in enumerate(inputs["idx_mapping"].tolist()):
+        if slot < 0:
+            continue
+        for step in range(k):
+            x = int(rng.integers(v))
+            drafts[b_row, step] = x
+            target[b_row, step, x] = float(target[b_row, step].max()) - float(rng.uniform(0, 2))
+            row = cached[slot, step]
+            row[x] = float("-inf") if rng.random() < 0.5 else float(row.max()) - 1000.0
+    return case
+
+
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
             "extremes": extremes, "tiles": tiles, "tiny_vocab": tiny_vocab,
@@ -487,6 +511,7 @@ FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zer
             "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder,
             "empty_residual": empty_residual, "empty_residual_spread": empty_residual_spread, "ulp_ties": ulp_ties,
             "greedy_threshold": greedy_threshold, "uniform_rows": uniform_rows,
+            "unsupported_drafts": unsupported_drafts,
             **one_per_value(big_offsets, "layout", ("steps", "target_logits", "draft_tokens", "out_tokens",
                                                            "draft_logits"))}
 
