@@ -19,6 +19,7 @@ from stress.families.refusals import (
     refusal_family,
     replaced,
     resized,
+    retyped,
     short,
 )
 
@@ -84,6 +85,12 @@ PREPARE_REFUSALS = refusal_family(di_families.decode, (
            "next_prefill_tokens", "num_cached_tokens", "block_table", "context_positions", "context_slot_mapping",
            "input_ids", "positions", "query_slot_mapping", "sample_indices", "sample_pos", "sample_idx_mapping",
            "query_start_loc", "seq_lens", "draft_tokens"),
+    # what only each argument's own validation refuses: the later guards compare sizes and offsets
+    *(retyped(name, torch.int32, torch.int64) for name in ("idx_mapping", "target_positions", "block_table",
+                                                             "context_slot_mapping", "draft_tokens")),
+    *replaced("max_model_len", NOT_POSITIVE, "max_model_len not a positive int"),
+    *replaced("block", (3,), "block not a power of two"),
+    *replaced("num_warps", (3,), "num_warps not a power of two"),
 ), "prepare_draft_inputs")
 
 
