@@ -156,7 +156,7 @@ CHECKS = (
                    "tokens (it forgets the [:T] slice): a stale out-of-range entry there refuses a valid call",
                    (Patch("kernels.kv_cache:write_kv", "writing = slot_mapping[:num_tokens]",
                           "writing = slot_mapping"),),
-                   oracles={"cpu": "crash"}, families=("ignored_poisoned",),
+                   oracles={"cpu": "crash"}, families=("ignored_poisoned", "tail_past_cache"),
                    why_not="the GPU launcher reads no index back (SPECSAN_CHECK_INDICES unset), so nothing refuses",
                    path=unreachable_by_engine(
                        "the engine's slot mappings past the tokens hold PAD or slots of its own cache")),

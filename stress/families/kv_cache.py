@@ -141,6 +141,18 @@ def ragged(rng, device, launch):
                    note="5 slots past T")
 
 
+def tail_past_cache(rng, device, launch):
+    """``ragged`` whose slot-mapping entries past the tokens all lie past the cache (the first one too): they are
+    never read, so a bound check or a tile that reaches one entry past the tokens refuses or writes what it must
+    not."""
+    case = ragged(rng, device, launch)
+    kv_cache, slots = case.inputs["kv_cache"], case.inputs["slot_mapping"]
+    capacity, tokens = kv_cache.shape[1] * kv_cache.shape[2], case.inputs["key"].shape[0]
+    slots[tokens:] = torch.from_numpy(capacity + rng.integers(0, 2**40, slots.numel() - tokens))
+    case.note += ", all past the cache"
+    return case
+
+
 def dtypes(rng, device, launch):
     """Every dtype, head dims that are not powers of two, more heads than a program holds."""
     dtype = pick(rng, DTYPES)
@@ -324,6 +336,7 @@ def big_cache(rng, device, launch):
 
 
 FAMILIES = {"pad": pad, "partial_block": partial_block, "null_block": null_block, "ragged": ragged,
+            "tail_past_cache": tail_past_cache,
             "dtypes": dtypes, "big_cache": big_cache, "bit_patterns": bit_patterns, "empty": empty,
             "smallest": smallest, "many_heads": many_heads, "capped_heads": capped_heads, "one_lane": one_lane,
             "wide_heads": wide_heads, "tile_limit": tile_limit, "spread_tokens": spread_tokens,
