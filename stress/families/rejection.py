@@ -22,6 +22,7 @@ from stress.families.sampling import (
     HUGE_VOCAB,
     LONG_VOCABS,
     NEAR_ZERO_TEMPERATURES,
+    default_block_v,
     extreme_keys,
     random_logits,
     seeds,
@@ -477,6 +478,24 @@ def uniform_rows(rng, device, launch):
     return case
 
 
+def last_token_max(rng, device, launch):
+    """Greedy rows over a vocabulary one past one or two vocab tiles of the launch shape (the launcher's own
+    tile is capped at 1024), whose unique maximum is the last token: the last tile holds that token alone, so
+    a loop over the vocabulary that stops a tile early, or a tile's mask one short, emits another token. The
+    drafts propose the last token (accepted) or the runner-up (rejected, the last token emitted)."""
+    tile = launch.get("block_v") or default_block_v(1025)
+    vocab = tile * int(rng.integers(1, 3)) + 1
+    b, k, _ = _size(rng, device)
+    target = random_logits(rng, (b, k + 1, vocab))
+    target[..., -1] = target.amax(-1) + float(rng.uniform(0.5, 3))
+    case = _case(rng, batch=b, depth=k, vocab=vocab, target=target, greedy_share=1.0, placeholder_share=0.0,
+                 note=f"vocab {vocab}, tile {tile}, maximum at the last token")
+    runner_up = target[..., :-1].argmax(-1)
+    proposes_last = torch.from_numpy(rng.random(tuple(runner_up[:, :k].shape)) < 0.5)
+    case.inputs["draft_tokens"] = torch.where(proposes_last, vocab - 1, runner_up[:, :k])
+    return case
+
+
 def unsupported_drafts(rng, device, launch):
     """Sampled requests with draft logits whose every draft is a token the drafter gave probability 0: its draft
     logit -inf, or 1000 below its row's maximum (float32 exp underflows to 0 at every temperature drawn), while
@@ -511,7 +530,7 @@ FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zer
             "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder,
             "empty_residual": empty_residual, "empty_residual_spread": empty_residual_spread, "ulp_ties": ulp_ties,
             "greedy_threshold": greedy_threshold, "uniform_rows": uniform_rows,
-            "unsupported_drafts": unsupported_drafts,
+            "unsupported_drafts": unsupported_drafts, "last_token_max": last_token_max,
             **one_per_value(big_offsets, "layout", ("steps", "target_logits", "draft_tokens", "out_tokens",
                                                            "draft_logits"))}
 
