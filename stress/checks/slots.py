@@ -22,9 +22,23 @@ def _no_slots(rng, inputs):
     inputs["max_num_reqs"] = 0  # every schedule admits at least one request
 
 
+def _admitted_twice(rng, inputs):
+    """The first admission made again in its own step, with a slot to spare: only the check for a request that
+    already holds a slot refuses it (with every slot taken, the full pool would refuse it too)."""
+    schedule = list(inputs["schedule"])
+    first = next((i for i, step in enumerate(schedule) if step.admitted), None)
+    if first is None:
+        return False
+    step = schedule[first]
+    schedule[first] = step._replace(admitted=(*step.admitted, step.admitted[0]))
+    inputs.update(schedule=schedule, max_num_reqs=inputs["max_num_reqs"] + 1)
+    return True
+
+
 SLOTS_REFUSALS = refusal_family(slot_families.churn, (
     *replaced("max_num_reqs", (-1, 4.0, True, None, "8"), "max_num_reqs not an int >= 0"),
     Corruption("req_id", "an admission with every slot taken", _no_slots),
+    Corruption("req_id", "a request admitted while it holds a slot, a slot to spare", _admitted_twice),
 ), "RequestSlots")
 
 

@@ -9,7 +9,7 @@ import torch
 import reference.spec.backends
 import reference.spec.depth
 import reference.spec.graphs
-from kernels.spec.backends import LAYER_TYPES
+from kernels.spec.backends import BACKENDS, LAYER_TYPES
 from stress.checks.common import ENGINE_SAMPLED, EVERYWHERE
 from stress.core.types import RETURN, Case, Check, Mutant, Patch, Reach
 from stress.families import backends as backend_families
@@ -106,6 +106,21 @@ def _uniform_and_longest_differ(rng, config):
     return graph_families.Query(r, r * w, w, False, w + 1) if config["max_num_reqs"] >= r else None
 
 
+def _adaptive_without_maximum(rng, config):
+    """Adaptive depth with no schedule and Kmax 0: the adaptive flag alone must refuse it."""
+    config.update(schedule=None, adaptive=True)
+    return 0
+
+
+def _each_value(key: str, values: tuple, what: str) -> tuple[Corruption, ...]:
+    """One corruption per value: the configuration's ``key`` set to it."""
+    return tuple(configured(key, lambda rng, config, bad=bad: bad, f"{what}: {bad!r}") for bad in values)
+
+
+NOT_COUNTS = (-1, 2.0, True)  # a count the launcher must refuse: negative, float, bool
+NOT_FLAGS = (1, "yes")
+
+
 GRAPH_CANDIDATES_REFUSALS = refusal_family(graph_families.dsd_schedule, (
     configured("max_spec_tokens", _depth_without_maximum, "a DSD schedule or adaptive depth with Kmax 0"),
     configured("max_capture_size", _below_largest_size, "max_capture_size below the largest capture size"),
@@ -121,6 +136,19 @@ GRAPH_CANDIDATES_REFUSALS = refusal_family(graph_families.dsd_schedule, (
     query_replaced(lambda rng, c: graph_families.Query(1, 3, None, False, 4), "a longest request past the tokens",
                    "max_req_tokens"),
     query_replaced(_uniform_and_longest_differ, "a longest request other than the uniform width", "max_req_tokens"),
+    # what only each argument's own validation refuses: the later guards compare values the bad one never reaches
+    *_each_value("max_num_reqs", NOT_POSITIVE, "max_num_reqs not a positive int"),
+    *_each_value("decode_query_len", NOT_POSITIVE, "decode_query_len not a positive int"),
+    *_each_value("max_spec_tokens", NOT_COUNTS, "max_spec_tokens not an int >= 0"),
+    *_each_value("small_grid", NOT_COUNTS, "small_grid not an int >= 0"),
+    *_each_value("adaptive", NOT_FLAGS, "adaptive not a bool"),
+    *_each_value("varlen", NOT_FLAGS, "varlen not a bool"),
+    configured("max_spec_tokens", _adaptive_without_maximum, "adaptive depth without a schedule and with Kmax 0"),
+    query_replaced(lambda rng, c: graph_families.Query(0, 2, None, False, None), "a batch of no request", "num_reqs"),
+    query_replaced(lambda rng, c: graph_families.Query(1, 0, None, False, None), "a batch of no token", "num_tokens"),
+    query_replaced(lambda rng, c: graph_families.Query(1, 2, None, 1, None), "has_prefill not a bool", "has_prefill"),
+    query_replaced(lambda rng, c: graph_families.Query(1, 2, None, False, 2.0), "a longest request of 2.0 tokens",
+                   "max_req_tokens"),
 ), "build_candidates and dispatch")
 
 
@@ -339,6 +367,28 @@ def layer_call(rng, device, launch):
                 note=f"layer {args[0]} of {num_layers}, types {types}")
 
 
+def device_call(function: str) -> Callable:
+    """A valid ``function`` call of the device's backend choice (``backend_priorities(capability_major,
+    non_causal)``, ``graph_support(backend, ...)`` with the backend first), as ``layer_call``'s cases."""
+    def valid(rng, device, launch):
+        args = [pick(rng, backend_families.CAPABILITIES), bool(rng.integers(2))]
+        if function == "graph_support":
+            args.insert(0, pick(rng, BACKENDS))
+        return Case({"rows": [], "call": {"function": function, "args": args}}, note=f"{function}{tuple(args)}")
+
+    valid.__name__ = f"{function}_call"
+    return valid
+
+
+def _device_arguments(function: str) -> tuple[Corruption, ...]:
+    """capability_major and non_causal of ``function``'s valid call, each bad in turn."""
+    first = 1 if function == "graph_support" else 0
+    return (*arguments("capability_major", "capability_major not a positive int", first, NOT_POSITIVE,
+                       device_call(function), key="call"),
+            *arguments("non_causal", "non_causal not a bool", first + 1, NOT_FLAGS + (None,), device_call(function),
+                       key="call"))
+
+
 BACKENDS_REFUSALS = refusal_family(layer_call, (
     *arguments("layer", "a layer that is no int in [0, num_layers)", 0,
                (True, False, 1.0, -1, _Named("num_layers", lambda a: a[1])), layer_call, key="call"),
@@ -349,7 +399,8 @@ BACKENDS_REFUSALS = refusal_family(layer_call, (
                layer_call, key="call"),
     *arguments("causal_override", "causal_override neither a bool nor None", 3, (1, 0, "yes"), layer_call,
                key="call"),
-), "dflash_layer_causal")
+    *_device_arguments("backend_priorities"), *_device_arguments("graph_support"),
+), "dflash_layer_causal, backend_priorities and graph_support")
 
 
 CHECKS = (

@@ -194,7 +194,15 @@ def one_capture_size(rng, device, launch):
     return _case(rng, config, "one capture size")
 
 
+def no_capture_sizes(rng, device, launch):
+    """No capture size at all (graphs off), under any small grid: nothing is staged, every batch up to
+    max_num_reqs runs eagerly (NONE), and a batch past it is still refused."""
+    config = _config(rng, n_new=int(rng.integers(2)), schedule=bool(rng.random() < 0.5), past_default_grid=True)
+    config.update(capture_sizes=[], max_capture_size=None, small_grid=pick(rng, (1, 2, 4, 32)))
+    return _case(rng, config, "no capture sizes")
+
+
 FAMILIES = {"zero_width_band": zero_width_band, "dsd_schedule": dsd_schedule, "adaptive": adaptive, "basic": basic,
             "varlen": varlen, "prefill": prefill, "defaults": defaults, "zero_cap_adaptive": zero_cap_adaptive,
             "one_cap_adaptive": one_cap_adaptive, "one_token_low_caps": one_token_low_caps,
-            "one_capture_size": one_capture_size}
+            "one_capture_size": one_capture_size, "no_capture_sizes": no_capture_sizes}

@@ -87,4 +87,18 @@ def replay(max_num_reqs: int, config_seed: int, schedule: list[Step], global_see
         rows = [row for step in schedule for row in apply_step(state, step)]
     finally:
         np.random.set_state(saved)
+    _check_state_dtypes(state)
     return torch.tensor(rows, dtype=torch.int64).view(-1, len(ADMISSION_FIELDS))
+
+
+# The per-slot arrays' documented dtypes: the engine hands them to the kernels (num_cached_tokens as int32) and to
+# every rank's records as tensors, where a flag array of another dtype indexes by position instead of masking.
+STATE_DTYPES = {"seeds": np.int64, "seeds_set": np.bool_, "num_cached_tokens": np.int32}
+
+
+def _check_state_dtypes(state) -> None:
+    """Raise (the case crashes) where a per-slot array has another dtype than ``STATE_DTYPES`` documents: the rows
+    are recorded as ints, which would hide it."""
+    for name, dtype in STATE_DTYPES.items():
+        if getattr(state, name).dtype != dtype:
+            raise RuntimeError(f"RequestSlots.{name} is {getattr(state, name).dtype}, documented {np.dtype(dtype)}")
