@@ -44,8 +44,9 @@ def _cached_count(rng, first_pos, block_size, unaligned):
 
 def draft_case(rng, *, batch_rows, k=None, anchor_first=None, block_size=None, pad_rows=0, pad_tokens=0,
                prefill=0.2, reject=0.3, chunk=10, null_frac=0.0, unaligned=False, near_max=False,
-               note="") -> Case:
-    """A batch of ``batch_rows`` requests; ``unaligned`` gives one live slot a partial cached block."""
+               past_row=False, note="") -> Case:
+    """A batch of ``batch_rows`` requests; ``unaligned`` gives one live slot a partial cached block; ``past_row``
+    moves each request's last target row past its table row (its block index the row's width)."""
     anchor_first = bool(rng.integers(2)) if anchor_first is None else anchor_first
     k = int(rng.integers(1, 5)) if k is None else k
     q = k if anchor_first else 1 + k
@@ -61,6 +62,8 @@ def draft_case(rng, *, batch_rows, k=None, anchor_first=None, block_size=None, p
     positions, last_positions = [], []
     for batch_row, (n_ctx, _, rejected) in enumerate(rows):
         first = int(rng.integers(0, width * bs + 2))
+        if past_row:
+            first = max(first, width * bs - n_ctx + 1)
         positions.extend(range(first, first + n_ctx))
         last_positions.append(first + n_ctx - rejected - 1)
         cached[int(idx_mapping[batch_row])] = _cached_count(rng, first, bs, batch_row == victim)
@@ -165,6 +168,31 @@ def long_prefill(rng, device, launch):
                       **_padding(rng), note="long prefill")
 
 
+def many_padded_rows(rng, device, launch):
+    """CUDA-graph padding of more batch rows than one program block (17 to 80 behind a live batch of a few):
+    the padding loops of query_start_loc, seq_lens and the sampling rows run several iterations, each from
+    where the last stopped."""
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), pad_rows=int(rng.integers(17, 81)),
+                      pad_tokens=int(rng.integers(0, 3)), note="many padded rows")
+
+
+def cached_past_last(rng, device, launch):
+    """Live slots whose cached count, whole blocks, lies past the row's last valid position + 1: the visible span
+    p + 1 + Q - cached is below Q, and seq_lens is Q (the floor of its max)."""
+    case = draft_case(rng, batch_rows=_batch(rng, device, 2), **_padding(rng), note="cached past the last position")
+    inputs = case.inputs
+    bs, starts = inputs["block_size"], inputs["target_query_start_loc"]
+    for batch_row, slot in enumerate(inputs["idx_mapping"].tolist()):
+        last = int(inputs["target_positions"][int(starts[batch_row + 1]) - int(inputs["num_rejected"][batch_row]) - 1])
+        inputs["num_cached_tokens"][slot] = (-(-(last + 2) // bs) + int(rng.integers(0, 3))) * bs
+    return case
+
+
+def _past_row(rng, device, launch):
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), past_row=True, **_padding(rng),
+                      note="last target rows past the table row")
+
+
 def null_block(rng, device, launch):
     """Null blocks (id 0) in the table: those rows get PAD, never slot 0 * bs + offset."""
     return draft_case(rng, batch_rows=_batch(rng, device, 2), null_frac=0.4, **_padding(rng), note="null blocks")
@@ -227,5 +255,8 @@ def big_offsets(rng, device, launch):
 FAMILIES = {"decode": decode, "padded": padded, "prefix_cache": prefix_cache, "rejected_suffix": rejected_suffix,
             "chunked_prefill": chunked_prefill, "zero_width": zero_width, "max_model_len": max_model_len,
             "null_block": null_block, "long_prefill": long_prefill, "tiles": tiles, "extremes": extremes,
-            "big_offsets": big_offsets,
-            "layouts": common.laid_out(prefix_cache, "block_table", "draft_tokens")}
+            "big_offsets": big_offsets, "many_padded_rows": many_padded_rows, "cached_past_last": cached_past_last,
+            "layouts": common.laid_out(prefix_cache, "block_table", "draft_tokens"),
+            # positions whose block index is the row's width, in tables whose rows are padded: only the width, not
+            # the row stride, says where a row ends
+            "layouts_past_row": common.laid_out(_past_row, "block_table")}
