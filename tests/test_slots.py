@@ -95,6 +95,22 @@ def test_replay_matches_reference_and_restores_the_global_rng():
     assert got.shape == (sum(len(s.admitted) for s in steps), len(schedule.ADMISSION_FIELDS))
 
 
+def test_replay_refuses_per_slot_arrays_of_another_dtype(monkeypatch):
+    """The rows are recorded as ints, so a flag array of ints or int64 cached counts would pass unseen: the replay
+    checks the documented dtypes itself, and the production arrays have them."""
+    steps = schedule.random_schedule(np.random.default_rng(1), max_num_reqs=3, num_steps=2)
+    schedule.replay(3, 0, steps, global_seed=0)
+
+    class IntFlags(RequestSlots):
+        def __init__(self, max_num_reqs, seed):
+            super().__init__(max_num_reqs, seed)
+            self.seeds_set = np.zeros(max_num_reqs, dtype=np.int64)
+
+    monkeypatch.setattr(slots, "RequestSlots", IntFlags)
+    with pytest.raises(RuntimeError, match="seeds_set is int64, documented bool"):
+        schedule.replay(3, 0, steps, global_seed=0)
+
+
 # ---------------------------------------------------------------- the slots as a state machine
 
 INT64 = np.iinfo(np.int64)
