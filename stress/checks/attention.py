@@ -1,6 +1,8 @@
 """Registry entries of attention.paged and attention.prefix_masked: paged draft attention."""
 
 
+import dataclasses
+
 import torch
 
 import kernels.attention
@@ -89,6 +91,11 @@ def _unfittable(rng, device, launch):
                                              causal=bool(rng.integers(2)), note="no tile fits")
 
 
+def _small_decode(rng, device, launch):
+    """``decode`` at the interpreter's size whatever the device."""
+    return attention_families.decode(rng, "cpu", launch)
+
+
 PAGED_ATTENTION_REFUSALS = refusal_family(attention_families.decode, (
     retyped("out", torch.float16, torch.float32),
     retyped("k_cache", torch.float16, torch.float32),
@@ -113,6 +120,13 @@ PAGED_ATTENTION_REFUSALS = refusal_family(attention_families.decode, (
     Corruption("query", "130 float32 query heads per KV head at head dim 256", lambda rng, inputs: None,
                valid=_unfittable, on_cpu=False),
     *moved("query", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc", "out"),
+    # what only the argument's own validation refuses: no later guard looks at its dtype, its emptiness or the knob
+    # (on a case of the interpreter's size on every device: a refusal reads no value, so GPU-sized inputs buy nothing)
+    *(dataclasses.replace(c, valid=_small_decode) for c in (
+        retyped("query_start_loc", torch.int64),
+        emptied({"query_start_loc": 0}, "query_start_loc without entries (not even the batch's start)",
+                refused="query_start_loc"),
+        *replaced("block_n", (8,), "block_n below the smallest matrix-product tile"))),
 ), "paged_attention")
 
 

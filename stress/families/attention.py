@@ -556,10 +556,23 @@ def _plant(rng, case: Case, batch_row: int, kind: str, parts: list[tuple[int, in
     return f"equal maxima at {chosen}" + (f", {poison} at {at}" if poison is not None else "")
 
 
-def nonfinite_case(rng, device, launch, *, split: bool) -> Case:
-    """NaN, +-inf and float32-overflowing keys where queries see them, one ``NONFINITE_KINDS`` per batch row;
-    every query positive in head dim 0, so a key's sign there gives its score's. One split (tables shorter
-    than two key tiles) or several (tables of 512 tokens, 2048 on the GPU, and sequences across them)."""
+def _plant_drawn(rng, case: Case, batch_row: int, parts: list[tuple[int, int]]) -> str:
+    """One ``NONFINITE_KINDS`` drawn for the row, planted."""
+    return _plant(rng, case, batch_row, pick(rng, NONFINITE_KINDS), parts)
+
+
+def _last_split_dominates(rng, case: Case, batch_row: int, parts: list[tuple[int, int]]) -> str:
+    """The row's last split raised far above the others (no poison elsewhere): their weights underflow to 0."""
+    lo, hi = parts[-1]
+    _set_keys(case, batch_row, range(lo, hi), add=1000.0)
+    return f"the last of {len(parts)} split(s), [{lo}, {hi}), dominates"
+
+
+def nonfinite_case(rng, device, launch, *, split: bool, plant=_plant_drawn) -> Case:
+    """NaN, +-inf and float32-overflowing keys where queries see them, one ``NONFINITE_KINDS`` per batch row
+    (or what ``plant`` puts there); every query positive in head dim 0, so a key's sign there gives its score's.
+    One split (tables shorter than two key tiles) or several (tables of 512 tokens, 2048 on the GPU, and
+    sequences across them)."""
     shape = _shape(rng, device, dtypes=DTYPES)
     if split:
         rows = int(rng.integers(1, 3))
@@ -579,8 +592,7 @@ def nonfinite_case(rng, device, launch, *, split: bool) -> Case:
     query[..., 0] = query[..., 0].abs() + 4
     notes = []
     for batch_row, parts in enumerate(split_ranges(case, launch, device)):
-        kind = pick(rng, NONFINITE_KINDS)
-        notes.append(f"row {batch_row} over {len(parts)} split(s): {_plant(rng, case, batch_row, kind, parts)}")
+        notes.append(f"row {batch_row} over {len(parts)} split(s): {plant(rng, case, batch_row, parts)}")
     case.note += "; " + "; ".join(notes)
     return case
 
@@ -600,6 +612,13 @@ def nonfinite_keys_split(rng, device, launch):
     (skipped), a split that dominates while another holds NaN (a weight of 0 times NaN is NaN), equal maxima
     across splits."""
     return nonfinite_case(rng, device, launch, split=True)
+
+
+def last_split_dominates(rng, device, launch):
+    """``nonfinite_keys_split``'s several KV splits with every batch row's last split far above the rest and
+    nothing non-finite: the overall maximum comes from the last split, so a combine whose maximum misses a
+    split weighs it by an exponential past float32's range (inf / inf, NaN) where the answer is finite."""
+    return nonfinite_case(rng, device, launch, split=True, plant=_last_split_dominates)
 
 
 # Head dims that change the kernel's path: the head-dim tile (16 to 512), whether the head dim fills it (no
@@ -633,6 +652,7 @@ FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long"
             "wide_table": wide_table, "infinite_keys": infinite_keys,
             "infinite_keys_split": infinite_keys_split,
             "nonfinite_keys": nonfinite_keys, "nonfinite_keys_split": nonfinite_keys_split,
+            "last_split_dominates": last_split_dominates,
             **one_per_value(head_dim, "dim", PATH_HEAD_DIMS), "head_dim_48": head_dim_48,
             **one_per_value(big_offsets, "layout", ("query", "out", "block_table", "caches")),
             # query and out as slices of wider buffers, a padded block table (the caches keep one layout:
