@@ -71,6 +71,35 @@ def test_a_write_past_a_tensor_before_the_raise_is_oob():
     assert verdict == "fail:oob" and "guard zone" in details[1]
 
 
+def test_a_refusal_of_a_knob_the_implementation_does_not_take_is_not_asked_and_says_so():
+    """A registered implementation is not handed the suite's launch knobs it lacks, so a knob's refusal cannot be
+    asked of it: that sub-case is named, not passed; a case of nothing else is not_checked. The production launcher,
+    which takes the knob, is asked (and fails here, accepting it)."""
+    def family(rng, device, launch):
+        bad_knob = Case(inputs={"out": torch.zeros(4, dtype=torch.int32), "n": 2, "chunk": 3}, refused="chunk",
+                        note="chunk 3")
+        bad_count = Case(inputs={"out": torch.zeros(4, dtype=torch.int32), "n": -1}, refused="n", note="n < 0")
+        bad_knob.more_refusals = [bad_count]
+        return bad_knob
+
+    def launcher(out, n, chunk=4):  # refuses n < 0, forgets to check chunk
+        _guarded(out, n)
+
+    def implementation(out, n):
+        _guarded(out, n)
+    implementation.takes = frozenset({"out", "n"})
+
+    check = Check(name="fake", kernel=launcher, reference=lambda out, n, chunk=4: None, families={"f": family},
+                  outputs=("out",))
+    case = cases.build_case(check, "f", 1, "cpu")
+    verdict, details = refusal.judge_all(check, case, "cpu", implementation)
+    assert verdict == "pass" and any(d.startswith("not asked: chunk 3: the implementation takes no 'chunk'")
+                                     for d in details)
+    case.more_refusals = []
+    assert refusal.judge_all(check, case, "cpu", implementation)[0].startswith("not_checked:")
+    assert refusal.judge_all(check, case, "cpu", launcher)[0] == "fail:accepted"
+
+
 def test_the_message_must_begin_with_the_argument_and_a_colon():
     assert refusal.names("idx_mapping: slot 9 at [2] is outside [-1, 9)", "idx_mapping")
     assert not refusal.names("out: 3 rows, but idx_mapping has 4 batch rows", "idx_mapping")

@@ -185,6 +185,7 @@ def _adapter(implementation: Implementation, launcher: Callable) -> Callable:
 
     implementation_of_launcher.__doc__ = f"{getattr(function, '__qualname__', function)} standing in for " \
                                          f"{launcher.__module__}.{launcher.__qualname__}"
+    implementation_of_launcher.takes = None if takes_all else frozenset(params)  # read by stress.core.refusal
     return implementation_of_launcher
 
 

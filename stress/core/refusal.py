@@ -14,7 +14,7 @@ included) sits in guard zones and must come back unchanged.
 import traceback
 
 from stress.core.guards import fresh_inputs, guarded, settle, torch_device
-from stress.core.types import PASS, Case, Check, Family, Verdict
+from stress.core.types import PASS, Case, Check, Family, Verdict, not_checked
 
 VERDICTS = (Verdict.ACCEPTED, Verdict.REFUSAL)  # the verdicts only refusal cases give
 
@@ -46,17 +46,31 @@ def check_reference(check: Check, case: Case) -> None:
         pass
 
 
+def asks(kernel, argument: str) -> bool:
+    """Whether ``kernel`` takes ``argument``: a registered implementation (``stress.core.impl``) is not handed the
+    launch knobs of the suite's launcher it does not take, so their refusals cannot be asked of it."""
+    takes = getattr(kernel, "takes", None)
+    return takes is None or argument in takes
+
+
 def judge_all(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
     """``case`` and its ``more_refusals`` in turn (each checked against the reference first): the first that
-    fails decides, its details led by the corruption it was."""
-    passed = []
+    fails decides, its details led by the corruption it was. A refusal of an argument the kernel does not take is
+    not asked, and says so; a case none of whose refusals can be asked is not_checked."""
+    passed, unasked = [], []
     for refusal in (case, *case.more_refusals):
+        if not asks(kernel, refusal.refused):
+            unasked.append(f"not asked: {refusal.note}: the implementation takes no {refusal.refused!r} (a launch "
+                           "knob of the suite's launcher)")
+            continue
         check_reference(check, refusal)
         verdict, details = judge_one(check, refusal, device, kernel)
         if verdict != PASS:
             return verdict, [f"refusal case: {refusal.note}", *details]
         passed += details
-    return PASS, passed
+    if unasked and not passed:
+        return not_checked("none of its refusals can be asked of this implementation"), unasked
+    return PASS, passed + unasked
 
 
 def judge_one(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
