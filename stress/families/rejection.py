@@ -479,16 +479,17 @@ def uniform_rows(rng, device, launch):
 
 
 def last_token_max(rng, device, launch):
-    """Greedy rows over a vocabulary one past one or two vocab tiles of the launch shape (the launcher's own
-    tile is capped at 1024), whose unique maximum is the last token: the last tile holds that token alone, so
-    a loop over the vocabulary that stops a tile early, or a tile's mask one short, emits another token. The
-    drafts propose the last token (accepted) or the runner-up (rejected, the last token emitted)."""
+    """Rows over a vocabulary one past one or two vocab tiles of the launch shape (the launcher's own tile is
+    capped at 1024), whose maximum is the last token, 60 to 80 above the rest: the last tile holds that token
+    alone, so a loop over the vocabulary that stops a tile early, or a tile's mask one short, emits another
+    token, greedy or sampled (the gap is past any Gumbel noise). The drafts propose the last token (accepted)
+    or the runner-up (rejected, the last token emitted); half the rows sample."""
     tile = launch.get("block_v") or default_block_v(1025)
     vocab = tile * int(rng.integers(1, 3)) + 1
     b, k, _ = _size(rng, device)
     target = random_logits(rng, (b, k + 1, vocab))
-    target[..., -1] = target.amax(-1) + float(rng.uniform(0.5, 3))
-    case = _case(rng, batch=b, depth=k, vocab=vocab, target=target, greedy_share=1.0, placeholder_share=0.0,
+    target[..., -1] = target.amax(-1) + float(rng.uniform(60, 80))
+    case = _case(rng, batch=b, depth=k, vocab=vocab, target=target, greedy_share=0.5, placeholder_share=0.0,
                  note=f"vocab {vocab}, tile {tile}, maximum at the last token")
     runner_up = target[..., :-1].argmax(-1)
     proposes_last = torch.from_numpy(rng.random(tuple(runner_up[:, :k].shape)) < 0.5)
