@@ -124,8 +124,7 @@ NOT_FLAGS = (1, "yes")
 GRAPH_CANDIDATES_REFUSALS = refusal_family(graph_families.dsd_schedule, (
     configured("max_spec_tokens", _depth_without_maximum, "a DSD schedule or adaptive depth with Kmax 0"),
     configured("max_capture_size", _below_largest_size, "max_capture_size below the largest capture size"),
-    *(configured("schedule", lambda rng, config, bad=bad: bad, f"a schedule that is no list of bands: {bad!r}")
-      for bad in _BAD_SCHEDULES),
+    *_each_value("schedule", _BAD_SCHEDULES, "a schedule that is no list of bands"),
     query_replaced(lambda rng, c: graph_families.Query(2, 1, None, False, None), "more requests than tokens",
                    "num_reqs"),
     query_replaced(lambda rng, c: graph_families.Query(c["max_num_reqs"] + 1, 2 * c["max_num_reqs"] + 2, None, False,
