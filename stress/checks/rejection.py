@@ -203,6 +203,14 @@ CHECKS = (
                    (Patch(_VERIFY, "accepted = valid & (p_x > uint_to_uniform_float(bits) * q_x)",
                           "accepted = valid & (q_x > 0) & (p_x > uint_to_uniform_float(bits) * q_x)"),),
                    oracles=EVERYWHERE, families=("unsupported_drafts",)),
+            Mutant("residual-keeps-by-target-score", "the residual keeps the tokens whose Gumbel score on the target "
+                   "row (logits / temp plus noise, the neighbouring line's) exceeds q instead of those where p > q: "
+                   "with logits well above 1 both keep every token of p > q, but log-probabilities keep nothing and "
+                   "the resample falls back to the target row, the rejected draft included",
+                   (Patch("kernels.rejection:_gumbel_argmax", "keep = in_vocab & (p > q)",
+                          "keep = in_vocab & (target_scores > q)"),
+                    Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
+                   oracles=EVERYWHERE, families=("overconfident_drafter",)),
             Mutant("uniform-row-counts-padding", "the softmax statistics give the lanes past the vocab -2^126 (the "
                    "clamp's floor) instead of -inf: they weigh nothing beside a finite score, but a row of -inf or "
                    "NaN, uniform by contract, spreads its mass over the last tile's padding too",

@@ -521,6 +521,40 @@ def unsupported_drafts(rng, device, launch):
     return case
 
 
+def overconfident_drafter(rng, device, launch):
+    """Sampled requests given log-probabilities (every logit <= 0, as a verifier fed log-softmax rows sees them)
+    at temperatures near 1, whose every draft is a token both models favour, the drafter more: p(x) in [0.3, 0.6],
+    q(x) in [0.9, 0.99], the rest of each row spread thinly. A draft is rejected about half the time, and its
+    resample from max(p - q, 0) never emits x: a resample that keeps tokens by another quantity than p > q (a
+    score, a logit) falls back to the target row and emits x about as often as p(x)."""
+    b, k, v = _size(rng, device)
+    if not big(device):  # several requests even under the interpreter: each rejects about half the time
+        b = int(rng.integers(4, 9))
+    v = max(v, 3)
+    case = _case(rng, batch=b, depth=k, vocab=v, greedy_share=0.0, draft_logits=True, placeholder_share=0.0,
+                 note=f"overconfident drafter, vocab {v}")
+    inputs = case.inputs
+    inputs["temperature"] = torch.from_numpy(rng.uniform(0.9, 1.1, inputs["temperature"].numel()).astype(np.float32))
+    target, cached, drafts = inputs["target_logits"], inputs["draft_logits"], inputs["draft_tokens"]
+    for b_row, slot in enumerate(inputs["idx_mapping"].tolist()):
+        for step in range(k):
+            x = int(rng.integers(v))
+            drafts[b_row, step] = x
+            target[b_row, step] = _log_probabilities(rng, v, x, rng.uniform(0.3, 0.6))
+            if slot >= 0:
+                cached[slot, step] = _log_probabilities(rng, v, x, rng.uniform(0.9, 0.99))
+    return case
+
+
+def _log_probabilities(rng, vocab: int, token: int, mass: float) -> torch.Tensor:
+    """log of a distribution that gives ``token`` probability ``mass`` and spreads the rest by a softmax."""
+    rest = np.exp(rng.standard_normal(vocab))
+    rest[token] = 0.0
+    probs = rest / rest.sum() * (1.0 - mass)
+    probs[token] = mass
+    return torch.from_numpy(np.log(probs).astype(np.float32))
+
+
 FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zero_width": zero_width,
             "nonfinite": nonfinite, "long_vocab": long_vocab, "ties": ties, "layouts": layouts,
             "extremes": extremes, "tiles": tiles, "tiny_vocab": tiny_vocab,
@@ -532,6 +566,7 @@ FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zer
             "empty_residual": empty_residual, "empty_residual_spread": empty_residual_spread, "ulp_ties": ulp_ties,
             "greedy_threshold": greedy_threshold, "uniform_rows": uniform_rows,
             "unsupported_drafts": unsupported_drafts, "last_token_max": last_token_max,
+            "overconfident_drafter": overconfident_drafter,
             **one_per_value(big_offsets, "layout", ("steps", "target_logits", "draft_tokens", "out_tokens",
                                                            "draft_logits"))}
 
