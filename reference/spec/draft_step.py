@@ -11,8 +11,13 @@ flagged ``near_tie``, as ``reference.sampling.Decided`` does for rounding alone.
 Batches are read by attribute (``idx_mapping``, ``target_query_start_loc``, ... ``num_draft_tokens``:
 tuples of ints and floats, see ``stress.graphs.Batch``). The logits cache starts every batch as all
 NaN (poison), as the harness leaves it before each step.
+
+The configuration is read for its fields alone (sizes, flags); what the step derives from them (the
+query length, the attention scale 1 / sqrt(head_dim)) is derived again here, so a slip in the step's
+own derivation shows instead of being shared.
 """
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -72,10 +77,15 @@ def _t(values, dtype) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype)
 
 
+def query_len(config, num_draft_tokens: int) -> int:
+    """Query rows per request: the drafts, plus DFlash's bonus row (none in anchor-first mode)."""
+    return num_draft_tokens + (0 if config.anchor_first else 1)
+
+
 def prepared_inputs(config, batch) -> dict | None:
     """``reference.draft_inputs.prepare_draft_inputs`` for the live batch, by output name; None if refused."""
     k, live = batch.num_draft_tokens, len(batch.idx_mapping)
-    q = config.query_len(k)
+    q = query_len(config, k)
     num_target_rows = batch.target_query_start_loc[-1]
     i32, i64 = torch.int32, torch.int64
     prepared, *outputs = draft_inputs.prepare_draft_inputs(
@@ -106,7 +116,7 @@ def step(config, weights, caches, batch) -> ExpectedStep:
         placeholders = torch.full((live * k,), -1, dtype=torch.int64)
         return ExpectedStep(sampling.Decided(placeholders, torch.zeros(live * k, dtype=torch.bool)), logits_cache,
                             logits_bound, None, None)
-    num_tokens = live * config.query_len(k)
+    num_tokens = live * query_len(config, k)
     table = block_table.shift_block_table_rows(_t(batch.block_table, torch.int32), _t(batch.idx_mapping, torch.int32),
                                                _t(batch.num_cached_tokens, torch.int32), inputs["seq_lens"],
                                                config.block_size)
@@ -127,8 +137,8 @@ def step(config, weights, caches, batch) -> ExpectedStep:
 
     def attend(v_cache):
         return attention.paged_attention(query, caches[0], v_cache, table, inputs["seq_lens"],
-                                         inputs["query_start_loc"], scale=config.scale, causal=config.causal,
-                                         out=torch.zeros(query.shape, dtype=torch.float64))
+                                         inputs["query_start_loc"], scale=1 / math.sqrt(config.head_dim),
+                                         causal=config.causal, out=torch.zeros(query.shape, dtype=torch.float64))
 
     hidden, hidden_abs = attend(caches[1]), attend(caches[1].abs())
     rows = inputs["sample_indices"]

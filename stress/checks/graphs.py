@@ -27,7 +27,44 @@ def _graph_check(name: str, contract: str, driver, reference_driver, families: d
                  skips=(Skip(_NO_GRAPHS, device="cpu"), Skip(GRAPHS_UNCACHED, tool=SANITIZER)))
 
 
+_OWN_STEP = "the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step"
+# slips in the draft step itself, which the eager step shows on the CPU and graphs.replay on the GPU
+_PADDED_ROWS_SLOT_0 = Mutant(
+    "padded-draft-rows-slot-0", "fix 3, pre-fix (docs/fixes.md#fix-3) in the draft step: padded sampling rows map to "
+                                "slot 0 and write its logits cache",
+    (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
+           "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
+    oracles={}, families=("padded_graph",),
+    path=unreachable_by_engine(f"{_OWN_STEP}, whose padded sampling rows this bug maps to slot 0"))
+_SCALE_FROM_HIDDEN = Mutant(
+    "draft-scale-from-hidden", "the draft attention's scale is taken from hidden_size / num_heads instead of head_dim: "
+                         "the same number only in a model whose head dim is its hidden size over its heads",
+    (Patch(_STEP, "scale=c.scale", "scale=(c.hidden_size // c.num_heads) ** -0.5"),),
+    oracles={}, path=unreachable_by_engine(f"{_OWN_STEP}, whose attention scale this bug changes"))
+_HOST_PLANNED_VALUES_FROM_KEYS = Mutant(
+    "host-planned-values-from-keys", "the host-planned backend gathers its values from the key cache (the line "
+                                     "above's): attention weights the keys instead of the values",
+    (Patch("kernels.spec.attention_backends:HostPlannedBackend", "values = v_cache.index_select(",
+           "values = k_cache.index_select("),),
+    oracles={}, families=("non_causal_draft",),
+    path=unreachable_by_engine(f"{_OWN_STEP}; its attention backends are the draft step's"))
+_EAGER_ON_GPU = ("graphs.replay judges this same eager step against the same reference on the GPU, beside its "
+                 "replays: running it twice would judge nothing more")
+_ON_CPU = {"cpu": "divergence"}
+
+
 CHECKS = (
+    Check(
+        name="graphs.eager_step",
+        contract="the draft step, run eagerly at the padded size its graph dispatch picks, equals the float64 "
+                 "reference (on the GPU graphs.replay judges it)",
+        kernel=stress.oracles.graph_replay.eager_draft_steps, reference=reference.spec.draft_step.expected_replay,
+        families=replay_families.REPLAY_FAMILIES, outputs=(RETURN,), compare=stress.oracles.graph_replay.judge_eager,
+        repeats={"cpu": 1}, skips=(Skip(_EAGER_ON_GPU, device="cuda"),),
+        iteration_share=0.2,  # a case drafts 3 to 12 batches, about 2 s under the interpreter
+        mutants=tuple(dataclasses.replace(m, oracles=_ON_CPU, why_not=_EAGER_ON_GPU)
+                      for m in (_PADDED_ROWS_SLOT_0, _SCALE_FROM_HIDDEN, _HOST_PLANNED_VALUES_FROM_KEYS)),
+    ),
     _graph_check(
         "graphs.replay", "a padded CUDA-graph replay of the draft step equals the eager step bit for bit, and the "
                          "eager step the float64 reference (GPU)",
@@ -45,15 +82,9 @@ CHECKS = (
                    path=unreachable_by_engine(
                        'the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step, '
                        'whose KV write this bug leaves out of the capture')),
-            Mutant("padded-draft-rows-slot-0", "fix 3, pre-fix (docs/fixes.md#fix-3) in the draft step: padded "
-                                               "sampling rows map to "
-                   "slot 0 and write its logits cache",
-                   (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
-                          "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
-                   oracles=_ON_GPU, families=("padded_graph",), why_not=_NO_GRAPHS,
-                   path=unreachable_by_engine(
-                       'the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step, '
-                       'whose padded sampling rows this bug maps to slot 0')),
+            dataclasses.replace(_PADDED_ROWS_SLOT_0, oracles=_ON_GPU, why_not=_NO_GRAPHS),
+            dataclasses.replace(_SCALE_FROM_HIDDEN, oracles=_ON_GPU, why_not=_NO_GRAPHS),
+            dataclasses.replace(_HOST_PLANNED_VALUES_FROM_KEYS, oracles=_ON_GPU, why_not=_NO_GRAPHS),
             # the spec.backends patch, hunted where its effect shows: host-planned attention captured for
             # non-causal drafting replays with the lengths of the capture batch
             dataclasses.replace(NON_CAUSAL_CLAIMS_FULL, oracles=_ON_GPU, families=("non_causal_draft",),

@@ -268,6 +268,37 @@ def judge_replay(output: str, expected, got: ReplayRun):
                    [step.draft_tokens for step in expected.steps])
 
 
+# ---------------------------------------------------------------- the eager step alone, on any device
+
+
+class EagerRun(NamedTuple):
+    batches: tuple[tuple[str, StepRecord], ...]  # (label, record) per batch
+    kv_cache: tuple[torch.Tensor, torch.Tensor]  # after every batch
+
+
+def eager_draft_steps(*, config, setup: GraphSetup, embed, wq, wk, wv, w_out, k_cache, v_cache, batches) -> EagerRun:
+    """Every batch through ``DraftGraphs.run(replay=False)``: the step at the padded size a replay would run,
+    over poisoned buffers, with nothing captured, so it runs where CUDA graphs do not (the CPU)."""
+    graphs = build(config, DraftWeights(embed, wq, wk, wv, w_out), setup, k_cache, v_cache, batches)
+    records = []
+    for index, batch in enumerate(batches):
+        poison(graphs, batch)
+        out = graphs.run(num_draft_tokens=batch.num_draft_tokens, replay=False, **batch.target(embed.device))
+        records.append((_label(index, batch, out), _record(graphs, out)))
+    return EagerRun(tuple(records), (_copy(graphs.step.k_cache), _copy(graphs.step.v_cache)))
+
+
+def judge_eager(output: str, expected, got: EagerRun):
+    """The eager step against the reference: every batch's outputs and the KV cache after them all."""
+    found = []
+    for (label, record), step in zip(got.batches, expected.steps, strict=True):
+        found += _eager_vs_reference(label, step, record.draft_tokens, record.hidden, record.logits_cache)
+    for name, have, want, bound in (("k_cache", got.kv_cache[0], expected.k_cache, expected.k_bound),
+                                    ("v_cache", got.kv_cache[1], expected.v_cache, expected.v_bound)):
+        found.append(within(f"{name} after every batch (eager vs reference)", want, bound, have))
+    return verdict(output, found, [], [step.draft_tokens for step in expected.steps])
+
+
 # ---------------------------------------------------------------- lifetime in a shared pool
 
 
