@@ -37,7 +37,8 @@ PREP_OUTPUTS = ("context_positions", "context_slot_mapping", "input_ids", "posit
 # Everything a step may record, in record order. Batch-row fields cover the B live rows; persistent
 # buffers are recorded whole (their padded part included). Present only when the step has a batch:
 # idx_mapping onwards; only at a depth above 0: draft.graph; only when the batch was drafted:
-# draft.shifted_block_table .. draft.logits_cache (the cache only with probabilistic drafting).
+# draft.shifted_block_table .. draft.logits_cache (the cache, and verify.draft_logits, only with probabilistic
+# drafting).
 RECORD_FIELDS = (
     "slots.slot_of_request",  # [num requests]: slot of each request, -1 when it holds none
     "slots.free", "slots.seeds", "slots.num_cached_tokens",  # the free list in order; per-slot state
@@ -45,6 +46,7 @@ RECORD_FIELDS = (
     "target.graph",  # the graph descriptor the target batch dispatches to (see _descriptor)
     "target.input_ids", "target.positions", "target.query_start_loc", "target.seq_lens", "target.block_table",
     "target.slot_mapping", "target.logits",  # logits [B, K+1, V] of the verified rows, NaN elsewhere
+    "verify.draft_logits",  # [B, K, V] the cached draft logits each verified draft is tested against, NaN elsewhere
     "verify.out_tokens", "verify.num_sampled", "verify.num_rejected", "verify.num_drafts",
     "draft.block_table", "draft.graph", "draft.prepared", *(f"draft.{name}" for name in PREP_OUTPUTS),
     "draft.shifted_block_table", "draft.logits", "draft.sampled", "draft.logits_cache",
@@ -271,6 +273,7 @@ class Engine:
         num_sampled = torch.zeros(num_rows, dtype=torch.int32, device=dev)
         num_rejected = torch.zeros(num_rows, dtype=torch.int32, device=dev)
         logits_record = torch.full((num_rows, k + 1, vocab), float("nan"), dtype=torch.float32, device=dev)
+        q_record = torch.full((num_rows, k, vocab), float("nan"), dtype=torch.float32, device=dev)
         groups: dict[int, list[int]] = {}
         for b, (req, n) in enumerate(batch):
             if not req.prefilling:
@@ -291,14 +294,19 @@ class Engine:
             group_sampled = torch.empty(len(rows), dtype=torch.int32, device=dev)
             group_rejected = torch.empty(len(rows), dtype=torch.int32, device=dev)
             cached_q = self.draft_logits[:, :num_drafts] if self.probabilistic and num_drafts else None
-            rejection.verify(logits, drafts, torch.tensor([slot_ids[b] for b in rows], dtype=torch.int32, device=dev),
-                             self.temperature, self.seeds, predicted.view(len(rows), -1)[:, 0].contiguous(),
-                             group_out, group_sampled, group_rejected, draft_logits=cached_q)
+            group_slots = torch.tensor([slot_ids[b] for b in rows], dtype=torch.int32, device=dev)
+            rejection.verify(logits, drafts, group_slots, self.temperature, self.seeds,
+                             predicted.view(len(rows), -1)[:, 0].contiguous(), group_out, group_sampled,
+                             group_rejected, draft_logits=cached_q)
+            if cached_q is not None:  # the q rows the verification read: each row's slot's
+                q_record[rows_t, :num_drafts] = cached_q[group_slots.long()]
             out_tokens[rows_t, :num_drafts + 1] = group_out
             num_sampled[rows_t] = group_sampled
             num_rejected[rows_t] = group_rejected
             logits_record[rows_t, :num_drafts + 1] = logits
         record["target.logits"] = _snap(logits_record)
+        if self.probabilistic:
+            record["verify.draft_logits"] = _snap(q_record)
         record["verify.out_tokens"] = _snap(out_tokens)
         record["verify.num_sampled"] = _snap(num_sampled)
         record["verify.num_rejected"] = _snap(num_rejected)

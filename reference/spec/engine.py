@@ -314,6 +314,8 @@ class ReferenceEngine:
         num_drafts = torch.zeros(num_rows, dtype=torch.int32)
         logits_record = torch.full((num_rows, k + 1, v), float("nan"), dtype=torch.float64)
         logits_bound = torch.zeros(num_rows, k + 1, v, dtype=torch.float64)
+        q_record = torch.full((num_rows, k, v), float("nan"), dtype=torch.float64)
+        q_bound = torch.zeros(num_rows, k, v, dtype=torch.float64)
         acceptance = [0, 0, 0]
         for b, (req, n) in enumerate(batch):
             if prefilling(req) and req["num_computed"] + n < len(req["tokens"]):
@@ -328,6 +330,8 @@ class ReferenceEngine:
             slot = int(idx[b])
             temp = self.temperature[slot]
             cached_q = [self.cached_rows[(slot, j)] for j in range(d)] if self.probabilistic and d else None
+            for j, q in enumerate(cached_q or ()):  # draft j is verified against the row that sampled it
+                q_record[b, j], q_bound[b, j] = q.logits, q.error.bound()[q.index]
             tokens, tie = verify_request([Row(logits[i], error, i) for i in range(d + 1)], drafts, temp,
                                          int(self.seeds[slot]), first + 1, cached_q)
             row = torch.full((k + 1,), -1, dtype=torch.int64)
@@ -339,6 +343,9 @@ class ReferenceEngine:
                 acceptance = [acceptance[0] + 1, acceptance[1] + d, acceptance[2] + emitted - 1]
         record["target.logits"] = logits_record
         self.tolerance["target.logits"] = logits_bound
+        if self.probabilistic:
+            record["verify.draft_logits"] = q_record
+            self.tolerance["verify.draft_logits"] = q_bound
         record["verify.out_tokens"] = out
         record["verify.num_sampled"] = num_sampled
         record["verify.num_rejected"] = num_rejected

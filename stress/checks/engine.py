@@ -88,6 +88,12 @@ CHECKS = (
                    (Patch("kernels.spec.models:Model", "math.sqrt(config.head_dim)",
                           "math.sqrt(config.hidden // config.heads)"),),
                    oracles=EVERYWHERE, families=("combined",)),
+            Mutant("verify-q-last-columns", "verification reads the last num_drafts columns of the draft-logits "
+                   "cache instead of the first: the same columns only when a request verifies all K drafts, so only "
+                   "a cut draft (budget, adaptive depth, a DSD band) shows it",
+                   (Patch(_ENGINE, "cached_q = self.draft_logits[:, :num_drafts]",
+                          "cached_q = self.draft_logits[:, -num_drafts:]"),),
+                   oracles=EVERYWHERE, families=("budget_cut_cache", "dsd_bands", "combined")),
             Mutant("depth-by-running-count", "the step's depth looked up for every running request instead of the "
                    "batch's rows: the same unless the token budget leaves running requests out of a DSD step",
                    (Patch(_ENGINE, "step_depth = self._depth(len(batch))",
