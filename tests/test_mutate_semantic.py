@@ -91,6 +91,18 @@ def test_boundary_shift_moves_an_index_or_a_bound_by_one():
     assert "slot = tl.load(idx_mapping_ptr + batch_row + 1).to(tl.int64)" in gather  # a scalar load
 
 
+def test_guard_part_leaves_one_operand_out_of_a_guard_that_raises():
+    attention = _edits("kernels.attention:paged_attention", "guard-part")
+    assert {new for old, new in attention if old == "if num_kv_heads == 0 or num_q_heads % num_kv_heads:"} == {
+        "if num_kv_heads == 0:", "if num_q_heads % num_kv_heads:"}
+    # an `and` guard one part short refuses more: its dropped part is what let valid input through; an operand
+    # that is itself a test of the other kind keeps its parentheses
+    assert ("if num_batch_rows and (int(slots.min()) < 0 or int(slots.max()) >= num_slots):",
+            "if (int(slots.min()) < 0 or int(slots.max()) >= num_slots):") in _edits(
+        "kernels.draft_inputs:prepare_draft_inputs", "guard-part")
+    assert not _edits(HOST, "guard-part")  # a guard of one test is stmt-delete's to forget
+
+
 def test_every_semantic_mutant_is_a_valid_patch_that_resolves_and_says_what_it_does():
     for target in (KERNEL, HOST, CLASS, "kernels.block_table:_slot_mapping_kernel", "kernels.spec.slots:RequestSlots",
                    "kernels.spec.depth:AcceptanceLengthController"):  # two equal lines, one before a blank line

@@ -96,6 +96,21 @@ def _small_decode(rng, device, launch):
     return attention_families.decode(rng, "cpu", launch)
 
 
+def _heads_off_group(rng, inputs):
+    """Caches of twice their KV heads (an even count) under a query and out of one head past twice theirs (an odd
+    count): no whole GQA group per KV head, where everything else agrees."""
+    for name in ("k_cache", "v_cache"):
+        inputs[name] = torch.cat([inputs[name]] * 2, 2)
+    for name in ("query", "out"):
+        inputs[name] = torch.cat([inputs[name], inputs[name], inputs[name][:, :1]], 1)
+
+
+def _v_cache_row_padded(rng, inputs):
+    """The V cache as a row-padded view: k_cache's shape and a unit innermost stride, in another layout."""
+    v = inputs["v_cache"]
+    inputs["v_cache"] = torch.cat([v, v], -1)[..., :v.shape[-1]]
+
+
 PAGED_ATTENTION_REFUSALS = refusal_family(attention_families.decode, (
     retyped("out", torch.float16, torch.float32),
     retyped("k_cache", torch.float16, torch.float32),
@@ -127,6 +142,10 @@ PAGED_ATTENTION_REFUSALS = refusal_family(attention_families.decode, (
         emptied({"query_start_loc": 0}, "query_start_loc without entries (not even the batch's start)",
                 refused="query_start_loc"),
         *replaced("block_n", (8,), "block_n below the smallest matrix-product tile"))),
+    # each of a two-part guard's parts on its own (appended: the cases above keep their draws)
+    Corruption("query", "query heads no whole number of groups over the caches' KV heads", _heads_off_group),
+    *resized("out", 2, (-1, 1), "out one head dim off the query"),
+    Corruption("v_cache", "v_cache of k_cache's shape as a row-padded view (other strides)", _v_cache_row_padded),
 ), "paged_attention")
 
 

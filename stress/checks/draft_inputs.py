@@ -91,6 +91,9 @@ PREPARE_REFUSALS = refusal_family(di_families.decode, (
     *replaced("max_model_len", NOT_POSITIVE, "max_model_len not a positive int"),
     *replaced("block", (3,), "block not a power of two"),
     *replaced("num_warps", (3,), "num_warps not a power of two"),
+    # the twins of each output not covered above (appended: the cases above keep their draws)
+    *resized("positions", 0, (-1, 1), "positions one entry off input_ids"),
+    *resized("sample_pos", 0, (-1, 1), "sample_pos one entry off sample_indices"),
 ), "prepare_draft_inputs")
 
 

@@ -81,6 +81,8 @@ WRITE_KV_REFUSALS = refusal_family(kv_families.pad, (
     _separate_v_cache(lambda v: torch.stack([v, v], -1)[..., 0], "a V cache of innermost stride 2"),
     retyped("kv_cache", torch.float16, torch.float32, refused="k_cache"),
     retyped("key", torch.float16, torch.float32),  # unlike the other three: named, not the first compared with it
+    # value's one dimension not covered above (appended: the cases above keep their draws)
+    *resized("value", 1, (-1, 1), "value one KV head off key"),
 ), "write_kv")
 
 

@@ -78,6 +78,9 @@ VERIFY_REFUSALS = refusal_family(rejection_families.mixed, (
     retyped("seeds", torch.int32), retyped("positions", torch.int32), retyped("out_tokens", torch.int32),
     retyped("num_sampled", torch.int64), retyped("num_rejected", torch.int64), retyped("target_logits", torch.float64),
     *strided("target_logits", "draft_tokens", "out_tokens", "draft_logits"),
+    # every dimension of draft_logits' shape, not only the vocabulary (appended: the cases above keep their draws)
+    *resized("draft_logits", 0, (-1, 1), "draft_logits for one slot fewer or more than temperature"),
+    *resized("draft_logits", 1, (-1, 1), "draft_logits one step short or past k"),
 ), "verify")
 
 

@@ -72,6 +72,8 @@ GUMBEL_REFUSALS = refusal_family(sampling_families.mixed, (
     *moved("logits", "idx_mapping", "temperature", "seeds", "positions", "logits_cache", "cache_cols"),
     *strided("logits", "temperature", "seeds", "logits_cache"),  # per-row tensors hold one entry on the CPU
     retyped("idx_mapping", torch.int64), retyped("positions", torch.int32), retyped("cache_cols", torch.int64),
+    # the pairing guard's other half (appended: the cases above keep their draws)
+    *replaced("logits_cache", (None,), "cache_cols without logits_cache"),
 ), "gumbel_sample")
 
 

@@ -47,13 +47,13 @@ def add_parsers(sub) -> None:
     mt.add_argument("--operators", choices=("token", "semantic", "all"),
                     help="which class of operators: token (one-token slips), semantic (an engineer's slips: a "
                          "same-kind name, swapped arguments, a forgotten statement, a neighbouring expression, an "
-                         "index off by one) or all; each class is scored apart (default: token; with --mutant or "
+                         "index off by one, a guard one part short) or all; each class is scored apart (default: token; with --mutant or "
                          "--survivors, all)")
     mt.add_argument("--operator", action="append",
                     help="only this operator, repeatable, of the --operators class (token: cmp-flip, const, "
                          "mask-term, load-other, no-int64, barrier, min-max, cdiv-floor, index-swap, where-swap, "
                          "and-or, default; semantic: same-name, arg-swap, stmt-delete, neighbour-expr, "
-                         "boundary-shift)")
+                         "boundary-shift, guard-part)")
     mt.add_argument("--mutant", action="append", help="only this generated mutant id, repeatable (default: all)")
     mt.add_argument("--survivors", metavar="JSONL",
                     help="only the mutants that survived in this earlier run's mutate.jsonl, e.g. to hunt them "

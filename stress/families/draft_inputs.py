@@ -252,6 +252,13 @@ def big_offsets(rng, device, launch):
     return case
 
 
+def no_requests(rng, device, launch):
+    """An empty batch (B = 0) in every case, over buffers of stale values: the extra program still clears them
+    all, and no launcher step may read a live row that is not there (``zero_width`` draws it half the time)."""
+    return draft_case(rng, batch_rows=0, pad_rows=int(rng.integers(0, 4)), pad_tokens=int(rng.integers(0, 6)),
+                      note="no requests")
+
+
 FAMILIES = {"decode": decode, "padded": padded, "prefix_cache": prefix_cache, "rejected_suffix": rejected_suffix,
             "chunked_prefill": chunked_prefill, "zero_width": zero_width, "max_model_len": max_model_len,
             "null_block": null_block, "long_prefill": long_prefill, "tiles": tiles, "extremes": extremes,
@@ -259,4 +266,4 @@ FAMILIES = {"decode": decode, "padded": padded, "prefix_cache": prefix_cache, "r
             "layouts": common.laid_out(prefix_cache, "block_table", "draft_tokens"),
             # positions whose block index is the row's width, in tables whose rows are padded: only the width, not
             # the row stride, says where a row ends
-            "layouts_past_row": common.laid_out(_past_row, "block_table")}
+            "layouts_past_row": common.laid_out(_past_row, "block_table"), "no_requests": no_requests}

@@ -1,6 +1,6 @@
 """Semantic mutation operators: the slips an engineer makes that still read as sensible code. A well-typed
 name that is the wrong one, two arguments of one kind in the wrong order, a forgotten statement, the
-expression of the neighbouring line, an index off by one at a boundary. ``stress.mutate.operators`` makes the
+expression of the neighbouring line, an index off by one at a boundary, an argument check one part short. ``stress.mutate.operators`` makes the
 one-token slips; these are scored apart from them (``OPERATOR_CLASSES``).
 
 "Of the same kind" is a documented, deliberately simple type hint (``_Scope``): two attributes of one
@@ -351,11 +351,29 @@ def _range_shifts(call, src: Source) -> Iterator[Edit]:
                        f"starts `{_short(src.of(call), 40)}` one late")
 
 
+def guard_part_dropped(tree, src: Source) -> Iterator[Edit]:
+    """An argument check one part short: an operand of the test of an ``if a or b: raise`` left out (the guard
+    lets through what only that part refuses), or of an ``if a and b: raise`` (it refuses what that part lets
+    through). Deleting the whole guard is ``stmt-delete``'s; ``or`` for ``and`` is ``and-or``'s."""
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.If) and not node.orelse and len(node.body) == 1
+                and isinstance(node.body[0], ast.Raise) and isinstance(node.test, ast.BoolOp)):
+            continue
+        parts = node.test.values
+        joint = " or " if isinstance(node.test.op, ast.Or) else " and "
+        for dropped in parts:
+            kept = joint.join(f"({src.of(p)})" if isinstance(p, ast.BoolOp) else src.of(p)
+                              for p in parts if p is not dropped)
+            yield Edit(*src.span(node.test), kept,
+                       f"drops `{_short(src.of(dropped), 40)}` from the guard `{_short(src.of(node.test), 50)}`")
+
+
 OPERATORS: dict[str, Callable] = {
     "same-name": same_kind_name,
     "arg-swap": same_kind_arguments_swapped,
     "stmt-delete": effect_deleted,
     "neighbour-expr": neighbour_expression,
     "boundary-shift": boundary_shifted,
+    "guard-part": guard_part_dropped,
 }
 
