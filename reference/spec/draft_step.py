@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from reference import attention, block_table, draft_inputs, kv_cache, philox, sampling
+from reference.spec import backends, graphs
 
 # float32 error allowance per unit of the absolute-value computation; the step's measured error stays
 # under 6% of it for hidden states and under 1% for logits (CPU interpreter, every replay family)
@@ -157,3 +158,34 @@ def expected_lifetime(*, config, embed, wq, wk, wv, w_out, k_cache, v_cache, bat
     """The first pool owner's batches (every other one, from the first) in order, as ``expected_replay``."""
     return expected_replay(config=config, embed=embed, wq=wq, wk=wk, wv=wv, w_out=w_out, k_cache=k_cache,
                            v_cache=v_cache, batches=batches[::2])
+
+
+class ExpectedEagerRun(NamedTuple):
+    run: ExpectedRun
+    dispatched: tuple[tuple[str, int | None, int], ...]  # per batch: (mode, padded requests, tokens)
+
+
+def dispatched(config, setup, num_reqs: int, num_draft_tokens: int) -> tuple[str, int | None, int]:
+    """The graph a draft run of ``num_reqs`` requests at ``num_draft_tokens`` dispatches to, from the documented
+    configuration alone (docs/contracts/graphs.md#graphseager_step): nothing for an empty run, else the first
+    staged FULL graph of width depth + n_new that fits, when the backend may be captured; eager otherwise.
+    The case's two backends claim the same support on every capability, so it is judged at SM90's."""
+    if num_draft_tokens == 0 or num_reqs == 0:
+        return ("none", None, 0)
+    query_len = num_draft_tokens + (0 if config.anchor_first else 1)
+    max_query_len = config.max_draft_tokens + (0 if config.anchor_first else 1)
+    if backends.draft_graph_mode(setup.backend, 9, not config.causal) == "FULL" and num_reqs <= setup.max_num_reqs:
+        candidates = graphs.build_candidates(setup.capture_sizes, setup.max_num_reqs, max_query_len,
+                                             config.max_draft_tokens, setup.schedule, small_grid=setup.small_grid)
+        found = graphs.dispatch(candidates, num_reqs, num_reqs * query_len, query_len)
+        if found.mode == "FULL":
+            return ("full", found.num_reqs, found.num_tokens)
+    return ("none", None, num_reqs * query_len)
+
+
+def expected_eager_step(*, config, setup, embed, wq, wk, wv, w_out, k_cache, v_cache, batches) -> ExpectedEagerRun:
+    """``expected_replay``, and the graph each batch dispatches to."""
+    run = expected_replay(config=config, embed=embed, wq=wq, wk=wk, wv=wv, w_out=w_out, k_cache=k_cache,
+                          v_cache=v_cache, batches=batches)
+    return ExpectedEagerRun(run, tuple(dispatched(config, setup, len(b.idx_mapping), b.num_draft_tokens)
+                                       for b in batches))

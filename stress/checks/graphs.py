@@ -1,4 +1,5 @@
-"""Registry entries of graphs.replay and graphs.lifetime: CUDA-graph replay and graph storage lifetime (GPU only)."""
+"""Registry entries of graphs.replay and graphs.lifetime (CUDA-graph replay and graph storage lifetime, GPU only) and
+graphs.eager_step (the captured step run eagerly at its padded size, on any device)."""
 
 import dataclasses
 
@@ -13,9 +14,19 @@ _DRAFT_GRAPHS = "kernels.spec.draft_graphs:DraftGraphs"
 _STEP = "kernels.spec.draft_step:DraftStep"
 _NO_GRAPHS = "CUDA graphs need a GPU: capture, replay and the graph memory pool exist only on a CUDA device"
 _ON_GPU = {"cuda": "divergence"}
+_EVERYWHERE = {"cpu": "divergence", "cuda": "divergence"}
 # with the caching allocator off, capture fails with cudaErrorStreamCaptureInvalidated
 GRAPHS_UNCACHED = ("CUDA graph capture needs the caching allocator's private pool, which "
                     "PYTORCH_NO_CUDA_MEMORY_CACHING=1 (what makes an out-of-bounds access visible) turns off")
+
+_OWN_STEP = "the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step, "
+PADDED_ROWS_SLOT_0 = Mutant(
+    "padded-draft-rows-slot-0", "fix 3, pre-fix (docs/fixes.md#fix-3) in the draft step: padded sampling rows map to "
+    "slot 0 and write its logits cache",
+    (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
+           "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
+    oracles=_ON_GPU, families=("padded_graph",), why_not=_NO_GRAPHS,
+    path=unreachable_by_engine(_OWN_STEP + "whose padded sampling rows this bug maps to slot 0"))
 
 
 def _graph_check(name: str, contract: str, driver, reference_driver, families: dict, judge, mutants: tuple[Mutant, ...],
@@ -42,18 +53,8 @@ CHECKS = (
                    "but is left out of the graph",
                    (Patch(_STEP, "kv_cache.write_kv(", "capturing() or kv_cache.write_kv("),),
                    oracles=_ON_GPU, why_not=_NO_GRAPHS,
-                   path=unreachable_by_engine(
-                       'the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step, '
-                       'whose KV write this bug leaves out of the capture')),
-            Mutant("padded-draft-rows-slot-0", "fix 3, pre-fix (docs/fixes.md#fix-3) in the draft step: padded "
-                                               "sampling rows map to "
-                   "slot 0 and write its logits cache",
-                   (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
-                          "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
-                   oracles=_ON_GPU, families=("padded_graph",), why_not=_NO_GRAPHS,
-                   path=unreachable_by_engine(
-                       'the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step, '
-                       'whose padded sampling rows this bug maps to slot 0')),
+                   path=unreachable_by_engine(_OWN_STEP + "whose KV write this bug leaves out of the capture")),
+            PADDED_ROWS_SLOT_0,
             # the spec.backends patch, hunted where its effect shows: host-planned attention captured for
             # non-causal drafting replays with the lengths of the capture batch
             dataclasses.replace(NON_CAUSAL_CLAIMS_FULL, oracles=_ON_GPU, families=("non_causal_draft",),
@@ -79,6 +80,28 @@ CHECKS = (
                        "the engine reads a replay's results only from static buffers the graph copies its logits and "
                        'tokens into, never a backbone output after the replay: an address a later capture reuses '
                        'changes nothing it reads')),
+        ),
+    ),    Check(
+        name="graphs.eager_step",
+        contract="the draft step that graphs capture, run eagerly at the padded size its dispatch picks, equals the "
+                 "float64 reference: drafts, live hidden rows, logits cache, KV writes and the graph dispatched (CPU "
+                 "and GPU)",
+        kernel=stress.oracles.graph_replay.eager_draft_step, reference=reference.spec.draft_step.expected_eager_step,
+        families=replay_families.REPLAY_FAMILIES, outputs=(RETURN,), compare=stress.oracles.graph_replay.judge_eager,
+        repeats={"cpu": 1, "cuda": 1},
+        mutants=(
+            dataclasses.replace(PADDED_ROWS_SLOT_0, oracles=_EVERYWHERE),
+            Mutant("query-kv-not-written", "the draft step forgets the query rows' K/V write: its attention reads "
+                   "the NaN the cache holds at the block's own positions",
+                   (Patch(_STEP, "kv_cache.write_kv(", "None and kv_cache.write_kv("),), oracles=_EVERYWHERE,
+                   path=unreachable_by_engine(_OWN_STEP + "whose KV write this bug forgets")),
+            Mutant("draft-graphs-default-small-grid", "DraftGraphs builds its candidates without the small grid it "
+                   "was given (the default 32): small batches dispatch to exact graphs instead of padding to a "
+                   "capture size; the drafts are the same, the dispatch is not",
+                   (Patch(_DRAFT_GRAPHS, "schedule, small_grid=small_grid)", "schedule)"),), oracles=_EVERYWHERE,
+                   families=("padded_graph",),
+                   path=unreachable_by_engine("the engine hands DraftGraphs its own candidate table, built with "
+                                              "the small grid it was configured with")),
         ),
     ),
 )

@@ -268,6 +268,46 @@ def judge_replay(output: str, expected, got: ReplayRun):
                    [step.draft_tokens for step in expected.steps])
 
 
+
+# ---------------------------------------------------------------- the eager step alone (any device)
+
+
+class EagerRun(NamedTuple):
+    batches: tuple[tuple[str, StepRecord], ...]  # (label, what the step left) per batch
+    descriptors: tuple[tuple[str, int | None, int], ...]  # (mode, padded requests, tokens) each run dispatched
+    kv_cache: tuple[torch.Tensor, torch.Tensor]  # after every batch
+
+
+def eager_draft_step(*, config, setup: GraphSetup, embed, wq, wk, wv, w_out, k_cache, v_cache, batches) -> EagerRun:
+    """Every batch through ``DraftGraphs.run`` with nothing captured: the step runs eagerly at the padded size
+    its dispatch picks, the very work a replay would do, on any device. Static buffers poisoned before each."""
+    owner = build(config, DraftWeights(embed, wq, wk, wv, w_out), setup, k_cache, v_cache, batches)
+    records, dispatched = [], []
+    for index, batch in enumerate(batches):
+        poison(owner, batch)
+        out = owner.run(num_draft_tokens=batch.num_draft_tokens, replay=False, **batch.target(embed.device))
+        records.append((_label(index, batch, out), _record(owner, out)))
+        d = out.descriptor
+        dispatched.append((d.mode.value, d.num_reqs, d.num_tokens))
+    return EagerRun(tuple(records), tuple(dispatched), (_copy(owner.step.k_cache), _copy(owner.step.v_cache)))
+
+
+def judge_eager(output: str, expected, got: EagerRun):
+    """Each batch's drafts, live hidden rows and logits cache, and the KV cache after every batch, against
+    the float64 reference; the graph each run dispatched to against the reference's (``expected.dispatched``)."""
+    found, run = [], expected.run
+    for (label, record), step in zip(got.batches, run.steps, strict=True):
+        found += _eager_vs_reference(label, step, record.draft_tokens, record.hidden, record.logits_cache)
+    for (label, _), want, have in zip(got.batches, expected.dispatched, got.descriptors, strict=True):
+        if tuple(want) != tuple(have):
+            found.append(compare.Divergence(f"{label} dispatch", 1, [],
+                                            problem=f"ran as {have} (mode, padded requests, tokens), expected {want}"))
+    for name, have, exp, bound in (("k_cache", got.kv_cache[0], run.k_cache, run.k_bound),
+                                   ("v_cache", got.kv_cache[1], run.v_cache, run.v_bound)):
+        found.append(within(f"{name} after every batch (eager vs reference)", exp, bound, have))
+    return verdict(output, found, [], [step.draft_tokens for step in run.steps])
+
+
 # ---------------------------------------------------------------- lifetime in a shared pool
 
 
