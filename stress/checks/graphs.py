@@ -88,7 +88,7 @@ CHECKS = (
                  "and GPU)",
         kernel=stress.oracles.graph_replay.eager_draft_step, reference=reference.spec.draft_step.expected_eager_step,
         families=replay_families.REPLAY_FAMILIES, outputs=(RETURN,), compare=stress.oracles.graph_replay.judge_eager,
-        repeats={"cpu": 1, "cuda": 1},
+        repeats={"cpu": 1, "cuda": 1}, iteration_share=0.5,  # a case runs 5 to 12 batches of the whole draft step
         mutants=(
             dataclasses.replace(PADDED_ROWS_SLOT_0, oracles=_EVERYWHERE),
             Mutant("query-kv-not-written", "the draft step forgets the query rows' K/V write: its attention reads "
