@@ -163,6 +163,7 @@ def expected_lifetime(*, config, embed, wq, wk, wv, w_out, k_cache, v_cache, bat
 class ExpectedEagerRun(NamedTuple):
     run: ExpectedRun
     dispatched: tuple[tuple[str, int | None, int], ...]  # per batch: (mode, padded requests, tokens)
+    to_capture: tuple[tuple[int, int, int], ...]  # (requests, tokens, width) of every graph to capture, sorted
 
 
 def dispatched(config, setup, num_reqs: int, num_draft_tokens: int) -> tuple[str, int | None, int]:
@@ -172,20 +173,40 @@ def dispatched(config, setup, num_reqs: int, num_draft_tokens: int) -> tuple[str
     The case's two backends claim the same support on every capability, so it is judged at SM90's."""
     if num_draft_tokens == 0 or num_reqs == 0:
         return ("none", None, 0)
-    query_len = num_draft_tokens + (0 if config.anchor_first else 1)
-    max_query_len = config.max_draft_tokens + (0 if config.anchor_first else 1)
-    if backends.draft_graph_mode(setup.backend, 9, not config.causal) == "FULL" and num_reqs <= setup.max_num_reqs:
-        candidates = graphs.build_candidates(setup.capture_sizes, setup.max_num_reqs, max_query_len,
-                                             config.max_draft_tokens, setup.schedule, small_grid=setup.small_grid)
+    query_len = num_draft_tokens + _new_tokens(config)
+    candidates = _candidates(config, setup)
+    if candidates is not None and num_reqs <= setup.max_num_reqs:
         found = graphs.dispatch(candidates, num_reqs, num_reqs * query_len, query_len)
         if found.mode == "FULL":
             return ("full", found.num_reqs, found.num_tokens)
     return ("none", None, num_reqs * query_len)
 
 
+def to_capture(config, setup) -> tuple[tuple[int, int, int], ...]:
+    """The FULL graphs a capture records: every staged one of depth 1..K (a depth-0 band drafts nothing), none
+    when the backend may not be captured."""
+    candidates = _candidates(config, setup)
+    staged = [] if candidates is None else candidates.full
+    return tuple(sorted((d.num_reqs, d.num_tokens, d.uniform) for d in staged
+                        if 1 <= d.uniform - _new_tokens(config) <= config.max_draft_tokens))
+
+
+def _new_tokens(config) -> int:
+    return 0 if config.anchor_first else 1
+
+
+def _candidates(config, setup):
+    """The draft's staged graphs (Q = K + n_new wide at most), or None when its backend may not be captured."""
+    if backends.draft_graph_mode(setup.backend, 9, not config.causal) != "FULL":
+        return None
+    max_query_len = config.max_draft_tokens + _new_tokens(config)
+    return graphs.build_candidates(setup.capture_sizes, setup.max_num_reqs, max_query_len, config.max_draft_tokens,
+                                   setup.schedule, small_grid=setup.small_grid)
+
+
 def expected_eager_step(*, config, setup, embed, wq, wk, wv, w_out, k_cache, v_cache, batches) -> ExpectedEagerRun:
-    """``expected_replay``, and the graph each batch dispatches to."""
+    """``expected_replay``, the graph each batch dispatches to and the graphs a capture records."""
     run = expected_replay(config=config, embed=embed, wq=wq, wk=wk, wv=wv, w_out=w_out, k_cache=k_cache,
                           v_cache=v_cache, batches=batches)
     return ExpectedEagerRun(run, tuple(dispatched(config, setup, len(b.idx_mapping), b.num_draft_tokens)
-                                       for b in batches))
+                                       for b in batches), to_capture(config, setup))

@@ -276,6 +276,7 @@ class EagerRun(NamedTuple):
     batches: tuple[tuple[str, StepRecord], ...]  # (label, what the step left) per batch
     descriptors: tuple[tuple[str, int | None, int], ...]  # (mode, padded requests, tokens) each run dispatched
     kv_cache: tuple[torch.Tensor, torch.Tensor]  # after every batch
+    to_capture: tuple[tuple[int, int, int], ...]  # (requests, tokens, width) of every graph capture() would record
 
 
 def eager_draft_step(*, config, setup: GraphSetup, embed, wq, wk, wv, w_out, k_cache, v_cache, batches) -> EagerRun:
@@ -289,12 +290,15 @@ def eager_draft_step(*, config, setup: GraphSetup, embed, wq, wk, wv, w_out, k_c
         records.append((_label(index, batch, out), _record(owner, out)))
         d = out.descriptor
         dispatched.append((d.mode.value, d.num_reqs, d.num_tokens))
-    return EagerRun(tuple(records), tuple(dispatched), (_copy(owner.step.k_cache), _copy(owner.step.v_cache)))
+    to_capture = tuple(sorted((d.num_reqs, d.num_tokens, d.uniform) for d in owner.descriptors))
+    return EagerRun(tuple(records), tuple(dispatched), (_copy(owner.step.k_cache), _copy(owner.step.v_cache)),
+                    to_capture)
 
 
 def judge_eager(output: str, expected, got: EagerRun):
     """Each batch's drafts, live hidden rows and logits cache, and the KV cache after every batch, against
-    the float64 reference; the graph each run dispatched to against the reference's (``expected.dispatched``)."""
+    the float64 reference; the graph each run dispatched to, and the graphs a capture would record, against the
+    reference's (``expected.dispatched``, ``expected.to_capture``)."""
     found, run = [], expected.run
     for (label, record), step in zip(got.batches, run.steps, strict=True):
         found += _eager_vs_reference(label, step, record.draft_tokens, record.hidden, record.logits_cache)
@@ -302,6 +306,9 @@ def judge_eager(output: str, expected, got: EagerRun):
         if tuple(want) != tuple(have):
             found.append(compare.Divergence(f"{label} dispatch", 1, [],
                                             problem=f"ran as {have} (mode, padded requests, tokens), expected {want}"))
+    if tuple(expected.to_capture) != tuple(got.to_capture):
+        found.append(compare.Divergence("graphs to capture", 1, [], problem=f"{list(got.to_capture)} (requests, "
+                                        f"tokens, width), expected {list(expected.to_capture)}"))
     for name, have, exp, bound in (("k_cache", got.kv_cache[0], run.k_cache, run.k_bound),
                                    ("v_cache", got.kv_cache[1], run.v_cache, run.v_bound)):
         found.append(within(f"{name} after every batch (eager vs reference)", exp, bound, have))
