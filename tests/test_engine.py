@@ -172,7 +172,8 @@ WANTED = {"shared_prefix": {"restored prefix", "shifted"},
           "dsd_bands": {"depth 0", "drafting", "rejections undrafted"}, "long_context": {"clamped"},
           "seeded_sampling": {"drafting"},
           "padded_graphs": {"padded graph", "drafting"},
-          "sampling_churn": {"temperature handed over", "drafting"}, "dspark_dispatch": {"full draft graph", "drafting"}}
+          "sampling_churn": {"temperature handed over", "drafting"},
+          "dspark_dispatch": {"full draft graph", "drafting"}}
 
 
 # The scheduler's input classes the newer families exist for, each proven reached by a generated one-line slip

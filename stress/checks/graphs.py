@@ -85,7 +85,7 @@ CHECKS = (
         name="graphs.eager_step",
         contract="the draft step that graphs capture, run eagerly at the padded size its dispatch picks, equals the "
                  "float64 reference: drafts, live hidden rows, logits cache, KV writes, the graph dispatched and the "
-                 "graphs to capture (CPU and GPU)",
+                 "graphs to capture, whose warm-ups write nothing (CPU and GPU)",
         kernel=stress.oracles.graph_replay.eager_draft_step, reference=reference.spec.draft_step.expected_eager_step,
         families=replay_families.REPLAY_FAMILIES, outputs=(RETURN,), compare=stress.oracles.graph_replay.judge_eager,
         repeats={"cpu": 1, "cuda": 1}, iteration_share=0.5,  # a case runs 5 to 12 batches of the whole draft step
@@ -96,11 +96,18 @@ CHECKS = (
                    (Patch(_STEP, "kv_cache.write_kv(", "None and kv_cache.write_kv("),), oracles=_EVERYWHERE,
                    path=unreachable_by_engine(_OWN_STEP + "whose KV write this bug forgets")),
             Mutant("depth-0-graphs-captured", "fix 1's other half in DraftGraphs: the graphs of a depth-0 band "
-                   "(DFlash's bonus-only width 1) are captured, though that band drafts nothing",
+                   "(DFlash's bonus-only width 1) are staged for capture, whose warm-up of a 0-token draft fails",
                    (Patch(_DRAFT_GRAPHS, "1 <= self.depth(d) <= kmax", "0 <= self.depth(d) <= kmax"),),
-                   oracles=_EVERYWHERE, families=("zero_width_band",),
+                   oracles={"cpu": "crash", "cuda": "crash"}, families=("zero_width_band",),
                    path=unreachable_by_engine("the engine's CPU steps capture nothing, and on the GPU a graph "
                                               "that is never dispatched changes no recorded field")),
+            Mutant("warm-up-writes-null-block", "a capture's dummy inputs map the query rows to slot 0 instead of "
+                   "PAD: every warm-up writes K/V into the null block",
+                   (Patch(_STEP, "buf.query_slot_mapping[:num_tokens] = -1",
+                          "buf.query_slot_mapping[:num_tokens] = 0"),),
+                   oracles=_EVERYWHERE,
+                   path=unreachable_by_engine("the engine's capture warm-up runs its own dummy inputs "
+                                              "(kernels.spec.engine), not kernels.spec.draft_step's")),
             Mutant("draft-graphs-default-small-grid", "DraftGraphs builds its candidates without the small grid it "
                    "was given (the default 32): small batches dispatch to exact graphs instead of padding to a "
                    "capture size; the drafts are the same, the dispatch is not",

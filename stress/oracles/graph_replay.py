@@ -277,12 +277,22 @@ class EagerRun(NamedTuple):
     descriptors: tuple[tuple[str, int | None, int], ...]  # (mode, padded requests, tokens) each run dispatched
     kv_cache: tuple[torch.Tensor, torch.Tensor]  # after every batch
     to_capture: tuple[tuple[int, int, int], ...]  # (requests, tokens, width) of every graph capture() would record
+    warm_ups: tuple["WarmUp", ...]  # each capture's warm-up, in capture order
+
+
+class WarmUp(NamedTuple):
+    label: str
+    kv_before: tuple[torch.Tensor, torch.Tensor]
+    kv_after: tuple[torch.Tensor, torch.Tensor]
+    logits_cache: torch.Tensor  # after the warm-up; all NaN (poisoned) before it
 
 
 def eager_draft_step(*, config, setup: GraphSetup, embed, wq, wk, wv, w_out, k_cache, v_cache, batches) -> EagerRun:
     """Every batch through ``DraftGraphs.run`` with nothing captured: the step runs eagerly at the padded size
     its dispatch picks, the very work a replay would do, on any device. Static buffers poisoned before each."""
     owner = build(config, DraftWeights(embed, wq, wk, wv, w_out), setup, k_cache, v_cache, batches)
+    order = sorted(owner.descriptors, key=lambda d: (d.num_tokens, d.uniform), reverse=True)  # capture()'s order
+    warm_ups = tuple(_warm_up(owner, desc, batches[0]) for desc in order)
     records, dispatched = [], []
     for index, batch in enumerate(batches):
         poison(owner, batch)
@@ -292,13 +302,27 @@ def eager_draft_step(*, config, setup: GraphSetup, embed, wq, wk, wv, w_out, k_c
         dispatched.append((d.mode.value, d.num_reqs, d.num_tokens))
     to_capture = tuple(sorted((d.num_reqs, d.num_tokens, d.uniform) for d in owner.descriptors))
     return EagerRun(tuple(records), tuple(dispatched), (_copy(owner.step.k_cache), _copy(owner.step.v_cache)),
-                    to_capture)
+                    to_capture, warm_ups)
+
+
+def _warm_up(owner, desc, batch) -> WarmUp:
+    """The warm-up ``DraftGraphs.capture`` runs before capturing ``desc`` (dummy inputs, the backend's plan, one
+    forward), run here over buffers poisoned first: its dummy inputs must reset everything it reads, and it
+    must leave the KV cache and the logits cache as they were."""
+    step = owner.step
+    poison(owner, batch)
+    before = (_copy(step.k_cache), _copy(step.v_cache))
+    step.reset_for_capture(desc.num_reqs, owner.depth(desc))
+    step.backend.plan(step.metadata(desc.num_reqs))
+    owner.forward(desc.num_reqs, owner.depth(desc))
+    label = f"capture warm-up of FULL(num_reqs={desc.num_reqs}, num_tokens={desc.num_tokens})"
+    return WarmUp(label, before, (_copy(step.k_cache), _copy(step.v_cache)), _copy(step.logits_cache))
 
 
 def judge_eager(output: str, expected, got: EagerRun):
     """Each batch's drafts, live hidden rows and logits cache, and the KV cache after every batch, against
     the float64 reference; the graph each run dispatched to, and the graphs a capture would record, against the
-    reference's (``expected.dispatched``, ``expected.to_capture``)."""
+    reference's (``expected.dispatched``, ``expected.to_capture``); each capture's warm-up wrote nothing."""
     found, run = [], expected.run
     for (label, record), step in zip(got.batches, run.steps, strict=True):
         found += _eager_vs_reference(label, step, record.draft_tokens, record.hidden, record.logits_cache)
@@ -306,6 +330,11 @@ def judge_eager(output: str, expected, got: EagerRun):
         if tuple(want) != tuple(have):
             found.append(compare.Divergence(f"{label} dispatch", 1, [],
                                             problem=f"ran as {have} (mode, padded requests, tokens), expected {want}"))
+    for warm in got.warm_ups:
+        found += [compare.exact(f"{warm.label} {name} (no write)", was, now)
+                  for name, was, now in zip(("k_cache", "v_cache"), warm.kv_before, warm.kv_after, strict=True)]
+        found.append(compare.exact(f"{warm.label} logits_cache (no write)",
+                                   torch.full_like(warm.logits_cache, math.nan), warm.logits_cache))
     if tuple(expected.to_capture) != tuple(got.to_capture):
         found.append(compare.Divergence("graphs to capture", 1, [], problem=f"{list(got.to_capture)} (requests, "
                                         f"tokens, width), expected {list(expected.to_capture)}"))
