@@ -597,8 +597,10 @@ def dspark_dispatch(rng, device, launch):
     """The combined draws with DSpark's layout (Q = K, no bonus row) and the draft dispatched eagerly on a
     backend that may be captured: every draft step looks up a FULL graph of width depth, where the target's
     graphs have width depth + 1 and DFlash's draft the same as the target's, so a slip between the two
-    widths (or between K, Q and 1 + K) shows only here and in the rare combined case that draws both."""
-    features = draw_features(rng) | {"layout": "dspark", "graphs": "eager"}
+    widths (or between K, Q and 1 + K) shows only here and in the rare combined case that draws both. Its depth is
+    K at every step: with depths that vary (bands, adaptive) the draft's widths and the target's overlap, and a
+    step whose width both have dispatches alike."""
+    features = draw_features(rng) | {"layout": "dspark", "graphs": "eager", "depth": "fixed"}
     return _combined_case(rng, device, features, backends=CAPTURABLE_OFFERS)
 
 
