@@ -173,7 +173,7 @@ def test_host_planned_attention_uses_the_lengths_of_its_last_plan(device):
     assert not torch.allclose(stale, fresh, rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("check_name", ["graphs.replay", "graphs.lifetime"])
+@pytest.mark.parametrize("check_name", ["graphs.replay", "graphs.lifetime", "graphs.eager_step"])
 def test_every_planted_bug_reaches_what_the_drivers_build(check_name, device):
     """The drivers look their classes up when they build, so a patched class is the one that runs."""
     check = checks.get(check_name)

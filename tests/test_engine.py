@@ -126,13 +126,18 @@ def _run(family, seed, mutant=None):
 def _features(case, records) -> set[str]:
     """What a replay exercised, from its records."""
     config, found = case.inputs["config"], set()
-    slots_before, cached = {}, 0
+    slots_before, cached, holder = {}, 0, {}
+    greedy = [r["temperature"] == 0 for r in case.inputs["requests"]]
     for r in records:
         slot_of = r["slots.slot_of_request"].tolist()
         for req, slot in enumerate(slot_of):
             if slots_before.get(req, -1) >= 0 and slot < 0 and r["batch.request"].numel():
                 found.add("released")
             slots_before[req] = slot
+            if slot >= 0:
+                if holder.get(slot, req) != req and greedy[holder[slot]] != greedy[req]:
+                    found.add("temperature handed over")  # a slot passed between a sampled and a greedy request
+                holder[slot] = req
         if "idx_mapping" not in r:
             continue
         live_cached = r["slots.num_cached_tokens"][r["idx_mapping"].long()]
@@ -156,6 +161,8 @@ def _features(case, records) -> set[str]:
         graph = r.get("draft.graph")
         if graph is not None and int(graph[0]) == 2 and int(graph[2]) > tokens.numel():
             found.add("padded graph")
+        if graph is not None and int(graph[0]) == 2:
+            found.add("full draft graph")
     return found
 
 
@@ -164,7 +171,9 @@ WANTED = {"shared_prefix": {"restored prefix", "shifted"},
           "preempt_resume": {"restored prefix", "shifted"}, "mixed_prefill_decode": {"prefill beside decode"},
           "dsd_bands": {"depth 0", "drafting", "rejections undrafted"}, "long_context": {"clamped"},
           "seeded_sampling": {"drafting"},
-          "padded_graphs": {"padded graph", "drafting"}}
+          "padded_graphs": {"padded graph", "drafting"},
+          "sampling_churn": {"temperature handed over", "drafting"},
+          "dspark_dispatch": {"full draft graph", "drafting"}}
 
 
 # The scheduler's input classes the newer families exist for, each proven reached by a generated one-line slip
@@ -201,7 +210,7 @@ def test_scheduler_families_kill_the_slip_only_their_class_shows(family, mutant)
 
 
 # Families with temperatures above 0: acceptance below 100%
-SAMPLED = {"seeded_sampling", "padded_graphs", "dsd_bands", "unaligned_prefix"}
+SAMPLED = {"seeded_sampling", "padded_graphs", "dsd_bands", "unaligned_prefix", "sampling_churn", "dspark_dispatch"}
 
 
 @pytest.mark.parametrize("family", sorted(WANTED))

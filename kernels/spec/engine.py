@@ -41,7 +41,7 @@ PREP_OUTPUTS = ("context_positions", "context_slot_mapping", "input_ids", "posit
 # drafting).
 RECORD_FIELDS = (
     "slots.slot_of_request",  # [num requests]: slot of each request, -1 when it holds none
-    "slots.free", "slots.seeds", "slots.num_cached_tokens",  # the free list in order; per-slot state
+    "slots.free", "slots.seeds", "slots.temperature", "slots.num_cached_tokens",  # the free list; per-slot state
     "batch.request", "batch.num_tokens", "idx_mapping",  # per batch row: request number, tokens, slot
     "target.graph",  # the graph descriptor the target batch dispatches to (see _descriptor)
     "target.input_ids", "target.positions", "target.query_start_loc", "target.seq_lens", "target.block_table",
@@ -227,6 +227,7 @@ class Engine:
         record["slots.slot_of_request"] = torch.from_numpy(slot_of)
         record["slots.free"] = torch.tensor(self.slots.free_slots, dtype=torch.int64)
         record["slots.seeds"] = torch.from_numpy(self.slots.seeds.copy())
+        record["slots.temperature"] = _snap(self.temperature)  # what the samplers read, every slot
         record["slots.num_cached_tokens"] = torch.from_numpy(self.slots.num_cached_tokens.copy())
 
     def _target_step(self, batch, idx_mapping, record) -> dict:

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 
 from reference import attention, block_table, draft_inputs, kv_cache, philox, sampling
+from reference.spec import backends, graphs
 
 # float32 error allowance per unit of the absolute-value computation; the step's measured error stays
 # under 6% of it for hidden states and under 1% for logits (CPU interpreter, every replay family)
@@ -79,7 +80,11 @@ def _t(values, dtype) -> torch.Tensor:
 
 def query_len(config, num_draft_tokens: int) -> int:
     """Query rows per request: the drafts, plus DFlash's bonus row (none in anchor-first mode)."""
-    return num_draft_tokens + (0 if config.anchor_first else 1)
+    return num_draft_tokens + _new_tokens(config)
+
+
+def _new_tokens(config) -> int:
+    return 0 if config.anchor_first else 1
 
 
 def prepared_inputs(config, batch) -> dict | None:
@@ -167,3 +172,51 @@ def expected_lifetime(*, config, embed, wq, wk, wv, w_out, k_cache, v_cache, bat
     """The first pool owner's batches (every other one, from the first) in order, as ``expected_replay``."""
     return expected_replay(config=config, embed=embed, wq=wq, wk=wk, wv=wv, w_out=w_out, k_cache=k_cache,
                            v_cache=v_cache, batches=batches[::2])
+
+
+class ExpectedEagerRun(NamedTuple):
+    run: ExpectedRun
+    dispatched: tuple[tuple[str, int | None, int], ...]  # per batch: (mode, padded requests, tokens)
+    to_capture: tuple[tuple[int, int, int], ...]  # (requests, tokens, width) of every graph to capture, sorted
+
+
+def dispatched(config, setup, num_reqs: int, num_draft_tokens: int) -> tuple[str, int | None, int]:
+    """The graph a draft run of ``num_reqs`` requests at ``num_draft_tokens`` dispatches to, from the documented
+    configuration alone (docs/contracts/graphs.md#graphseager_step): nothing for an empty run, else the first
+    staged FULL graph of width depth + n_new that fits, when the backend may be captured; eager otherwise.
+    The case's two backends claim the same support on every capability, so it is judged at SM90's."""
+    if num_draft_tokens == 0 or num_reqs == 0:
+        return ("none", None, 0)
+    width = query_len(config, num_draft_tokens)
+    candidates = _candidates(config, setup)
+    if candidates is not None and num_reqs <= setup.max_num_reqs:
+        found = graphs.dispatch(candidates, num_reqs, num_reqs * width, width)
+        if found.mode == "FULL":
+            return ("full", found.num_reqs, found.num_tokens)
+    return ("none", None, num_reqs * width)
+
+
+def to_capture(config, setup) -> tuple[tuple[int, int, int], ...]:
+    """The FULL graphs a capture records: every staged one of depth 1..K (a depth-0 band drafts nothing), none
+    when the backend may not be captured."""
+    candidates = _candidates(config, setup)
+    staged = [] if candidates is None else candidates.full
+    return tuple(sorted((d.num_reqs, d.num_tokens, d.uniform) for d in staged
+                        if 1 <= d.uniform - _new_tokens(config) <= config.max_draft_tokens))
+
+
+def _candidates(config, setup):
+    """The draft's staged graphs (Q = K + n_new wide at most), or None when its backend may not be captured."""
+    if backends.draft_graph_mode(setup.backend, 9, not config.causal) != "FULL":
+        return None
+    max_query_len = query_len(config, config.max_draft_tokens)
+    return graphs.build_candidates(setup.capture_sizes, setup.max_num_reqs, max_query_len, config.max_draft_tokens,
+                                   setup.schedule, small_grid=setup.small_grid)
+
+
+def expected_eager_step(*, config, setup, embed, wq, wk, wv, w_out, k_cache, v_cache, batches) -> ExpectedEagerRun:
+    """``expected_replay``, the graph each batch dispatches to and the graphs a capture records."""
+    run = expected_replay(config=config, embed=embed, wq=wq, wk=wk, wv=wv, w_out=w_out, k_cache=k_cache,
+                          v_cache=v_cache, batches=batches)
+    return ExpectedEagerRun(run, tuple(dispatched(config, setup, len(b.idx_mapping), b.num_draft_tokens)
+                                       for b in batches), to_capture(config, setup))

@@ -245,6 +245,8 @@ class ReferenceEngine:
                                                        dtype=torch.int64)
         record["slots.free"] = torch.tensor(self.slots.free_stack, dtype=torch.int64)
         record["slots.seeds"] = self.seeds.clone()
+        record["slots.temperature"] = torch.tensor(self.temperature, dtype=torch.float32)
+        self.tolerance["slots.temperature"] = torch.zeros(len(self.temperature), dtype=torch.float64)  # copied: exact
         record["slots.num_cached_tokens"] = self.num_cached.clone()
         record["batch.request"] = torch.tensor([r["index"] for r, _ in batch], dtype=torch.int64)
         record["batch.num_tokens"] = torch.tensor([n for _, n in batch], dtype=torch.int32)

@@ -122,6 +122,15 @@ CHECKS = (
                    (Patch(_ENGINE, "cached_q = self.draft_logits[:, :num_drafts]",
                           "cached_q = self.draft_logits[:, -num_drafts:]"),),
                    oracles=EVERYWHERE, families=("budget_cut_cache",)),
+            Mutant("temperature-of-first-holder", "a slot keeps the first non-zero temperature it was given: a "
+                   "request admitted to a slot a sampled request freed samples at that request's temperature",
+                   (Patch(_ENGINE, "self.temperature[slot] = req.temperature",
+                          "self.temperature[slot] = float(self.temperature[slot]) or req.temperature"),),
+                   oracles=EVERYWHERE, families=("sampling_churn",)),
+            Mutant("draft-width-with-bonus", "the eager draft dispatch takes every layout's query width as depth "
+                   "+ 1: right for DFlash, one too many for DSpark",
+                   (Patch(_ENGINE, "q = step_depth + self.new_tokens", "q = step_depth + 1"),),
+                   oracles=EVERYWHERE, families=("dspark_dispatch",)),
             Mutant("draft-graphs-never-captured", "the engine builds its draft graphs but never captures them: "
                    "every step dispatched to a FULL graph drafts the same tokens eagerly, without the replay",
                    (Patch(_ENGINE, "self.graphs.capture()", "self.graphs.clear()"),),

@@ -1,4 +1,5 @@
-"""Registry entries of graphs.replay and graphs.lifetime: CUDA-graph replay and graph storage lifetime (GPU only)."""
+"""Registry entries of graphs.replay and graphs.lifetime (CUDA-graph replay and graph storage lifetime, GPU only) and
+graphs.eager_step (the captured step run eagerly at its padded size, on any device)."""
 
 import dataclasses
 
@@ -13,9 +14,19 @@ _DRAFT_GRAPHS = "kernels.spec.draft_graphs:DraftGraphs"
 _STEP = "kernels.spec.draft_step:DraftStep"
 _NO_GRAPHS = "CUDA graphs need a GPU: capture, replay and the graph memory pool exist only on a CUDA device"
 _ON_GPU = {"cuda": "divergence"}
+_EVERYWHERE = {"cpu": "divergence", "cuda": "divergence"}
 # with the caching allocator off, capture fails with cudaErrorStreamCaptureInvalidated
 GRAPHS_UNCACHED = ("CUDA graph capture needs the caching allocator's private pool, which "
                     "PYTORCH_NO_CUDA_MEMORY_CACHING=1 (what makes an out-of-bounds access visible) turns off")
+
+_OWN_STEP = "the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step, "
+PADDED_ROWS_SLOT_0 = Mutant(
+    "padded-draft-rows-slot-0", "fix 3, pre-fix (docs/fixes.md#fix-3) in the draft step: padded sampling rows map to "
+    "slot 0 and write its logits cache",
+    (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
+           "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
+    oracles=_ON_GPU, families=("padded_graph",), why_not=_NO_GRAPHS,
+    path=unreachable_by_engine(_OWN_STEP + "whose padded sampling rows this bug maps to slot 0"))
 
 
 def _graph_check(name: str, contract: str, driver, reference_driver, families: dict, judge, mutants: tuple[Mutant, ...],
@@ -27,44 +38,7 @@ def _graph_check(name: str, contract: str, driver, reference_driver, families: d
                  skips=(Skip(_NO_GRAPHS, device="cpu"), Skip(GRAPHS_UNCACHED, tool=SANITIZER)))
 
 
-_OWN_STEP = "the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step"
-# slips in the draft step itself, which the eager step shows on the CPU and graphs.replay on the GPU
-_PADDED_ROWS_SLOT_0 = Mutant(
-    "padded-draft-rows-slot-0", "fix 3, pre-fix (docs/fixes.md#fix-3) in the draft step: padded sampling rows map to "
-                                "slot 0 and write its logits cache",
-    (Patch(_STEP, "buf.sample_idx_mapping[:num_rows], self.temperature",
-           "buf.sample_idx_mapping[:num_rows].clamp(min=0), self.temperature"),),
-    oracles={}, families=("padded_graph",),
-    path=unreachable_by_engine(f"{_OWN_STEP}, whose padded sampling rows this bug maps to slot 0"))
-_SCALE_FROM_HIDDEN = Mutant(
-    "draft-scale-from-hidden", "the draft attention's scale is taken from hidden_size / num_heads instead of head_dim: "
-                         "the same number only in a model whose head dim is its hidden size over its heads",
-    (Patch(_STEP, "scale=c.scale", "scale=(c.hidden_size // c.num_heads) ** -0.5"),),
-    oracles={}, path=unreachable_by_engine(f"{_OWN_STEP}, whose attention scale this bug changes"))
-_HOST_PLANNED_VALUES_FROM_KEYS = Mutant(
-    "host-planned-values-from-keys", "the host-planned backend gathers its values from the key cache (the line "
-                                     "above's): attention weights the keys instead of the values",
-    (Patch("kernels.spec.attention_backends:HostPlannedBackend", "values = v_cache.index_select(",
-           "values = k_cache.index_select("),),
-    oracles={}, families=("non_causal_draft",),
-    path=unreachable_by_engine(f"{_OWN_STEP}; its attention backends are the draft step's"))
-_EAGER_ON_GPU = ("graphs.replay judges this same eager step against the same reference on the GPU, beside its "
-                 "replays: running it twice would judge nothing more")
-_ON_CPU = {"cpu": "divergence"}
-
-
 CHECKS = (
-    Check(
-        name="graphs.eager_step",
-        contract="the draft step, run eagerly at the padded size its graph dispatch picks, equals the float64 "
-                 "reference (on the GPU graphs.replay judges it)",
-        kernel=stress.oracles.graph_replay.eager_draft_steps, reference=reference.spec.draft_step.expected_replay,
-        families=replay_families.REPLAY_FAMILIES, outputs=(RETURN,), compare=stress.oracles.graph_replay.judge_eager,
-        repeats={"cpu": 1}, skips=(Skip(_EAGER_ON_GPU, device="cuda"),),
-        iteration_share=0.2,  # a case drafts 3 to 12 batches, about 2 s under the interpreter
-        mutants=tuple(dataclasses.replace(m, oracles=_ON_CPU, why_not=_EAGER_ON_GPU)
-                      for m in (_PADDED_ROWS_SLOT_0, _SCALE_FROM_HIDDEN, _HOST_PLANNED_VALUES_FROM_KEYS)),
-    ),
     _graph_check(
         "graphs.replay", "a padded CUDA-graph replay of the draft step equals the eager step bit for bit, and the "
                          "eager step the float64 reference (GPU)",
@@ -79,12 +53,8 @@ CHECKS = (
                    "but is left out of the graph",
                    (Patch(_STEP, "kv_cache.write_kv(", "capturing() or kv_cache.write_kv("),),
                    oracles=_ON_GPU, why_not=_NO_GRAPHS,
-                   path=unreachable_by_engine(
-                       'the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step, '
-                       'whose KV write this bug leaves out of the capture')),
-            dataclasses.replace(_PADDED_ROWS_SLOT_0, oracles=_ON_GPU, why_not=_NO_GRAPHS),
-            dataclasses.replace(_SCALE_FROM_HIDDEN, oracles=_ON_GPU, why_not=_NO_GRAPHS),
-            dataclasses.replace(_HOST_PLANNED_VALUES_FROM_KEYS, oracles=_ON_GPU, why_not=_NO_GRAPHS),
+                   path=unreachable_by_engine(_OWN_STEP + "whose KV write this bug leaves out of the capture")),
+            PADDED_ROWS_SLOT_0,
             # the spec.backends patch, hunted where its effect shows: host-planned attention captured for
             # non-causal drafting replays with the lengths of the capture batch
             dataclasses.replace(NON_CAUSAL_CLAIMS_FULL, oracles=_ON_GPU, families=("non_causal_draft",),
@@ -110,6 +80,53 @@ CHECKS = (
                        "the engine reads a replay's results only from static buffers the graph copies its logits and "
                        'tokens into, never a backbone output after the replay: an address a later capture reuses '
                        'changes nothing it reads')),
+        ),
+    ),
+    Check(
+        name="graphs.eager_step",
+        contract="the draft step that graphs capture, run eagerly at the padded size its dispatch picks, equals the "
+                 "float64 reference: drafts, live hidden rows, logits cache, KV writes, the graph dispatched and the "
+                 "graphs to capture, whose warm-ups write nothing (CPU and GPU)",
+        kernel=stress.oracles.graph_replay.eager_draft_step, reference=reference.spec.draft_step.expected_eager_step,
+        families=replay_families.REPLAY_FAMILIES, outputs=(RETURN,), compare=stress.oracles.graph_replay.judge_eager,
+        repeats={"cpu": 1, "cuda": 1}, iteration_share=0.5,  # a case runs 5 to 12 batches of the whole draft step
+        mutants=(
+            dataclasses.replace(PADDED_ROWS_SLOT_0, oracles=_EVERYWHERE),
+            Mutant("query-kv-not-written", "the draft step forgets the query rows' K/V write: its attention reads "
+                   "the NaN the cache holds at the block's own positions",
+                   (Patch(_STEP, "kv_cache.write_kv(", "None and kv_cache.write_kv("),), oracles=_EVERYWHERE,
+                   path=unreachable_by_engine(_OWN_STEP + "whose KV write this bug forgets")),
+            Mutant("depth-0-graphs-captured", "fix 1's other half in DraftGraphs: the graphs of a depth-0 band "
+                   "(DFlash's bonus-only width 1) are staged for capture, whose warm-up of a 0-token draft fails",
+                   (Patch(_DRAFT_GRAPHS, "1 <= self.depth(d) <= kmax", "0 <= self.depth(d) <= kmax"),),
+                   oracles={"cpu": "crash", "cuda": "crash"}, families=("zero_width_band",),
+                   path=unreachable_by_engine("the engine's CPU steps capture nothing, and on the GPU a graph "
+                                              "that is never dispatched changes no recorded field")),
+            Mutant("warm-up-writes-null-block", "a capture's dummy inputs map the query rows to slot 0 instead of "
+                   "PAD: every warm-up writes K/V into the null block",
+                   (Patch(_STEP, "buf.query_slot_mapping[:num_tokens] = -1",
+                          "buf.query_slot_mapping[:num_tokens] = 0"),),
+                   oracles=_EVERYWHERE,
+                   path=unreachable_by_engine("the engine's capture warm-up runs its own dummy inputs "
+                                              "(kernels.spec.engine), not kernels.spec.draft_step's")),
+            Mutant("draft-scale-from-hidden", "the draft attention's scale is taken from hidden_size / num_heads "
+                   "instead of head_dim: the same number only in a model whose head dim is its hidden size over its "
+                   "heads", (Patch(_STEP, "scale=c.scale", "scale=(c.hidden_size // c.num_heads) ** -0.5"),),
+                   oracles=_EVERYWHERE,
+                   path=unreachable_by_engine(_OWN_STEP + "whose attention scale this bug changes")),
+            Mutant("host-planned-values-from-keys", "the host-planned backend gathers its values from the key cache "
+                   "(the line above's): its attention weights the keys instead of the values",
+                   (Patch("kernels.spec.attention_backends:HostPlannedBackend", "values = v_cache.index_select(",
+                          "values = k_cache.index_select("),),
+                   oracles=_EVERYWHERE, families=("non_causal_draft",),
+                   path=unreachable_by_engine(_OWN_STEP + "whose attention backends this bug reaches")),
+            Mutant("draft-graphs-default-small-grid", "DraftGraphs builds its candidates without the small grid it "
+                   "was given (the default 32): small batches dispatch to exact graphs instead of padding to a "
+                   "capture size; the drafts are the same, the dispatch is not",
+                   (Patch(_DRAFT_GRAPHS, "schedule, small_grid=small_grid)", "schedule)"),), oracles=_EVERYWHERE,
+                   families=("padded_graph",),
+                   path=unreachable_by_engine("the engine hands DraftGraphs its own candidate table, built with "
+                                              "the small grid it was configured with")),
         ),
     ),
 )

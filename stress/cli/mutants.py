@@ -47,8 +47,8 @@ def add_parsers(sub) -> None:
     mt.add_argument("--operators", choices=("token", "semantic", "all"),
                     help="which class of operators: token (one-token slips), semantic (an engineer's slips: a "
                          "same-kind name, swapped arguments, a forgotten statement, a neighbouring expression, an "
-                         "index off by one, a guard one part short) or all; each class is scored apart (default: token; with --mutant or "
-                         "--survivors, all)")
+                         "index off by one, a guard one part short) or all; each class is scored apart "
+                         "(default: token; with --mutant or --survivors, all)")
     mt.add_argument("--operator", action="append",
                     help="only this operator, repeatable, of the --operators class (token: cmp-flip, const, "
                          "mask-term, load-other, no-int64, barrier, min-max, cdiv-floor, index-swap, where-swap, "

@@ -148,6 +148,7 @@ def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, bl
 # drafts). The last offer holds none of the auto-selected backends: the engine falls back to the first offered.
 BACKEND_OFFERS = (("specsan_paged",), ("flash_attn", "flashinfer"), ("host_planned",), ("flashinfer",),
                   ("host_planned", "specsan_paged"))
+CAPTURABLE_OFFERS = (("specsan_paged",), ("flash_attn", "flashinfer"))  # the offers whose pick claims FULL graphs
 
 
 def _graph_settings(rng, max_num_reqs: int, k: int, anchor_first: bool) -> dict:
@@ -488,6 +489,24 @@ def slot_churn(rng, device, launch):
                        block_sizes=(4, 4), note="slot churn")
 
 
+def sampling_churn(rng, device, launch):
+    """Sampled and greedy requests alternating in arrival order, three for every slot, all waiting from step 0:
+    as requests finish, their freed slots go to requests of the other kind, so a slot's temperature and seed
+    must be its new holder's. The greedy model's margins make a sampled decision almost always the argmax, so
+    the recorded per-slot state is what shows a value kept from the previous holder."""
+    slots = _sized(device, 3, 8)
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=0, max_new=int(rng.integers(2, 6)),
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(4, 10))),
+                        temperature=float(pick(rng, (0.7, 1.0, 2.0))) if i % 2 == 0 else 0.0)
+                for i in range(3 * slots)]
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 8, 12), max_num_reqs=slots,
+                       budget=_sized(device, 64, 2048), block_sizes=(4, 4) if not big(device) else (16, 16),
+                       k=_sized(device, 2, 4), probabilistic=bool(rng.integers(2)), note="sampled and greedy churn")
+
+
 def padded_graphs(rng, device, launch):
     """The draft through ``DraftGraphs``: captured once per graph shape and replayed at padded sizes on the
     GPU (the same padded path eagerly elsewhere). Batches grow and shrink across coarse capture sizes
@@ -571,7 +590,23 @@ def combined(rng, device, launch):
     half or twice the target's. Slips that need two features together (a DSD depth in a step whose budget
     leaves running requests out, preemption of a request on a shared prefix, graphs over chunked
     prefill, drafts cut at the length limit) meet them here."""
-    f = draw_features(rng)
+    return _combined_case(rng, device, draw_features(rng))
+
+
+def dspark_dispatch(rng, device, launch):
+    """The combined draws with DSpark's layout (Q = K, no bonus row) and the draft dispatched eagerly on a
+    backend that may be captured: every draft step looks up a FULL graph of width depth, where the target's
+    graphs have width depth + 1 and DFlash's draft the same as the target's, so a slip between the two
+    widths (or between K, Q and 1 + K) shows only here and in the rare combined case that draws both. Its depth is
+    K at every step: with depths that vary (bands, adaptive) the draft's widths and the target's overlap, and a
+    step whose width both have dispatches alike."""
+    features = draw_features(rng) | {"layout": "dspark", "graphs": "eager", "depth": "fixed"}
+    return _combined_case(rng, device, features, backends=CAPTURABLE_OFFERS)
+
+
+def _combined_case(rng, device, f: dict[str, str], backends=None):
+    """The combined case of the features ``f``; ``backends``: the draft backend offers drawn from for an eager
+    draft (None: every offer)."""
     dims, block_sizes = engine_shapes.distinct_shape(rng, device)
     bs = block_sizes[0]
     k = int(rng.integers(*_sized(device, (2, 4), (3, 6))))
@@ -609,10 +644,11 @@ def combined(rng, device, launch):
                                else max(max_new + 2 * k, _sized(device, 64, 1024) - longest))
     anchor_first = f["layout"] == "dspark"
     settings = None
-    if f["graphs"] == "graphs":
+    if f["graphs"] == "graphs" or backends is not None:
         q = k if anchor_first else k + 1
+        offered = ["specsan_paged"] if f["graphs"] == "graphs" else list(pick(rng, backends))
         settings = {"capture_sizes": sorted({q, (slots // 2 + 1) * q, slots * q}), "small_grid": 0,
-                    "capability_major": int(pick(rng, (9, 10))), "draft_backends": ["specsan_paged"]}
+                    "capability_major": int(pick(rng, (9, 10))), "draft_backends": offered}
     return engine_case(rng, device, requests, num_steps=_sized(device, 8, 12), max_num_reqs=slots, budget=budget,
                        block_sizes=block_sizes, block_share=float(pick(rng, (0.5, 0.7))) if f["blocks"] == "pressed"
                        else 1.0, k=k, anchor_first=anchor_first, probabilistic=f["verify"] == "cached",
@@ -626,4 +662,5 @@ FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix
             "seeded_sampling": seeded_sampling, "padded_graphs": padded_graphs, "prefix_chain": prefix_chain,
             "mid_prefill_hit": mid_prefill_hit, "tight_pools": tight_pools, "crowded_preemption": crowded_preemption,
             "budget_bound": budget_bound, "multi_turn": multi_turn, "combined": combined,
-            "adaptive_graphs": adaptive_graphs, "budget_cut_cache": budget_cut_cache}
+            "adaptive_graphs": adaptive_graphs, "budget_cut_cache": budget_cut_cache,
+            "dspark_dispatch": dspark_dispatch, "sampling_churn": sampling_churn}

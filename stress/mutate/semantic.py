@@ -1,7 +1,7 @@
 """Semantic mutation operators: the slips an engineer makes that still read as sensible code. A well-typed
 name that is the wrong one, two arguments of one kind in the wrong order, a forgotten statement, the
-expression of the neighbouring line, an index off by one at a boundary, an argument check one part short. ``stress.mutate.operators`` makes the
-one-token slips; these are scored apart from them (``OPERATOR_CLASSES``).
+expression of the neighbouring line, an index off by one at a boundary, an argument check one part short.
+``stress.mutate.operators`` makes the one-token slips; these are scored apart from them (``OPERATOR_CLASSES``).
 
 "Of the same kind" is a documented, deliberately simple type hint (``_Scope``): two attributes of one
 object; two names with the same annotation; two unannotated parameters (pointers, ``*_ptr``, apart); two

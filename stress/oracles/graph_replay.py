@@ -268,35 +268,80 @@ def judge_replay(output: str, expected, got: ReplayRun):
                    [step.draft_tokens for step in expected.steps])
 
 
-# ---------------------------------------------------------------- the eager step alone, on any device
+
+# ---------------------------------------------------------------- the eager step alone (any device)
 
 
 class EagerRun(NamedTuple):
-    batches: tuple[tuple[str, StepRecord], ...]  # (label, record) per batch
+    batches: tuple[tuple[str, StepRecord], ...]  # (label, what the step left) per batch
+    descriptors: tuple[tuple[str, int | None, int], ...]  # (mode, padded requests, tokens) each run dispatched
     kv_cache: tuple[torch.Tensor, torch.Tensor]  # after every batch
+    to_capture: tuple[tuple[int, int, int], ...]  # (requests, tokens, width) of every graph capture() would record
+    warm_ups: tuple["WarmUp", ...]  # each capture's warm-up, in capture order
 
 
-def eager_draft_steps(*, config, setup: GraphSetup, embed, wq, wk, wv, w_out, k_cache, v_cache, batches) -> EagerRun:
-    """Every batch through ``DraftGraphs.run(replay=False)``: the step at the padded size a replay would run,
-    over poisoned buffers, with nothing captured, so it runs where CUDA graphs do not (the CPU)."""
-    graphs = build(config, DraftWeights(embed, wq, wk, wv, w_out), setup, k_cache, v_cache, batches)
-    records = []
+class WarmUp(NamedTuple):
+    label: str
+    kv_before: tuple[torch.Tensor, torch.Tensor]
+    kv_after: tuple[torch.Tensor, torch.Tensor]
+    logits_cache: torch.Tensor  # after the warm-up; all NaN (poisoned) before it
+
+
+def eager_draft_step(*, config, setup: GraphSetup, embed, wq, wk, wv, w_out, k_cache, v_cache, batches) -> EagerRun:
+    """Every batch through ``DraftGraphs.run`` with nothing captured: the step runs eagerly at the padded size
+    its dispatch picks, the very work a replay would do, on any device. Static buffers poisoned before each."""
+    owner = build(config, DraftWeights(embed, wq, wk, wv, w_out), setup, k_cache, v_cache, batches)
+    order = sorted(owner.descriptors, key=lambda d: (d.num_tokens, d.uniform), reverse=True)  # capture()'s order
+    warm_ups = tuple(_warm_up(owner, desc, batches[0]) for desc in order)
+    records, dispatched = [], []
     for index, batch in enumerate(batches):
-        poison(graphs, batch)
-        out = graphs.run(num_draft_tokens=batch.num_draft_tokens, replay=False, **batch.target(embed.device))
-        records.append((_label(index, batch, out), _record(graphs, out)))
-    return EagerRun(tuple(records), (_copy(graphs.step.k_cache), _copy(graphs.step.v_cache)))
+        poison(owner, batch)
+        out = owner.run(num_draft_tokens=batch.num_draft_tokens, replay=False, **batch.target(embed.device))
+        records.append((_label(index, batch, out), _record(owner, out)))
+        d = out.descriptor
+        dispatched.append((d.mode.value, d.num_reqs, d.num_tokens))
+    to_capture = tuple(sorted((d.num_reqs, d.num_tokens, d.uniform) for d in owner.descriptors))
+    return EagerRun(tuple(records), tuple(dispatched), (_copy(owner.step.k_cache), _copy(owner.step.v_cache)),
+                    to_capture, warm_ups)
+
+
+def _warm_up(owner, desc, batch) -> WarmUp:
+    """The warm-up ``DraftGraphs.capture`` runs before capturing ``desc`` (dummy inputs, the backend's plan, one
+    forward), run here over buffers poisoned first: its dummy inputs must reset everything it reads, and it
+    must leave the KV cache and the logits cache as they were."""
+    step = owner.step
+    poison(owner, batch)
+    before = (_copy(step.k_cache), _copy(step.v_cache))
+    step.reset_for_capture(desc.num_reqs, owner.depth(desc))
+    step.backend.plan(step.metadata(desc.num_reqs))
+    owner.forward(desc.num_reqs, owner.depth(desc))
+    label = f"capture warm-up of FULL(num_reqs={desc.num_reqs}, num_tokens={desc.num_tokens})"
+    return WarmUp(label, before, (_copy(step.k_cache), _copy(step.v_cache)), _copy(step.logits_cache))
 
 
 def judge_eager(output: str, expected, got: EagerRun):
-    """The eager step against the reference: every batch's outputs and the KV cache after them all."""
-    found = []
-    for (label, record), step in zip(got.batches, expected.steps, strict=True):
+    """Each batch's drafts, live hidden rows and logits cache, and the KV cache after every batch, against
+    the float64 reference; the graph each run dispatched to, and the graphs a capture would record, against the
+    reference's (``expected.dispatched``, ``expected.to_capture``); each capture's warm-up wrote nothing."""
+    found, run = [], expected.run
+    for (label, record), step in zip(got.batches, run.steps, strict=True):
         found += _eager_vs_reference(label, step, record.draft_tokens, record.hidden, record.logits_cache)
-    for name, have, want, bound in (("k_cache", got.kv_cache[0], expected.k_cache, expected.k_bound),
-                                    ("v_cache", got.kv_cache[1], expected.v_cache, expected.v_bound)):
-        found.append(within(f"{name} after every batch (eager vs reference)", want, bound, have))
-    return verdict(output, found, [], [step.draft_tokens for step in expected.steps])
+    for (label, _), want, have in zip(got.batches, expected.dispatched, got.descriptors, strict=True):
+        if tuple(want) != tuple(have):
+            found.append(compare.Divergence(f"{label} dispatch", 1, [],
+                                            problem=f"ran as {have} (mode, padded requests, tokens), expected {want}"))
+    for warm in got.warm_ups:
+        found += [compare.exact(f"{warm.label} {name} (no write)", was, now)
+                  for name, was, now in zip(("k_cache", "v_cache"), warm.kv_before, warm.kv_after, strict=True)]
+        found.append(compare.exact(f"{warm.label} logits_cache (no write)",
+                                   torch.full_like(warm.logits_cache, math.nan), warm.logits_cache))
+    if tuple(expected.to_capture) != tuple(got.to_capture):
+        found.append(compare.Divergence("graphs to capture", 1, [], problem=f"{list(got.to_capture)} (requests, "
+                                        f"tokens, width), expected {list(expected.to_capture)}"))
+    for name, have, exp, bound in (("k_cache", got.kv_cache[0], run.k_cache, run.k_bound),
+                                   ("v_cache", got.kv_cache[1], run.v_cache, run.v_bound)):
+        found.append(within(f"{name} after every batch (eager vs reference)", exp, bound, have))
+    return verdict(output, found, [], [step.draft_tokens for step in run.steps])
 
 
 # ---------------------------------------------------------------- lifetime in a shared pool
