@@ -16,7 +16,7 @@ from reference import attention as reference_attention
 from stress import checks
 from stress.core import cases, compare, guards, workers
 from stress.core import patches as mutants
-from stress.core.types import RETURN
+from stress.core.types import RETURN, Mutant, Patch
 from stress.oracles import graph_replay
 from stress.oracles.graph_replay import POISON, Batch
 
@@ -187,6 +187,22 @@ def test_every_planted_bug_reaches_what_the_drivers_build(check_name, device):
             assert type(owner) is draft_graphs.DraftGraphs and type(owner.step) is draft_step.DraftStep, mutant.name
     with mutants.applied(checks.get("graphs.replay").mutant("non-causal-claims-full")):
         assert _graphs(device, backend="host_planned").mode is Mode.FULL
+
+
+def test_a_slip_in_the_configuration_class_reaches_the_step_the_drivers_build(device):
+    """A case's DraftConfig is built before a bug is planted; the drivers rebuild it from its fields with the class
+    as its module holds it then, so a slip in one of its methods (the query length here) is what the step runs."""
+    check = checks.get("graphs.eager_step")
+    inputs = guards.fresh_inputs(cases.build_case(check, "padded_graph", 1, "cpu"))
+    weights = draft_step.DraftWeights(*(inputs[name].to(device) for name in draft_step.DraftWeights._fields))
+    slip = Mutant("query-len-by-flag", "the query length adds the anchor-first flag instead of the new tokens",
+                  (Patch("kernels.spec.draft_step:DraftConfig", "return num_draft_tokens + self.new_tokens",
+                         "return num_draft_tokens + self.anchor_first"),), oracles={})
+    with mutants.applied(slip):
+        owner = graph_replay.build(inputs["config"], weights, inputs["setup"], inputs["k_cache"].to(device),
+                                   inputs["v_cache"].to(device), inputs["batches"])
+        assert owner.step.config.query_len(2) == 2 + int(inputs["config"].anchor_first)
+    assert inputs["config"].query_len(2) == 3 - int(inputs["config"].anchor_first)
 
 
 def test_padded_rows_mapped_to_slot_0_write_its_logits_cache(device):

@@ -18,6 +18,7 @@ anything; the read after the other replay can. The first must still equal eager,
 capture must not have been handed any byte of the first's backbone output (fix 8).
 """
 
+import dataclasses
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -83,7 +84,10 @@ def build(config, weights: DraftWeights, setup: GraphSetup, k_cache, v_cache, ba
     """A ``DraftGraphs`` over a private copy of the KV cache and its own sampling state and buffers."""
     num_slots = len(batches[0].temperature)
     dev = k_cache.device
-    # both classes as their modules hold them now, so a planted bug in either applies
+    # every class as its module holds it now, so a planted bug in any applies: the case's configuration too, built
+    # before the bug was planted, is rebuilt from its fields (a slip in DraftConfig's query length would otherwise
+    # never run)
+    config = draft_step.DraftConfig(**dataclasses.asdict(config))
     step = draft_step.DraftStep(config, weights, attention_backends.make(setup.backend, causal=config.causal),
                      k_cache=k_cache.clone(), v_cache=v_cache.clone(),
                      temperature=torch.zeros(num_slots, dtype=torch.float32, device=dev),
