@@ -109,6 +109,14 @@ CHECKS = (
                    oracles=_EVERYWHERE,
                    path=unreachable_by_engine("the engine's capture warm-up runs its own dummy inputs "
                                               "(kernels.spec.engine), not kernels.spec.draft_step's")),
+            Mutant("warm-up-last-sample-row-kept", "a capture's dummy inputs reset the sampling rows' slots one row "
+                   "short: the last row keeps whatever slot the buffer held, and the warm-up samples into that "
+                   "slot's logits cache",
+                   (Patch(_STEP, "buf.sample_idx_mapping[:num_rows] = -1",
+                          "buf.sample_idx_mapping[:num_rows - 1] = -1"),),
+                   oracles=_EVERYWHERE,
+                   path=unreachable_by_engine("the engine's capture warm-up runs its own dummy inputs "
+                                              "(kernels.spec.engine), not kernels.spec.draft_step's")),
             Mutant("draft-scale-from-hidden", "the draft attention's scale is taken from hidden_size / num_heads "
                    "instead of head_dim: the same number only in a model whose head dim is its hidden size over its "
                    "heads", (Patch(_STEP, "scale=c.scale", "scale=(c.hidden_size // c.num_heads) ** -0.5"),),

@@ -32,6 +32,7 @@ from kernels.spec.graphs import Mode
 from stress.core import compare
 
 POISON = -999_999
+WARM_UP_LOGITS = -12_345.0  # the logits cache before a capture's warm-up: finite, so a write of NaN shows too
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,7 @@ class WarmUp(NamedTuple):
     label: str
     kv_before: tuple[torch.Tensor, torch.Tensor]
     kv_after: tuple[torch.Tensor, torch.Tensor]
-    logits_cache: torch.Tensor  # after the warm-up; all NaN (poisoned) before it
+    logits_cache: torch.Tensor  # after the warm-up; all WARM_UP_LOGITS before it
 
 
 def eager_draft_step(*, config, setup: GraphSetup, embed, wq, wk, wv, w_out, k_cache, v_cache, batches) -> EagerRun:
@@ -315,6 +316,13 @@ def _warm_up(owner, desc, batch) -> WarmUp:
     must leave the KV cache and the logits cache as they were."""
     step = owner.step
     poison(owner, batch)
+    # the slot maps hold a live slot instead: a kernel skips POISON's negative slot as padding, so a row the reset
+    # missed would write no cache and show nothing; slot 0 (the null block's first slot, slot 0's logits) would
+    step.buffers.query_slot_mapping.fill_(0)
+    step.buffers.sample_idx_mapping.fill_(0)
+    # and the logits cache a finite sentinel: the dummy forward attends over the null block's NaN, so what a
+    # warm-up would write there is NaN too, which a NaN poison could not tell from itself
+    step.logits_cache.fill_(WARM_UP_LOGITS)
     before = (_copy(step.k_cache), _copy(step.v_cache))
     step.reset_for_capture(desc.num_reqs, owner.depth(desc))
     step.backend.plan(step.metadata(desc.num_reqs))
@@ -338,7 +346,7 @@ def judge_eager(output: str, expected, got: EagerRun):
         found += [compare.exact(f"{warm.label} {name} (no write)", was, now)
                   for name, was, now in zip(("k_cache", "v_cache"), warm.kv_before, warm.kv_after, strict=True)]
         found.append(compare.exact(f"{warm.label} logits_cache (no write)",
-                                   torch.full_like(warm.logits_cache, math.nan), warm.logits_cache))
+                                   torch.full_like(warm.logits_cache, WARM_UP_LOGITS), warm.logits_cache))
     if tuple(expected.to_capture) != tuple(got.to_capture):
         found.append(compare.Divergence("graphs to capture", 1, [], problem=f"{list(got.to_capture)} (requests, "
                                         f"tokens, width), expected {list(expected.to_capture)}"))
