@@ -274,7 +274,8 @@ class Engine:
         num_sampled = torch.zeros(num_rows, dtype=torch.int32, device=dev)
         num_rejected = torch.zeros(num_rows, dtype=torch.int32, device=dev)
         logits_record = torch.full((num_rows, k + 1, vocab), float("nan"), dtype=torch.float32, device=dev)
-        q_record = torch.full((num_rows, k, vocab), float("nan"), dtype=torch.float32, device=dev)
+        q_record = torch.full((num_rows, k, vocab), float("nan"), dtype=torch.float32,
+                              device=dev) if self.probabilistic else None
         groups: dict[int, list[int]] = {}
         for b, (req, n) in enumerate(batch):
             if not req.prefilling:
@@ -306,7 +307,7 @@ class Engine:
             num_rejected[rows_t] = group_rejected
             logits_record[rows_t, :num_drafts + 1] = logits
         record["target.logits"] = _snap(logits_record)
-        if self.probabilistic:
+        if q_record is not None:
             record["verify.draft_logits"] = _snap(q_record)
         record["verify.out_tokens"] = _snap(out_tokens)
         record["verify.num_sampled"] = _snap(num_sampled)

@@ -316,8 +316,9 @@ class ReferenceEngine:
         num_drafts = torch.zeros(num_rows, dtype=torch.int32)
         logits_record = torch.full((num_rows, k + 1, v), float("nan"), dtype=torch.float64)
         logits_bound = torch.zeros(num_rows, k + 1, v, dtype=torch.float64)
-        q_record = torch.full((num_rows, k, v), float("nan"), dtype=torch.float64)
-        q_bound = torch.zeros(num_rows, k, v, dtype=torch.float64)
+        if self.probabilistic:  # the draft-logits rows each verified draft is tested against
+            q_record = torch.full((num_rows, k, v), float("nan"), dtype=torch.float64)
+            q_bound = torch.zeros(num_rows, k, v, dtype=torch.float64)
         acceptance = [0, 0, 0]
         for b, (req, n) in enumerate(batch):
             if prefilling(req) and req["num_computed"] + n < len(req["tokens"]):

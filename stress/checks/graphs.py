@@ -5,7 +5,7 @@ import dataclasses
 
 import reference.spec.draft_step
 import stress.oracles.graph_replay
-from stress.checks.common import unreachable_by_engine
+from stress.checks.common import EVERYWHERE, unreachable_by_engine
 from stress.checks.spec import NON_CAUSAL_CLAIMS_FULL
 from stress.core.types import RETURN, SANITIZER, Check, Mutant, Patch, Reach, Skip
 from stress.families import graph_replay as replay_families
@@ -14,12 +14,14 @@ _DRAFT_GRAPHS = "kernels.spec.draft_graphs:DraftGraphs"
 _STEP = "kernels.spec.draft_step:DraftStep"
 _NO_GRAPHS = "CUDA graphs need a GPU: capture, replay and the graph memory pool exist only on a CUDA device"
 _ON_GPU = {"cuda": "divergence"}
-_EVERYWHERE = {"cpu": "divergence", "cuda": "divergence"}
 # with the caching allocator off, capture fails with cudaErrorStreamCaptureInvalidated
 GRAPHS_UNCACHED = ("CUDA graph capture needs the caching allocator's private pool, which "
                     "PYTORCH_NO_CUDA_MEMORY_CACHING=1 (what makes an out-of-bounds access visible) turns off")
 
 _OWN_STEP = "the engine drafts through its own step (kernels.spec.engine), not kernels.spec.draft_step, "
+# the warm-up slips of the draft step's capture, from the whole step's side
+_OWN_WARM_UP = unreachable_by_engine("the engine's capture warm-up runs its own dummy inputs (kernels.spec.engine), "
+                                     "not kernels.spec.draft_step's")
 PADDED_ROWS_SLOT_0 = Mutant(
     "padded-draft-rows-slot-0", "fix 3, pre-fix (docs/fixes.md#fix-3) in the draft step: padded sampling rows map to "
     "slot 0 and write its logits cache",
@@ -91,10 +93,10 @@ CHECKS = (
         families=replay_families.REPLAY_FAMILIES, outputs=(RETURN,), compare=stress.oracles.graph_replay.judge_eager,
         repeats={"cpu": 1, "cuda": 1}, iteration_share=0.5,  # a case runs 5 to 12 batches of the whole draft step
         mutants=(
-            dataclasses.replace(PADDED_ROWS_SLOT_0, oracles=_EVERYWHERE),
+            dataclasses.replace(PADDED_ROWS_SLOT_0, oracles=EVERYWHERE),
             Mutant("query-kv-not-written", "the draft step forgets the query rows' K/V write: its attention reads "
                    "the NaN the cache holds at the block's own positions",
-                   (Patch(_STEP, "kv_cache.write_kv(", "None and kv_cache.write_kv("),), oracles=_EVERYWHERE,
+                   (Patch(_STEP, "kv_cache.write_kv(", "None and kv_cache.write_kv("),), oracles=EVERYWHERE,
                    path=unreachable_by_engine(_OWN_STEP + "whose KV write this bug forgets")),
             Mutant("depth-0-graphs-captured", "fix 1's other half in DraftGraphs: the graphs of a depth-0 band "
                    "(DFlash's bonus-only width 1) are staged for capture, whose warm-up of a 0-token draft fails",
@@ -106,32 +108,30 @@ CHECKS = (
                    "PAD: every warm-up writes K/V into the null block",
                    (Patch(_STEP, "buf.query_slot_mapping[:num_tokens] = -1",
                           "buf.query_slot_mapping[:num_tokens] = 0"),),
-                   oracles=_EVERYWHERE,
-                   path=unreachable_by_engine("the engine's capture warm-up runs its own dummy inputs "
-                                              "(kernels.spec.engine), not kernels.spec.draft_step's")),
+                   oracles=EVERYWHERE,
+                   path=_OWN_WARM_UP),
             Mutant("warm-up-last-sample-row-kept", "a capture's dummy inputs reset the sampling rows' slots one row "
                    "short: the last row keeps whatever slot the buffer held, and the warm-up samples into that "
                    "slot's logits cache",
                    (Patch(_STEP, "buf.sample_idx_mapping[:num_rows] = -1",
                           "buf.sample_idx_mapping[:num_rows - 1] = -1"),),
-                   oracles=_EVERYWHERE,
-                   path=unreachable_by_engine("the engine's capture warm-up runs its own dummy inputs "
-                                              "(kernels.spec.engine), not kernels.spec.draft_step's")),
+                   oracles=EVERYWHERE,
+                   path=_OWN_WARM_UP),
             Mutant("draft-scale-from-hidden", "the draft attention's scale is taken from hidden_size / num_heads "
                    "instead of head_dim: the same number only in a model whose head dim is its hidden size over its "
                    "heads", (Patch(_STEP, "scale=c.scale", "scale=(c.hidden_size // c.num_heads) ** -0.5"),),
-                   oracles=_EVERYWHERE,
+                   oracles=EVERYWHERE,
                    path=unreachable_by_engine(_OWN_STEP + "whose attention scale this bug changes")),
             Mutant("host-planned-values-from-keys", "the host-planned backend gathers its values from the key cache "
                    "(the line above's): its attention weights the keys instead of the values",
                    (Patch("kernels.spec.attention_backends:HostPlannedBackend", "values = v_cache.index_select(",
                           "values = k_cache.index_select("),),
-                   oracles=_EVERYWHERE, families=("non_causal_draft",),
+                   oracles=EVERYWHERE, families=("non_causal_draft",),
                    path=unreachable_by_engine(_OWN_STEP + "whose attention backends this bug reaches")),
             Mutant("draft-graphs-default-small-grid", "DraftGraphs builds its candidates without the small grid it "
                    "was given (the default 32): small batches dispatch to exact graphs instead of padding to a "
                    "capture size; the drafts are the same, the dispatch is not",
-                   (Patch(_DRAFT_GRAPHS, "schedule, small_grid=small_grid)", "schedule)"),), oracles=_EVERYWHERE,
+                   (Patch(_DRAFT_GRAPHS, "schedule, small_grid=small_grid)", "schedule)"),), oracles=EVERYWHERE,
                    families=("padded_graph",),
                    path=unreachable_by_engine("the engine hands DraftGraphs its own candidate table, built with "
                                               "the small grid it was configured with")),

@@ -273,7 +273,6 @@ def judge_replay(output: str, expected, got: ReplayRun):
                    [step.draft_tokens for step in expected.steps])
 
 
-
 # ---------------------------------------------------------------- the eager step alone (any device)
 
 
