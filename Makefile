@@ -43,8 +43,9 @@ mutants:
 
 # Generated mutants of every check's production code (all of them, on the current device): the
 # mutation score per check and module, every survivor with its rerun line. MUTATE_ITERS cases per
-# family per mutant; SAMPLE=N takes N mutants per check. OPERATORS=token|semantic|all picks the one-token
-# slips (the default), an engineer's semantic slips, or both; each class is scored apart.
+# family per mutant; SAMPLE=N takes N mutants per check; MODULES="kernels.spec.engine ..." only the code
+# of those modules. OPERATORS=token|semantic|all picks the one-token slips (the default), an engineer's
+# semantic slips, or both; each class is scored apart.
 # RESUME=old/mutate.jsonl takes what an earlier run of the same device, iters and seed decided and
 # hunts only the rest (a run split over several sessions of device time). HUNT_SECONDS=N stops starting
 # cases after N seconds of hunting and leaves the time after it to memcheck and the unit tests.
@@ -52,6 +53,7 @@ MUTATE_ITERS ?= 3
 MUTATE_REPORT ?= reports/mutate
 mutate:
 	$(PY) -m stress mutate $(SELECT) --iters $(MUTATE_ITERS) $(if $(SAMPLE),--sample $(SAMPLE)) \
+		$(foreach m,$(MODULES),--module $(m)) \
 		$(if $(JOBS),--jobs $(JOBS)) $(if $(RESUME),--resume $(RESUME)) \
 		$(if $(HUNT_SECONDS),--hunt-seconds $(HUNT_SECONDS)) $(if $(OPERATORS),--operators $(OPERATORS)) \
 		--report $(MUTATE_REPORT)

@@ -642,3 +642,27 @@ def test_a_resumed_run_decides_ttir_equivalence_again():
     taken = []
     assert mutate.resume(rows, known, taken.append) == 2
     assert [r.id for r in taken] == ["gen:x:1", "gen:x:2"] and (rows[0].status, rows[0].equivalence) == ("pending", "")
+
+
+def test_module_limits_the_plan_to_the_code_of_that_module():
+    """``--module``: a change to one module is mutated alone; its mutants keep the owners every other target has."""
+    cov = mutate.Coverage({"spec.graph_candidates": ["kernels.spec.slots:RequestSlots",
+                                                     "kernels.spec.graphs:build_candidates"]}, {},
+                          {"spec.graph_candidates": []})
+    everything = mutate.plan([checks.get("spec.graph_candidates")], cov, ["cmp-flip"], None, 0, 0)
+    limited = mutate.plan([checks.get("spec.graph_candidates")], cov, ["cmp-flip"], None, 0, 0,
+                          modules=["kernels.spec.graphs"])
+    assert {r.target.split(":")[0] for r in everything} == {"kernels.spec.slots", "kernels.spec.graphs"}
+    graphs_rows = [r.id for r in everything if r.target.startswith("kernels.spec.graphs:")]
+    assert limited and [r.id for r in limited] == graphs_rows
+
+
+def test_a_module_that_is_no_module_or_that_no_selected_check_runs_is_a_usage_error(capsys, tmp_path):
+    from stress.__main__ import main
+
+    assert main(["mutate", "--device", "cpu", "--module", "kernels.spec.engin", "--report", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("specsan: --module: no module 'kernels.spec.engin'; ")
+    assert main(["mutate", "--device", "cpu", "--jobs", "0", "--check", "spec.slots", "--module",
+                 "kernels.spec.engine", "--report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no code of kernels.spec.engine is run by the selected checks" in err and "kernels.spec.slots" in err

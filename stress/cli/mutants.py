@@ -55,6 +55,10 @@ def add_parsers(sub) -> None:
                          "and-or, default; semantic: same-name, arg-swap, stmt-delete, neighbour-expr, "
                          "boundary-shift, guard-part)")
     mt.add_argument("--mutant", action="append", help="only this generated mutant id, repeatable (default: all)")
+    mt.add_argument("--module", action="append",
+                    help="only the code of this module of the production code, repeatable, e.g. kernels.spec.engine "
+                         "for a change to the engine; its mutants are hunted by the selected checks that run it "
+                         "(default: every module they run)")
     mt.add_argument("--survivors", metavar="JSONL",
                     help="only the mutants that survived in this earlier run's mutate.jsonl, e.g. to hunt them "
                          "again with more --iters (default: none)")
@@ -124,6 +128,20 @@ def chosen_operators(args) -> list[str]:
     return list(args.operator or allowed)
 
 
+def _modules_exist(modules: list[str] | None) -> None:
+    """``--module`` names importable modules: a typo is a usage error before discovery runs every family."""
+    import importlib.util
+
+    for name in modules or ():
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise UsageError("--module", f"no module {name!r}", "give a dotted module of the production code, "
+                                                               "e.g. kernels.spec.engine")
+
+
 def _survivors_again(args) -> None:
     """``--survivors FILE``: the mutants that survived there join ``--mutant``, their checks ``--check``."""
     if args.survivors:
@@ -171,11 +189,15 @@ def cmd_mutate(args) -> int:
     selected = checks_named(args.check)
     for name in args.mutant or ():
         mutate_ops.resolve(name)  # a stale or malformed id is a usage error before anything runs
+    _modules_exist(args.module)
     resumed = _resumed(args, device)
     jobs = workers.default_jobs(device) if args.jobs is None else args.jobs
-    summary = mutate.run(selected, device, iters=args.iters, seed=args.seed, jobs=jobs, timeout=args.timeout,
-                         operators=operators, only=args.mutant, sample=args.sample, report=args.report, log=log,
-                         resumed=resumed, hunt_seconds=args.hunt_seconds)
+    try:
+        summary = mutate.run(selected, device, iters=args.iters, seed=args.seed, jobs=jobs, timeout=args.timeout,
+                             operators=operators, only=args.mutant, sample=args.sample, report=args.report, log=log,
+                             resumed=resumed, hunt_seconds=args.hunt_seconds, modules=args.module)
+    except mutate.ModulesNotRun as exc:
+        raise UsageError("--module", str(exc), exc.fix) from None
     rows, stopped = summary.pop("rows"), summary.pop("exit_code")
     out = print if not args.json else log
     if stopped:

@@ -262,14 +262,26 @@ def killed_elsewhere(rows: list[Row], device: str, directory: str = RECORDS) -> 
 # ---------------------------------------------------------------- the run
 
 
+class ModulesNotRun(ValueError):
+    """The modules a run was limited to hold no code the selected checks execute (a typo in a module of the
+    production code, or checks that do not reach it): an empty run would read as nothing to report."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__(problem)
+        self.fix = fix
+
+
 def plan(checks: list[Check], cov: Coverage, operators: list[str] | None, only: list[str] | None,
-         sample: int, seed: int) -> list[Row]:
-    """Every generated mutant of every owned target; with ``sample``, at most that many per check,
-    chosen by a hash of (seed, id) so the sample is deterministic and spread over the targets."""
+         sample: int, seed: int, modules: list[str] | None = None) -> list[Row]:
+    """Every generated mutant of every owned target (of ``modules`` only, when given: the code a change
+    touched); with ``sample``, at most that many per check, chosen by a hash of (seed, id) so the sample is
+    deterministic and spread over the targets."""
     import inspect
 
     rows, tree = [], tree_fingerprint()
     for target, hunters in owners(checks, cov).items():
+        if modules and target.split(":")[0] not in modules:
+            continue
         module = sys.modules[target.split(":")[0]]
         file, source_hash = os.path.relpath(inspect.getsourcefile(module)), fingerprint(module)
         unscored = [c for c, failed in cov.baseline.items() if failed and target in cov.targets[c]]
@@ -708,13 +720,15 @@ def resume(rows: list[Row], known: dict[str, dict], on_row) -> int:
 
 def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, timeout: float,
         operators: list[str] | None, only: list[str] | None, sample: int, report: str | None, log,
-        resumed: tuple[str, dict[str, dict]] | None = None, hunt_seconds: float = 0.0) -> dict:
+        resumed: tuple[str, dict[str, dict]] | None = None, hunt_seconds: float = 0.0,
+        modules: list[str] | None = None) -> dict:
     """The whole command; returns the JSON summary. ``resumed``: (path, decided rows) of an earlier run of
     the same device, iters and seed, whose decisions are taken instead of hunting those mutants again;
-    ``hunt_seconds``: see ``hunt``."""
+    ``hunt_seconds``: see ``hunt``; ``modules``: see ``plan``."""
     start = time.perf_counter()
     header = {"device": device, "iters": iters, "seed": seed, "jobs": jobs, "timeout": timeout, "sample": sample,
-              "hunt_seconds": hunt_seconds, "operators": operators, "checks": [c.name for c in checks],
+              "modules": modules, "hunt_seconds": hunt_seconds, "operators": operators,
+              "checks": [c.name for c in checks],
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), **({"resumed_from": resumed[0]} if resumed else {})}
     stream = Stream(report, header)
     phases = Phases(log)
@@ -728,7 +742,12 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
         stream.close({"complete": False, "interrupted": "during discovery"})
         raise
     phases.end("discovery")
-    rows = plan(checks, cov, operators, only, sample, seed)
+    rows = plan(checks, cov, operators, only, sample, seed, modules)
+    if modules and not rows:
+        owned = sorted({t.split(":")[0] for t in owners(checks, cov)})
+        stream.close({"complete": False, "interrupted": "no target in --module"})
+        raise ModulesNotRun(f"no code of {', '.join(modules)} is run by the selected checks here",
+                            f"the modules they run: {', '.join(owned)}")
     done, reported = [0], set()
     by_check: dict[str, list[Row]] = {}
     for row in rows:
@@ -767,7 +786,8 @@ def run(checks: list[Check], device: str, *, iters: int, seed: int, jobs: int, t
         raise
     finally:
         targets = {r.target for r in rows}
-        whole = not only and not sample  # a partial run cannot tell a stale entry from one it did not generate
+        # a partial run cannot tell a stale entry from one it did not generate
+        whole = not only and not sample and not modules
         stale = stale_entries(rows, targets) if whole else []
         explanations = _entries(EXPLAINED_FILE)
         stale_explained = stale_entries(rows, targets, explanations) if whole else []
