@@ -389,6 +389,36 @@ def crowded_preemption(rng, device, launch):
                        note="preemption with requests waiting")
 
 
+def draft_pool_pressure(rng, device, launch):
+    """The draft pool is the one that runs short (the target's has room for everything): decoding requests
+    grow their draft blocks every step, and after a drawn number of steps one finds none left, preempts
+    the last running request and takes the draft block it freed in that same step. DSpark's layout
+    (Q = K): a verified decode of K + 1 tokens reaches one position past the draft's lookahead, so its last
+    verified token's context KV lands in the block just taken, which the next step's draft reads (DFlash's
+    lookahead of 1 + K keeps every verified position in blocks held since an earlier step). A greedy decode
+    of K + 1 tokens advances one whole draft block and every prompt is K short of a block boundary, so every
+    decode takes exactly one new block, whose first position is the last verified one."""
+    k, bs_d = 3, 4  # K + 1 = the draft block
+    n = _sized(device, 3, 6)
+    full_steps = int(rng.integers(1, 3))  # decode steps every request grows in before the pool runs dry
+    spare = int(rng.integers(0, 2))  # blocks left then: the first request takes it, the second preempts
+
+    def requests(rng, vocab):
+        lengths = [bs_d * int(rng.integers(*_sized(device, (2, 4), (5, 15)))) - k for _ in range(n)]
+        return [request(rng, i, arrival=0, max_new=int(rng.integers(*_sized(device, (16, 24), (40, 60)))),
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), length))
+                for i, length in enumerate(lengths)]
+
+    def pools(requests):  # (target, draft), null blocks included: a prefill takes (L + K) / 4 draft blocks
+        target = sum(-(-(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2) // 4) for r in requests)
+        prefilled = sum((len(r["prompt"]) + k) // bs_d for r in requests)
+        return target + 1, prefilled + n * full_steps + spare + 1
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 7, 12), max_num_reqs=n,
+                       budget=_sized(device, 40, 2048), block_sizes=(4, bs_d), k=k, anchor_first=True,
+                       num_blocks=pools, note=f"draft pool dry after {full_steps} decode steps, {spare} spare")
+
+
 def mixed_prefill_decode(rng, device, launch):
     """A small token budget: prompts are prefilled in chunks (the bonus is the next prompt token) while
     earlier requests decode with drafts; DFlash or DSpark layout. The first two prompts arrive together
@@ -662,5 +692,6 @@ FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix
             "seeded_sampling": seeded_sampling, "padded_graphs": padded_graphs, "prefix_chain": prefix_chain,
             "mid_prefill_hit": mid_prefill_hit, "tight_pools": tight_pools, "crowded_preemption": crowded_preemption,
             "budget_bound": budget_bound, "multi_turn": multi_turn, "combined": combined,
+            "draft_pool_pressure": draft_pool_pressure,
             "adaptive_graphs": adaptive_graphs, "budget_cut_cache": budget_cut_cache,
             "dspark_dispatch": dspark_dispatch, "sampling_churn": sampling_churn}
