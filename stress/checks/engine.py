@@ -159,6 +159,12 @@ CHECKS = (
                           .replace("self.scheduler.finish_step()\n", "self.scheduler.finish_step()\n"
                                                                       "        self._poison_freed_draft_blocks()\n")),),
                    oracles=EVERYWHERE, families=("draft_pool_pressure",)),
+            Mutant("next-prefill-token-past-prompt-lost", "the next token of a chunk that ends mid-way is stored "
+                   "only while the chunk is inside the prompt: a resumed request whose recompute chunk ends past its "
+                   "prompt leaves the draft's bonus row the token its slot held before",
+                   (Patch(_ENGINE, "elif req.num_computed < len(req.tokens):",
+                          "elif req.num_computed < len(req.prompt):"),),
+                   oracles=EVERYWHERE, families=("chunked_resume",)),
             Mutant("draft-graphs-never-captured", "the engine builds its draft graphs but never captures them: "
                    "every step dispatched to a FULL graph drafts the same tokens eagerly, without the replay",
                    (Patch(_ENGINE, "self.graphs.capture()", "self.graphs.clear()"),),

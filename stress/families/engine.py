@@ -634,6 +634,33 @@ def dspark_dispatch(rng, device, launch):
     return _combined_case(rng, device, features, backends=CAPTURABLE_OFFERS)
 
 
+def chunked_resume(rng, device, launch):
+    """Two requests with short prompts under a budget of one decode and one or two tokens more, and a target pool
+    that runs dry after a few steps: the second request (growing by what the first one's decode leaves) is
+    preempted, the first takes its freed blocks (evicting them from the prefix cache) and finishes soon after,
+    and the second resumes alone with nothing restored, its prompt and outputs recomputed in chunks of the budget.
+    A chunk that ends past the prompt and short of the last token samples nothing: the draft's bonus row reads
+    the next token to compute, not a sampled one."""
+    bs, k = _sized(device, 4, 16), int(rng.integers(2, 4))
+    budget, press = k + 1 + int(rng.integers(1, 3)), int(rng.integers(3, 6))
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=0, max_new=(press + 2) * (k + 1) if i == 0 else 4 * bs,
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(2, 5))))
+                for i in range(2)]
+
+    def pools(requests):  # (target, draft), null blocks included: the target's runs dry after about `press`
+        # steps (the first request gains k + 1 tokens a step, the second what the budget leaves), the draft's has
+        # room for both at full length
+        first, second = (len(r["prompt"]) + press * n for r, n in zip(requests, (k + 1, budget - k - 1), strict=True))
+        return -(-first // bs) + -(-second // bs) + 1, sum(
+            -(-(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2) // bs) for r in requests) + 1
+
+    return engine_case(rng, device, requests, num_steps=press + 7, max_num_reqs=2, budget=budget,
+                       block_sizes=(bs, bs), k=k, anchor_first=bool(rng.integers(2)), num_blocks=pools,
+                       note=f"budget {budget} tokens, target pool dry after about {press} steps")
+
+
 def _combined_case(rng, device, f: dict[str, str], backends=None):
     """The combined case of the features ``f``; ``backends``: the draft backend offers drawn from for an eager
     draft (None: every offer)."""
@@ -692,6 +719,6 @@ FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix
             "seeded_sampling": seeded_sampling, "padded_graphs": padded_graphs, "prefix_chain": prefix_chain,
             "mid_prefill_hit": mid_prefill_hit, "tight_pools": tight_pools, "crowded_preemption": crowded_preemption,
             "budget_bound": budget_bound, "multi_turn": multi_turn, "combined": combined,
-            "draft_pool_pressure": draft_pool_pressure,
+            "draft_pool_pressure": draft_pool_pressure, "chunked_resume": chunked_resume,
             "adaptive_graphs": adaptive_graphs, "budget_cut_cache": budget_cut_cache,
             "dspark_dispatch": dspark_dispatch, "sampling_churn": sampling_churn}
