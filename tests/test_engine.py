@@ -157,6 +157,10 @@ def _features(case, records) -> set[str]:
             found.add("shifted")
         found.add(f"depth {int(r['depth'])}" if int(r["depth"]) == 0 else "drafting")
         tokens = r["batch.num_tokens"]
+        ends = r["target.query_start_loc"][1:].long() - 1
+        for req, end, sampled in zip(r["batch.request"].tolist(), ends, r["verify.num_sampled"].tolist(), strict=True):
+            if not sampled and int(r["target.positions"][end]) >= len(case.inputs["requests"][req]["prompt"]):
+                found.add("chunk past the prompt")  # a resumed recompute cut short of its last token
         if (r["verify.num_drafts"] > 0).any() and (r["verify.num_sampled"] == 0).any():
             found.add("prefill beside decode")
         if int(r["draft.positions"].max()) == config["scheduler"]["max_model_len"] - 1 and tokens.numel():
@@ -179,7 +183,8 @@ WANTED = {"shared_prefix": {"restored prefix", "shifted"},
           "padded_graphs": {"padded graph", "drafting"},
           "sampling_churn": {"temperature handed over", "drafting"},
           "dspark_dispatch": {"full draft graph", "drafting"},
-          "draft_pool_pressure": {"draft block handed over", "drafting"}}
+          "draft_pool_pressure": {"draft block handed over", "drafting"},
+          "chunked_resume": {"chunk past the prompt", "drafting"}}
 
 
 # The scheduler's input classes the newer families exist for, each proven reached by a generated one-line slip
