@@ -126,9 +126,14 @@ def _run(family, seed, mutant=None):
 def _features(case, records) -> set[str]:
     """What a replay exercised, from its records."""
     config, found = case.inputs["config"], set()
-    slots_before, cached, holder = {}, 0, {}
+    slots_before, cached, holder, draft_rows = {}, 0, {}, {}
     greedy = [r["temperature"] == 0 for r in case.inputs["requests"]]
     for r in records:
+        rows = {int(req): set(row.tolist()) - {0}
+                for req, row in zip(r["batch.request"], r.get("draft.block_table", ()), strict=False)}
+        if any(blocks & held for req, blocks in rows.items() for other, held in draft_rows.items() if other != req):
+            found.add("draft block handed over")  # a draft block another request held the step before
+        draft_rows = rows
         slot_of = r["slots.slot_of_request"].tolist()
         for req, slot in enumerate(slot_of):
             if slots_before.get(req, -1) >= 0 and slot < 0 and r["batch.request"].numel():
@@ -152,6 +157,10 @@ def _features(case, records) -> set[str]:
             found.add("shifted")
         found.add(f"depth {int(r['depth'])}" if int(r["depth"]) == 0 else "drafting")
         tokens = r["batch.num_tokens"]
+        ends = r["target.query_start_loc"][1:].long() - 1
+        for req, end, sampled in zip(r["batch.request"].tolist(), ends, r["verify.num_sampled"].tolist(), strict=True):
+            if not sampled and int(r["target.positions"][end]) >= len(case.inputs["requests"][req]["prompt"]):
+                found.add("chunk past the prompt")  # a resumed recompute cut short of its last token
         if (r["verify.num_drafts"] > 0).any() and (r["verify.num_sampled"] == 0).any():
             found.add("prefill beside decode")
         if int(r["draft.positions"].max()) == config["scheduler"]["max_model_len"] - 1 and tokens.numel():
@@ -173,7 +182,9 @@ WANTED = {"shared_prefix": {"restored prefix", "shifted"},
           "seeded_sampling": {"drafting"},
           "padded_graphs": {"padded graph", "drafting"},
           "sampling_churn": {"temperature handed over", "drafting"},
-          "dspark_dispatch": {"full draft graph", "drafting"}}
+          "dspark_dispatch": {"full draft graph", "drafting"},
+          "draft_pool_pressure": {"draft block handed over", "drafting"},
+          "chunked_resume": {"chunk past the prompt", "drafting"}}
 
 
 # The scheduler's input classes the newer families exist for, each proven reached by a generated one-line slip

@@ -15,6 +15,27 @@ from stress.oracles import engine as engine_check
 _ENGINE = "kernels.spec.engine:Engine"
 
 
+# The step from its schedule to its finish: a planted bug moves the poisoning of freed draft blocks across it.
+_POISON_FIRST = """        self._poison_freed_draft_blocks()
+        self._assign_slots(plan, record)
+        batch = plan.batch
+        record["batch.request"] = torch.tensor([r.index for r, _ in batch], dtype=torch.int64)
+        record["batch.num_tokens"] = torch.tensor([n for _, n in batch], dtype=torch.int32)
+        if batch:
+            slot_ids = [self.slots.slot_of[r.req_id] for r, _ in batch]
+            idx_mapping = torch.tensor(slot_ids, dtype=torch.int32, device=self.device)
+            record["idx_mapping"] = _snap(idx_mapping)
+            step_depth = self._depth(len(batch))  # chosen at schedule time, from what was observed so far
+            target = self._target_step(batch, idx_mapping, record)
+            verified = self._verify(batch, slot_ids, target, record)
+            self._propose(batch, slot_ids, idx_mapping, target, verified, step_depth, record)
+            if self.schedule is not None:
+                self.depth_controller.observe(len(batch), *verified["acceptance"])
+        record["kv.guards_intact"] = torch.tensor(self.model.guards_intact())
+        self.scheduler.finish_step()
+"""
+
+
 # ---------------------------------------------------------------- refusals
 
 def _one_block_pool(pool: str, blocks: int) -> Corruption:
@@ -131,6 +152,19 @@ CHECKS = (
                    "+ 1: right for DFlash, one too many for DSpark",
                    (Patch(_ENGINE, "q = step_depth + self.new_tokens", "q = step_depth + 1"),),
                    oracles=EVERYWHERE, families=("dspark_dispatch",)),
+            Mutant("freed-draft-blocks-poisoned-late", "the draft blocks freed since the last step are poisoned after "
+                   "the step instead of before its writes: blocks a preemption frees and the growing request takes "
+                   "in the same step are written, then poisoned under the context KV it reads next step",
+                   (Patch(_ENGINE, _POISON_FIRST, _POISON_FIRST.replace("        self._poison_freed_draft_blocks()\n", "")
+                          .replace("self.scheduler.finish_step()\n", "self.scheduler.finish_step()\n"
+                                                                      "        self._poison_freed_draft_blocks()\n")),),
+                   oracles=EVERYWHERE, families=("draft_pool_pressure",)),
+            Mutant("next-prefill-token-past-prompt-lost", "the next token of a chunk that ends mid-way is stored "
+                   "only while the chunk is inside the prompt: a resumed request whose recompute chunk ends past its "
+                   "prompt leaves the draft's bonus row the token its slot held before",
+                   (Patch(_ENGINE, "elif req.num_computed < len(req.tokens):",
+                          "elif req.num_computed < len(req.prompt):"),),
+                   oracles=EVERYWHERE, families=("chunked_resume",)),
             Mutant("draft-graphs-never-captured", "the engine builds its draft graphs but never captures them: "
                    "every step dispatched to a FULL graph drafts the same tokens eagerly, without the replay",
                    (Patch(_ENGINE, "self.graphs.capture()", "self.graphs.clear()"),),

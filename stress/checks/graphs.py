@@ -128,6 +128,16 @@ CHECKS = (
                           "values = k_cache.index_select("),),
                    oracles=EVERYWHERE, families=("non_causal_draft",),
                    path=unreachable_by_engine(_OWN_STEP + "whose attention backends this bug reaches")),
+            Mutant("rope-frequencies-float32", "the draft's inverse rotary frequencies are computed in float32: at "
+                   "positions in the tens of thousands the angles move a key by more than float32's own error",
+                   (Patch("kernels.spec.draft_step:inverse_frequencies", "dtype=torch.float64", "dtype=torch.float32"),),
+                   oracles=EVERYWHERE, families=("long_positions",),
+                   path=unreachable_by_engine(_OWN_STEP + "whose rotary frequencies this bug rounds")),
+            Mutant("draft-clamp-one-short", "the draft step clamps its query positions at max_model_len - 2: the "
+                   "rows of a query block that runs past the limit are written and attended one position early",
+                   (Patch(_STEP, "max_model_len=c.max_model_len,", "max_model_len=c.max_model_len - 1,"),),
+                   oracles=EVERYWHERE, families=("length_limit",),
+                   path=unreachable_by_engine(_OWN_STEP + "whose length limit this bug moves")),
             Mutant("draft-graphs-default-small-grid", "DraftGraphs builds its candidates without the small grid it "
                    "was given (the default 32): small batches dispatch to exact graphs instead of padding to a "
                    "capture size; the drafts are the same, the dispatch is not",

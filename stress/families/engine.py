@@ -389,6 +389,36 @@ def crowded_preemption(rng, device, launch):
                        note="preemption with requests waiting")
 
 
+def draft_pool_pressure(rng, device, launch):
+    """The draft pool is the one that runs short (the target's has room for everything): decoding requests
+    grow their draft blocks every step, and after a drawn number of steps one finds none left, preempts
+    the last running request and takes the draft block it freed in that same step. DSpark's layout
+    (Q = K): a verified decode of K + 1 tokens reaches one position past the draft's lookahead, so its last
+    verified token's context KV lands in the block just taken, which the next step's draft reads (DFlash's
+    lookahead of 1 + K keeps every verified position in blocks held since an earlier step). A greedy decode
+    of K + 1 tokens advances one whole draft block and every prompt is K short of a block boundary, so every
+    decode takes exactly one new block, whose first position is the last verified one."""
+    k, bs_d = 3, 4  # K + 1 = the draft block
+    n = _sized(device, 3, 6)
+    full_steps = int(rng.integers(1, 3))  # decode steps every request grows in before the pool runs dry
+    spare = int(rng.integers(0, 2))  # blocks left then: the first request takes it, the second preempts
+
+    def requests(rng, vocab):
+        lengths = [bs_d * int(rng.integers(*_sized(device, (2, 4), (5, 15)))) - k for _ in range(n)]
+        return [request(rng, i, arrival=0, max_new=int(rng.integers(*_sized(device, (16, 24), (40, 60)))),
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), length))
+                for i, length in enumerate(lengths)]
+
+    def pools(requests):  # (target, draft), null blocks included: a prefill takes (L + K) / 4 draft blocks
+        target = sum(-(-(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2) // 4) for r in requests)
+        prefilled = sum((len(r["prompt"]) + k) // bs_d for r in requests)
+        return target + 1, prefilled + n * full_steps + spare + 1
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 7, 12), max_num_reqs=n,
+                       budget=_sized(device, 40, 2048), block_sizes=(4, bs_d), k=k, anchor_first=True,
+                       num_blocks=pools, note=f"draft pool dry after {full_steps} decode steps, {spare} spare")
+
+
 def mixed_prefill_decode(rng, device, launch):
     """A small token budget: prompts are prefilled in chunks (the bonus is the next prompt token) while
     earlier requests decode with drafts; DFlash or DSpark layout. The first two prompts arrive together
@@ -604,6 +634,33 @@ def dspark_dispatch(rng, device, launch):
     return _combined_case(rng, device, features, backends=CAPTURABLE_OFFERS)
 
 
+def chunked_resume(rng, device, launch):
+    """Two requests with short prompts under a budget of one decode and one or two tokens more, and a target pool
+    that runs dry after a few steps: the second request (growing by what the first one's decode leaves) is
+    preempted, the first takes its freed blocks (evicting them from the prefix cache) and finishes soon after,
+    and the second resumes alone with nothing restored, its prompt and outputs recomputed in chunks of the budget.
+    A chunk that ends past the prompt and short of the last token samples nothing: the draft's bonus row reads
+    the next token to compute, not a sampled one."""
+    bs, k = _sized(device, 4, 16), int(rng.integers(2, 4))
+    budget, press = k + 1 + int(rng.integers(1, 3)), int(rng.integers(3, 6))
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=0, max_new=(press + 2) * (k + 1) if i == 0 else 4 * bs,
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), int(rng.integers(2, 5))))
+                for i in range(2)]
+
+    def pools(requests):  # (target, draft), null blocks included: the target's runs dry after about `press`
+        # steps (the first request gains k + 1 tokens a step, the second what the budget leaves), the draft's has
+        # room for both at full length
+        first, second = (len(r["prompt"]) + press * n for r, n in zip(requests, (k + 1, budget - k - 1), strict=True))
+        return -(-first // bs) + -(-second // bs) + 1, sum(
+            -(-(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2) // bs) for r in requests) + 1
+
+    return engine_case(rng, device, requests, num_steps=press + 7, max_num_reqs=2, budget=budget,
+                       block_sizes=(bs, bs), k=k, anchor_first=bool(rng.integers(2)), num_blocks=pools,
+                       note=f"budget {budget} tokens, target pool dry after about {press} steps")
+
+
 def _combined_case(rng, device, f: dict[str, str], backends=None):
     """The combined case of the features ``f``; ``backends``: the draft backend offers drawn from for an eager
     draft (None: every offer)."""
@@ -662,5 +719,6 @@ FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix
             "seeded_sampling": seeded_sampling, "padded_graphs": padded_graphs, "prefix_chain": prefix_chain,
             "mid_prefill_hit": mid_prefill_hit, "tight_pools": tight_pools, "crowded_preemption": crowded_preemption,
             "budget_bound": budget_bound, "multi_turn": multi_turn, "combined": combined,
+            "draft_pool_pressure": draft_pool_pressure, "chunked_resume": chunked_resume,
             "adaptive_graphs": adaptive_graphs, "budget_cut_cache": budget_cut_cache,
             "dspark_dispatch": dspark_dispatch, "sampling_churn": sampling_churn}

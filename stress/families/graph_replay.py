@@ -10,6 +10,8 @@ block) and the last block (the one poisoned block tables point at) are all NaN. 
 carry unaligned cached counts that must be ignored.
 """
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -61,10 +63,13 @@ class _Cache:
 
 
 def _batch(rng, config: DraftConfig, cache: _Cache, *, num_reqs: int, k: int, num_slots: int, width: int,
-           depth: float = 1.0, prefix: float = 0.0, unaligned: float = 0.0) -> Batch:
+           depth: float = 1.0, prefix: float = 0.0, unaligned: float = 0.0, offset: int = 0,
+           at_end: float = 0.0) -> Batch:
     """One batch of ``num_reqs`` requests drafting ``k`` tokens; ``depth`` in (0, 1] scales how far
     into its row a request's context reaches; ``prefix`` is the chance of an aligned cached prefix and
-    ``unaligned`` that one live slot's prefix ends mid-block (the batch is then refused)."""
+    ``unaligned`` that one live slot's prefix ends mid-block (the batch is then refused). ``offset`` (whole
+    blocks) places every context that far in, past a row of null blocks a cached prefix must hide; ``at_end`` is the
+    chance that a request's context ends as far in as its row allows."""
     bs, kmax, qmax = config.block_size, config.max_draft_tokens, config.max_query_len
     slots = [int(s) for s in rng.permutation(num_slots)[:num_reqs]]
     cached = [int(rng.integers(0, 4)) * bs + 1 for _ in range(num_slots)]  # idle slots: unaligned, ignored
@@ -78,11 +83,11 @@ def _batch(rng, config: DraftConfig, cache: _Cache, *, num_reqs: int, k: int, nu
             n_rejected = int(rng.integers(0, n_ctx)) if rng.random() < 0.3 else 0
             n_sampled = n_ctx - n_rejected
         reach = max(0, int(depth * (width * bs - qmax - n_ctx - 1)))
-        first = int(rng.integers(0, reach + 1))
+        first = offset + (reach if at_end and rng.random() < at_end else int(rng.integers(0, reach + 1)))
         last_valid = first + n_ctx - n_rejected - 1
-        visible_from = int(rng.integers(0, first // bs + 1)) * bs if rng.random() < prefix else 0
+        visible_from = offset + int(rng.integers(0, (first - offset) // bs + 1)) * bs if rng.random() < prefix else 0
         cached[slot] = visible_from + (int(rng.integers(1, bs)) if batch_row == victim else 0)
-        row = cache.row(width)
+        row = [0] * (offset // bs) + cache.row(width)
         cache.fill(row, visible_from, last_valid)
         starts.append(starts[-1] + n_ctx)
         positions += range(first, first + n_ctx)
@@ -194,9 +199,32 @@ def causal_draft(rng, device, launch):
                  note="causal")
 
 
+def long_positions(rng, device, launch):
+    """Contexts tens of thousands of positions in (32K to 128K, behind a restored prefix of null blocks),
+    so the rotary angles are large: rounding the inverse frequencies or the angles to float32 moves a key
+    by more than float32's own error there, while the short contexts of the other families stay within it."""
+    config, width = _config(rng)
+    offset = config.block_size * int(rng.integers(2**15 // config.block_size, 2**17 // config.block_size))
+    config = dataclasses.replace(config, max_model_len=offset + width * config.block_size)
+    num_reqs = int(rng.integers(2, 5))
+    return _case(rng, config, width, sizes_and_depths=_every_size(rng, num_reqs, config.max_draft_tokens),
+                 prefix=1.0, offset=offset, note=f"positions from {offset}")
+
+
+def length_limit(rng, device, launch):
+    """max_model_len a query block short of the table's end, and most contexts ending as far in as they may: the
+    query rows past the limit are clamped to max_model_len - 1 (their K/V written, and attended, there)."""
+    config, width = _config(rng)
+    config = dataclasses.replace(config, max_model_len=width * config.block_size - config.max_query_len)
+    num_reqs = int(rng.integers(2, 6))
+    return _case(rng, config, width, sizes_and_depths=_every_size(rng, num_reqs, config.max_draft_tokens),
+                 at_end=0.7, note=f"limit {config.max_model_len}")
+
+
 REPLAY_FAMILIES = {"padded_graph": padded_graph, "zero_width_band": zero_width_band,
                    "shrinking_seq_lens": shrinking_seq_lens, "non_causal_draft": non_causal_draft,
-                   "causal_draft": causal_draft}
+                   "causal_draft": causal_draft, "long_positions": long_positions,
+                   "length_limit": length_limit}
 
 
 def _pairs(rng, config, width, *, extra_sizes: int, note: str) -> Case:
