@@ -325,6 +325,30 @@ def large_scores(rng, device, launch):
     return case
 
 
+
+LEVEL_SCORE = 150.0  # the mean score of level_scores' keys: about 216 in the kernel's log2 units
+
+
+def level_scores(rng, device, launch):
+    """fp16 and bf16 over several KV splits, every key scoring about 150 (216 in log2 units) within a unit or
+    so of the others: every split's maximum sits near the overall one, so each split carries weight, and the
+    maxima and sums the splits hand the combine must keep float32's precision (fp16 spaces numbers near 216
+    by 0.125, bf16 by 1: a rounded maximum moves its split's weight by up to 4% or 41%). Queries are positive
+    and keys a shared level plus small noise; tables of 512 tokens and two batch rows or KV heads at most give
+    the launcher's own shape 2 or more splits, and sequences of 70 to 160 tokens put keys in each."""
+    rows, kv_heads = pick(rng, ((1, 1), (1, 2), (2, 1)))
+    query_lens = [int(rng.integers(1, 4)) for _ in range(rows)]
+    shape = {**_shape(rng, device, dtypes=(torch.float16, torch.bfloat16)), "kv_heads": kv_heads}
+    seq_lens = [int(rng.integers(70, 161)) for _ in query_lens]
+    case = attention_case(rng, query_lens=query_lens, seq_lens=seq_lens, causal=bool(rng.integers(2)),
+                          min_width=512 // shape["block_size"], note="level scores", **shape)
+    inputs, dtype = case.inputs, shape["dtype"]
+    query = inputs["query"].float().abs() + 0.5
+    level = LEVEL_SCORE / (inputs["scale"] * float(query.sum(-1).mean()))
+    inputs["query"] = query.to(dtype)
+    inputs["k_cache"] = (inputs["k_cache"].float() * 0.3 + level).to(dtype)  # never-written slots stay NaN
+    return case
+
 @own_launch()
 def infinite_keys(rng, device, launch, split=False):
     """Keys holding -inf in head dim 0 for a prefix of each sequence (all of the first batch row's, and of half
@@ -648,6 +672,7 @@ FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long"
             "dtypes": dtypes, "chunks": chunks, "widest_tiles": widest_tiles,
             "overflowing_tiles": overflowing_tiles, "wide_groups": wide_groups, "float32": float32,
             "float32_wide": float32_wide, "two_splits": two_splits, "large_scores": large_scores,
+            "level_scores": level_scores,
             "empty": empty_inputs, "no_keys": no_keys, "one_element": one_element, "many_queries": many_queries,
             "wide_table": wide_table, "infinite_keys": infinite_keys,
             "infinite_keys_split": infinite_keys_split,
