@@ -325,6 +325,62 @@ def large_scores(rng, device, launch):
     return case
 
 
+
+LEVEL_SCORE = 150.0  # the mean score of level_scores' keys: about 216 in the kernel's log2 units
+
+
+def level_scores(rng, device, launch):
+    """fp16 and bf16 over several KV splits, every key scoring about 150 (216 in log2 units) within a unit or
+    so of the others: every split's maximum sits near the overall one, so each split carries weight, and the
+    maxima and sums the splits hand the combine must keep float32's precision (fp16 spaces numbers near 216
+    by 0.125, bf16 by 1: a rounded maximum moves its split's weight by up to 4% or 41%). Queries are positive
+    and keys a shared level plus small noise; tables of 512 tokens and two batch rows or KV heads at most give
+    the launcher's own shape 2 or more splits, and sequences of 70 to 160 tokens put keys in each."""
+    rows, kv_heads = pick(rng, ((1, 1), (1, 2), (2, 1)))
+    query_lens = [int(rng.integers(1, 4)) for _ in range(rows)]
+    shape = {**_shape(rng, device, dtypes=(torch.float16, torch.bfloat16)), "kv_heads": kv_heads}
+    seq_lens = [int(rng.integers(70, 161)) for _ in query_lens]
+    case = attention_case(rng, query_lens=query_lens, seq_lens=seq_lens, causal=bool(rng.integers(2)),
+                          min_width=512 // shape["block_size"], note="level scores", **shape)
+    inputs, dtype = case.inputs, shape["dtype"]
+    query = inputs["query"].float().abs() + 0.5
+    level = LEVEL_SCORE / (inputs["scale"] * float(query.sum(-1).mean()))
+    inputs["query"] = query.to(dtype)
+    inputs["k_cache"] = (inputs["k_cache"].float() * 0.3 + level).to(dtype)  # never-written slots stay NaN
+    return case
+
+
+CACHE_LAYOUTS = ("head-major", "token-major", "padded")
+
+
+def relaid_cache(cache: torch.Tensor, layout: str, pads: list[int]) -> torch.Tensor:
+    """``cache``'s values in a view of its shape over memory ``[N, H_kv, bs, D]`` (head-major), ``[bs, N, H_kv,
+    D]`` (token-major) or ``[N, bs + p0, H_kv + p1, D + p2]`` (padded): block, token and head strides unlike a
+    contiguous cache's, the innermost stride 1. The same ``layout`` and ``pads`` give K and V one layout."""
+    n, bs, heads, dim = cache.shape
+    if layout == "head-major":
+        view = torch.empty((n, heads, bs, dim), dtype=cache.dtype).transpose(1, 2)
+    elif layout == "token-major":
+        view = torch.empty((bs, n, heads, dim), dtype=cache.dtype).transpose(0, 1)
+    else:
+        view = torch.empty((n, bs + pads[0], heads + pads[1], dim + pads[2]), dtype=cache.dtype)[:, :bs, :heads, :dim]
+    return view.copy_(cache)
+
+
+def cache_layouts(rng, device, launch):
+    """Draft blocks over two or more KV heads whose K and V caches (one layout for both) are handed over
+    head-major, token-major or with every inner size padded: a key is found only through the caches' own
+    block, token and head strides, never through sizes that hold for a contiguous cache alone."""
+    query_lens = [int(rng.integers(1, 9)) for _ in range(_batch(rng, device))]
+    shape = _shape(rng, device, kv_heads=int(rng.integers(2, 4)))
+    case = attention_case(rng, query_lens=query_lens, seq_lens=_requests(rng, device, query_lens, 40),
+                          causal=bool(rng.integers(2)), **shape)
+    layout, pads = pick(rng, CACHE_LAYOUTS), [int(rng.integers(1, 4)) for _ in range(3)]
+    for name in ("k_cache", "v_cache"):
+        case.inputs[name] = relaid_cache(case.inputs[name], layout, pads)
+    case.note += f", caches {layout}"
+    return case
+
 @own_launch()
 def infinite_keys(rng, device, launch, split=False):
     """Keys holding -inf in head dim 0 for a prefix of each sequence (all of the first batch row's, and of half
@@ -648,6 +704,7 @@ FAMILIES = {"decode": decode, "multi_query": multi_query, "edges": edges, "long"
             "dtypes": dtypes, "chunks": chunks, "widest_tiles": widest_tiles,
             "overflowing_tiles": overflowing_tiles, "wide_groups": wide_groups, "float32": float32,
             "float32_wide": float32_wide, "two_splits": two_splits, "large_scores": large_scores,
+            "level_scores": level_scores, "cache_layouts": cache_layouts,
             "empty": empty_inputs, "no_keys": no_keys, "one_element": one_element, "many_queries": many_queries,
             "wide_table": wide_table, "infinite_keys": infinite_keys,
             "infinite_keys_split": infinite_keys_split,

@@ -543,6 +543,23 @@ def prefix_multi_group(rng, device, launch):
     return _prefix_case(rng, block_sizes=sizes, unaligned_live=bool(rng.integers(2)), note=f"block sizes {sizes}")
 
 
+
+def prefix_aligned_to_one(rng, device, launch):
+    """Several draft KV groups, every live count a whole number of blocks of all of them but one, which is a
+    whole number of blocks of one group and not of another (32k + 16 under 16 and 32; a multiple of 24 and not
+    of 64): the answer is True, seen only by a test that asks every block size."""
+    sizes = pick(rng, ([16, 32], [16, 48], [16, 64], [16, 24], [3, 16], [24, 64]))
+    case = _prefix_case(rng, block_sizes=sizes, unaligned_live=False)
+    aligned_to, not_to = pick(rng, [pair for pair in (sizes, sizes[::-1]) if pair[0] % pair[1]])
+    count = aligned_to * int(rng.integers(1, 20))
+    while count % not_to == 0:
+        count += aligned_to
+    idx_mapping = case.inputs["idx_mapping"]
+    victim = int(idx_mapping[int(rng.integers(idx_mapping.numel()))])
+    case.inputs["num_cached_tokens"][victim] = count
+    case.note = f"block sizes {sizes}, slot {victim} holds {count}: aligned to {aligned_to}, not to {not_to}"
+    return case
+
 def prefix_padded(rng, device, launch):
     """Padded rows (slot -1) are ignored, whatever the last slot holds."""
     return _prefix_case(rng, block_sizes=[16], unaligned_live=False, padded=True, note="slot -1 rows")
@@ -559,4 +576,5 @@ def prefix_no_live_rows(rng, device, launch):
 
 
 PREFIX_FAMILIES = {"aligned": prefix_aligned, "unaligned": prefix_unaligned, "slot_zero": prefix_slot_zero,
-                   "multi_group": prefix_multi_group, "padded": prefix_padded, "no_live_rows": prefix_no_live_rows}
+                   "multi_group": prefix_multi_group, "aligned_to_one": prefix_aligned_to_one, "padded": prefix_padded,
+                   "no_live_rows": prefix_no_live_rows}

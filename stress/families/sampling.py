@@ -5,6 +5,8 @@ positions, vocab tile boundaries, and no logits cache; with the helpers verifica
 import numpy as np
 import torch
 
+import reference.philox
+import reference.sampling
 from stress.core.types import Case
 from stress.families.common import (
     big,
@@ -285,9 +287,38 @@ def greedy_threshold(rng, device, launch):
     return case
 
 
+NOISE_GAPS = (1.5e-8, 4e-8)  # score gaps of noise_rounding's leading pair
+
+
+def noise_rounding(rng, device, launch):
+    """Sampled rows led by the two tokens whose Gumbel noise is nearest 0, every other logit -inf, their scores
+    near 0 and 1.5e-8 to 4e-8 apart (either may lead). Noise computed in float64 and rounded once to float32 is
+    off by about 1e-10 there, so the leader is decided; noise computed in float32 passes -log(u) through float32
+    near 1, whose spacing (6e-8 to 1.2e-7) moves each score by more than the gap."""
+    rows = int(rng.integers(1, 9)) if big(device) else int(rng.integers(2, 5))
+    vocab = int(rng.integers(2048, 8192)) if big(device) else int(rng.integers(1024, 2048))
+    case = _case(rng, rows=rows, vocab=vocab, logits=torch.zeros(rows, vocab), greedy_share=0.0,
+                 note=f"{rows} rows, vocab {vocab}, two near-zero scores apart by less than float32 noise error")
+    inputs = case.inputs
+    temp = float(pick(rng, (0.5, 1.0, 2.0)))  # powers of two: logits / temp is exact
+    inputs["temperature"].fill_(temp)
+    salt = reference.sampling.DRAFT_NOISE_SALT if inputs.get("draft", False) else 0
+    logits = torch.full((rows, vocab), float("-inf"), dtype=torch.float64)
+    for row in range(rows):
+        seed = int(inputs["seeds"][int(inputs["idx_mapping"][row])])
+        key = reference.philox.randint(seed, int(inputs["positions"][row]) + salt)
+        noise = reference.sampling.gumbel_noise(key, vocab)
+        first, second = noise.abs().argsort()[:2].tolist()
+        gap = rng.uniform(*NOISE_GAPS) * pick(rng, (-1.0, 1.0))
+        logits[row, first] = 0.0
+        logits[row, second] = float(noise[first] - noise[second]) + gap
+    inputs["logits"] = (logits * temp).to(torch.float32)
+    return case
+
+
 FAMILIES = {"mixed": mixed, "padded": padded, "zero_width": zero_width, "nonfinite": nonfinite,
             "long_vocab": long_vocab, "ties": ties, "layouts": laid_out(padded, "logits", "logits_cache"),
             "extremes": extremes, "tiles": tiles, "no_cache": no_cache,
             "tiny_vocab": tiny_vocab, "every_slot": every_slot, "huge_vocab": huge_vocab,
-            "greedy_threshold": greedy_threshold,
+            "greedy_threshold": greedy_threshold, "noise_rounding": noise_rounding,
             **one_per_value(big_offsets, "layout", ("logits", "logits_cache", "cache columns"))}
