@@ -77,3 +77,22 @@ def test_a_class_held_by_a_module_level_registry_is_swapped_there_too():
         assert type(made) is not original and type(made).__name__ == original.__name__
     assert attention_backends.BACKENDS["host_planned"] is original
     assert type(attention_backends.make("host_planned", causal=False)) is original
+
+
+def test_a_mutated_class_reads_the_live_module_as_the_original_does(monkeypatch):
+    """A unit test that monkeypatches a module global (``draft_graphs.capturing``) must reach a mutant of a class
+    of that module too: its methods read the live module, not the copy its source was rebuilt in. Otherwise the
+    test fails under every mutant of the class, a kill that says nothing about the slip."""
+    from kernels.spec import draft_graphs
+    from stress.mutate import operators as mutate_ops
+
+    original = draft_graphs.DraftGraphs
+    mutant = mutate_ops.resolve("gen:kernels.spec.draft_graphs:DraftGraphs:same-name:26685ca5")  # in capture only
+    with mutants.applied(mutant):
+        mutated = draft_graphs.DraftGraphs
+        assert mutated is not original
+        for name in ("forward", "run", "capture", "clear"):
+            assert vars(mutated)[name].__globals__ is vars(draft_graphs), name
+        assert vars(mutated)["descriptors"].fget.__globals__ is vars(draft_graphs)
+        monkeypatch.setattr(draft_graphs, "capturing", lambda: True)  # as the retention test does
+        assert vars(mutated)["forward"].__globals__["capturing"]() is True

@@ -44,14 +44,30 @@ def _build(mutant_name: str, patch: Patch):
     linecache.cache[filename] = (len(mutated), None, lines, filename)
     namespace = dict(vars(module))
     exec(compile(mutated, filename, "exec"), namespace)
-    built = namespace[fn.__name__]
-    if isinstance(built, types.FunctionType):  # host code reads the live module, as the original does, so a
-        # test's monkeypatch of a module global (a simulated device's launch) reaches the mutant too
-        live = types.FunctionType(built.__code__, vars(module), built.__name__, built.__defaults__, built.__closure__)
-        live.__kwdefaults__, live.__dict__ = built.__kwdefaults__, built.__dict__
-        built = live
+    built = _reading_live_module(namespace[fn.__name__], module)
     _built[key] = built
     return _built[key]
+
+
+def _reading_live_module(built, module):
+    """Host code reads the live module's globals, as the original does, so a test's monkeypatch of a module
+    global (a simulated device's launch, ``draft_graphs.capturing``) reaches the mutant too: a function is
+    rebound to them, and so is each method of a class (plain, static, class methods and properties); a
+    method left on the copy of the globals would fail such a test under every mutant of its class."""
+    if isinstance(built, types.FunctionType):
+        live = types.FunctionType(built.__code__, vars(module), built.__name__, built.__defaults__, built.__closure__)
+        live.__kwdefaults__, live.__dict__ = built.__kwdefaults__, built.__dict__
+        return live
+    if isinstance(built, type):
+        for name, member in list(vars(built).items()):
+            if isinstance(member, types.FunctionType):
+                setattr(built, name, _reading_live_module(member, module))
+            elif isinstance(member, (staticmethod, classmethod)):
+                setattr(built, name, type(member)(_reading_live_module(member.__func__, module)))
+            elif isinstance(member, property):
+                setattr(built, name, property(*(f and _reading_live_module(f, module)
+                                                 for f in (member.fget, member.fset, member.fdel)), member.__doc__))
+    return built
 
 
 def _aliases(original) -> list[tuple[object, str]]:
