@@ -128,6 +128,19 @@ def test_backbone_outputs_are_retained_only_while_capturing(monkeypatch, device)
     assert owner.retained == () and owner.captured == {}
 
 
+def test_a_cleared_graph_is_never_replayed(device):
+    """``clear`` drops the graphs themselves, not only the outputs they filled: a later run of a batch that
+    dispatches to a cleared graph runs the step eagerly. A stand-in records replays (graphs need a GPU)."""
+    owner = _graphs(device)
+    graph_replay.poison(owner, _batch())
+    desc = owner.descriptor_for(2, 3)
+    replayed = []
+    owner._graphs[desc] = type("Graph", (), {"replay": lambda self: replayed.append(desc)})()
+    owner.clear()
+    out = owner.run(num_draft_tokens=3, **_batch().target(device))
+    assert out.descriptor == desc and not out.replayed and not replayed
+
+
 @pytest.mark.parametrize("causal", (False, True))
 @pytest.mark.parametrize("backend", attention_backends.BACKENDS)
 def test_each_backend_attends_like_the_reference_on_rows_without_keys_or_queries(backend, causal, device):

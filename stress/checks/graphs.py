@@ -92,6 +92,9 @@ CHECKS = (
         kernel=stress.oracles.graph_replay.eager_draft_step, reference=reference.spec.draft_step.expected_eager_step,
         families=replay_families.REPLAY_FAMILIES, outputs=(RETURN,), compare=stress.oracles.graph_replay.judge_eager,
         repeats={"cpu": 1, "cuda": 1}, iteration_share=0.5,  # a case runs 5 to 12 batches of the whole draft step
+        # what clear drops, which no driver calls: the graphs and the outputs retained for them
+        unit_tests=("tests/test_draft_graphs.py::test_a_cleared_graph_is_never_replayed",
+                    "tests/test_draft_graphs.py::test_backbone_outputs_are_retained_only_while_capturing"),
         mutants=(
             dataclasses.replace(PADDED_ROWS_SLOT_0, oracles=EVERYWHERE),
             Mutant("query-kv-not-written", "the draft step forgets the query rows' K/V write: its attention reads "
@@ -130,7 +133,8 @@ CHECKS = (
                    path=unreachable_by_engine(_OWN_STEP + "whose attention backends this bug reaches")),
             Mutant("rope-frequencies-float32", "the draft's inverse rotary frequencies are computed in float32: at "
                    "positions in the tens of thousands the angles move a key by more than float32's own error",
-                   (Patch("kernels.spec.draft_step:inverse_frequencies", "dtype=torch.float64", "dtype=torch.float32"),),
+                   (Patch("kernels.spec.draft_step:inverse_frequencies", "dtype=torch.float64",
+                          "dtype=torch.float32"),),
                    oracles=EVERYWHERE, families=("long_positions",),
                    path=unreachable_by_engine(_OWN_STEP + "whose rotary frequencies this bug rounds")),
             Mutant("draft-clamp-one-short", "the draft step clamps its query positions at max_model_len - 2: the "
