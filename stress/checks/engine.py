@@ -155,7 +155,8 @@ CHECKS = (
             Mutant("freed-draft-blocks-poisoned-late", "the draft blocks freed since the last step are poisoned after "
                    "the step instead of before its writes: blocks a preemption frees and the growing request takes "
                    "in the same step are written, then poisoned under the context KV it reads next step",
-                   (Patch(_ENGINE, _POISON_FIRST, _POISON_FIRST.replace("        self._poison_freed_draft_blocks()\n", "")
+                   (Patch(_ENGINE, _POISON_FIRST,
+                          _POISON_FIRST.replace("        self._poison_freed_draft_blocks()\n", "")
                           .replace("self.scheduler.finish_step()\n", "self.scheduler.finish_step()\n"
                                                                       "        self._poison_freed_draft_blocks()\n")),),
                    oracles=EVERYWHERE, families=("draft_pool_pressure",)),
