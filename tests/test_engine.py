@@ -275,6 +275,16 @@ def test_first_divergence_reports_step_field_index_expected_got():
         "step 0 x: missing from the engine's record"]
 
 
+def test_a_field_missing_from_the_engines_record_is_a_divergence_before_any_invariant_reads_it():
+    """The invariants read fields of the engine's record (the slots' cached counts): an engine that stops
+    recording one fails as a divergence naming it, not as the suite's own error, which kills nothing."""
+    case, expected, got = _run("multi_turn", cases.case_seed(0, "engine.step", "multi_turn", 0))
+    assert engine_check.compare("engine", expected, got) is None, case.note
+    del got[1]["slots.num_cached_tokens"]
+    assert engine_check.compare("engine", expected, got).lines() == [
+        "step 1 slots.num_cached_tokens: missing from the engine's record"]
+
+
 def test_near_ties_follow_the_engine(monkeypatch):
     """An inert padded row's draft token changed by hand: a divergence; once the reference deems every
     sampling decision undecidable, it takes the engine's token and the case is tolerated, not failed."""
