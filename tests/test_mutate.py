@@ -2,14 +2,15 @@
 file of reasoned equivalences, and one generated mutant hunted end to end."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
 
 from kernels import runtime
 from stress import checks
+from stress.core import cases, pool, workers
 from stress.core import patches as mutants
-from stress.core import pool, workers
 from stress.core.patches import source_of
 from stress.mutate import campaign as mutate
 from stress.mutate import equivalence as mutate_equiv
@@ -666,3 +667,20 @@ def test_a_module_that_is_no_module_or_that_no_selected_check_runs_is_a_usage_er
                  "kernels.spec.engine", "--report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no code of kernels.spec.engine is run by the selected checks" in err and "kernels.spec.slots" in err
+
+
+def test_run_and_repro_apply_a_generated_mutant_as_mutate_prints_it(capsys, tmp_path):
+    """``mutate`` names a survivor or a kill by its generated id; ``run`` and ``repro`` take that id in --mutant and
+    apply it in every case (a planted bug's name would fail as not planted); a stale id is a usage error."""
+    from stress.__main__ import main
+
+    generated = "gen:kernels.spec.slots:RequestSlots:same-name:dee35124"  # killed by spec.slots/churn at once
+    assert main(["run", "--device", "cpu", "--check", "spec.slots", "--family", "churn", "--iters", "1", "--jobs", "0",
+                 "--mutant", generated, "--report", str(tmp_path / "run")]) == 1
+    verdicts = [json.loads(line).get("verdict") for line in open(tmp_path / "run" / "results.jsonl")]
+    assert "fail:divergence" in verdicts and "fail:crash" not in verdicts
+    seed = str(cases.case_seed(0, "spec.slots", "churn", 0))
+    assert main(["repro", "spec.slots", "churn", seed, "--device", "cpu", "--mutant", generated]) == 1
+    assert "verdict: fail:divergence" in capsys.readouterr().out
+    assert main(["run", "--device", "cpu", "--mutant", generated[:-8] + "00000000", "--report", str(tmp_path)]) == 2
+    assert "no longer matches a mutant" in capsys.readouterr().err

@@ -125,13 +125,24 @@ def family_named(check, family: str, argument: str = "FAMILY") -> str:
     return family
 
 
+def generated_mutant(name: str | None):
+    """The mutant a generated id (``mutate``'s ``gen:...``, which names its own patch) rebuilds from the current
+    source, handed to every case as ``Task.patched``; None for a planted bug's name. A stale id is a usage error."""
+    from stress.mutate import operators as mutate_ops
+
+    if not name or not name.startswith(mutate_ops.PREFIX):
+        return None
+    try:
+        return mutate_ops.resolve(name)
+    except ValueError as exc:
+        raise UsageError("--mutant", str(exc).removeprefix("--mutant: "), "rerun `mutate` for current ids") from None
+
+
 def planted_mutant(check, name: str | None):
     if name is None:
         return None
-    from stress.mutate import operators as mutate_ops
-
-    if name.startswith(mutate_ops.PREFIX):  # a generated mutant (python -m stress mutate) names its own patch
-        return mutate_ops.resolve(name)
+    if generated := generated_mutant(name):
+        return generated
     if name not in {m.name for m in check.mutants}:
         raise UsageError("--mutant", f"{name!r} is not a planted bug of {check.name}",
                          f"known: {', '.join(m.name for m in check.mutants) or 'none'}")
@@ -253,7 +264,7 @@ def selected_checks(args) -> list:
     """The checks of ``--check`` (all by default) that plant ``--mutant`` or hunt every bug, after
     checking that each ``--family`` belongs to one of them."""
     selected = checks_named(args.check)
-    if args.mutant:
+    if args.mutant and not generated_mutant(args.mutant):  # a generated one runs in every selected check
         selected = [c for c in selected if c.whole_path or any(m.name == args.mutant for m in c.mutants)]
         if not selected:
             raise UsageError("--mutant", f"{args.mutant!r} is planted in no selected check, and none hunts every bug",

@@ -15,6 +15,7 @@ from stress.cli.common import (
     count,
     device_and_seed,
     family_named,
+    generated_mutant,
     gpu_header,
     gpu_log,
     impl_header,
@@ -45,7 +46,8 @@ def add_parsers(sub) -> None:
                           "run's files (default: reports/latest)")
     run.add_argument("--no-trace", action="store_true", help="skip the CPU tracer (races, out-of-bounds, uninit)")
     run.add_argument("--mutant", help="apply this planted bug in every case of the checks that plant it or hunt every "
-                                      "bug (engine.step): what it does to the verdicts and the acceptance "
+                                      "bug (engine.step): what it does to the verdicts and the acceptance; a "
+                                      "generated id (gen:..., from mutate) in every selected check "
                                       "(default: the production code)")
     run.add_argument("--hunt", action="store_true",
                      help="then hunt the race-prone checks (those with hunt seconds for this device) back to back on "
@@ -133,6 +135,8 @@ def cmd_run(args) -> int:
 
     selected = selected_checks(args)
     tasks = cases.plan(selected, args.family, args.iters, args.seed, args.mutant)
+    if patched := generated_mutant(args.mutant):
+        tasks = [task._replace(patched=patched) for task in tasks]
     jobs = workers.default_jobs(device) if args.jobs is None else args.jobs
     header = {**impl_header(), "device": device,
               "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
@@ -204,7 +208,8 @@ def cmd_repro(args) -> int:
         shown = f"{tuple(value.shape)} {value.dtype}" if hasattr(value, "shape") else repr(value)
         print(f"  {name}: {shown}")
     forced = tuple(sorted(args.launch.items())) if args.launch is not None else None
-    task = cases.Task(args.check, args.family, args.seed, args.mutant, forced, args.sanitizer)
+    task = cases.Task(args.check, args.family, args.seed, args.mutant, forced, args.sanitizer,
+                      generated_mutant(args.mutant))
     results = []
     # Here a deadline is an alarm signal; a kernel spinning on a GPU never sees it, so there a
     # deadline runs the case in one worker process the pool can kill (a sanitized case has its own).
