@@ -118,9 +118,8 @@ def broken_invariant(expected: Expected, got: list[dict]) -> Divergence | None:
 
 
 def missing_field(trace: reference_engine.Trace, got: list[dict]) -> Divergence | None:
-    """The first field the reference records that the engine's record lacks. The invariants read the engine's
-    record, so its completeness is judged before them: a missing field is the engine's failure, never the
-    suite's own code failing on it (a suite error, which kills nothing)."""
+    """The first field the reference records that the engine's record lacks: where the invariants fail reading
+    one, the engine's failure, never the suite's own code failing on it (a suite error, which kills nothing)."""
     for step, (expected, actual) in enumerate(zip(trace.records, got, strict=False)):
         if (name := next((n for n in expected if n not in actual), None)) is not None:
             return Divergence(f"step {step} {name}", 1, [], problem="missing from the engine's record")
@@ -128,11 +127,15 @@ def missing_field(trace: reference_engine.Trace, got: list[dict]) -> Divergence 
 
 
 def compare(output: str, expected: Expected, got: list[dict]) -> Divergence | Tolerated | None:
-    """The record's completeness, then the step's invariants (they name the broken promise), then the lockstep
-    comparison."""
-    if (missing := missing_field(expected.trace, got)) is not None:
+    """The step's invariants first (they name the broken promise; one that reads a field the engine did not
+    record gives way to that missing field), then the lockstep comparison."""
+    try:
+        broken = broken_invariant(expected, got)
+    except KeyError:
+        if (missing := missing_field(expected.trace, got)) is None:
+            raise
         return missing
-    if (broken := broken_invariant(expected, got)) is not None:
+    if broken is not None:
         return broken
     trace = expected.trace
     found = first_divergence(trace, got)
