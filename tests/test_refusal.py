@@ -100,6 +100,31 @@ def test_a_refusal_of_a_knob_the_implementation_does_not_take_is_not_asked_and_s
     assert refusal.judge_all(check, case, "cpu", launcher)[0] == "fail:accepted"
 
 
+def test_a_limit_of_the_suites_own_kernel_is_not_asked_of_another_implementation():
+    """A refusal of input too large for the suite's kernel on the GPU (its tiles' shared memory: attention's
+    unfittable groups) is a limit of that kernel, not a clause of the contract: a registered implementation that
+    computes it is not failed for accepting it, and the sub-case says so. The suite's launcher is still asked."""
+    def family(rng, device, launch):
+        too_big = Case(inputs={"out": torch.zeros(4, dtype=torch.int32), "n": 2}, refused="n",
+                       note="n too large for the tiles", own_limit=True)
+        too_big.more_refusals = [Case(inputs={"out": torch.zeros(4, dtype=torch.int32), "n": -1}, refused="n",
+                                      note="n < 0")]
+        return too_big
+
+    def implementation(out, n):  # any size: only n < 0 is refused
+        _guarded(out, n)
+    implementation.takes = frozenset({"out", "n"})
+
+    check = Check(name="fake", kernel=implementation, reference=lambda out, n: None, families={"f": family},
+                  outputs=("out",))
+    case = cases.build_case(check, "f", 1, "cpu")
+    verdict, details = refusal.judge_all(check, case, "cpu", implementation)
+    assert verdict == "pass" and any(d.startswith("not asked: n too large for the tiles: a limit of the suite's own")
+                                     for d in details)
+    launcher = lambda out, n: _guarded(out, n)  # noqa: E731 - the suite's launcher: no ``takes``, asked everything
+    assert refusal.judge_all(check, case, "cpu", launcher)[0] == "fail:accepted"
+
+
 def test_the_message_must_begin_with_the_argument_and_a_colon():
     assert refusal.names("idx_mapping: slot 9 at [2] is outside [-1, 9)", "idx_mapping")
     assert not refusal.names("out: 3 rows, but idx_mapping has 4 batch rows", "idx_mapping")

@@ -56,12 +56,17 @@ def asks(kernel, argument: str) -> bool:
 def judge_all(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
     """``case`` and its ``more_refusals`` in turn (each checked against the reference first): the first that
     fails decides, its details led by the corruption it was. A refusal of an argument the kernel does not take is
-    not asked, and says so; a case none of whose refusals can be asked is not_checked."""
+    not asked, and says so, as is a limit of the suite's own kernel (``Case.own_limit``) of a registered
+    implementation; a case none of whose refusals can be asked is not_checked."""
     passed, unasked = [], []
     for refusal in (case, *case.more_refusals):
         if not asks(kernel, refusal.refused):
             unasked.append(f"not asked: {refusal.note}: the implementation takes no {refusal.refused!r} (a launch "
                            "knob of the suite's launcher)")
+            continue
+        if refusal.own_limit and getattr(kernel, "takes", None) is not None:
+            unasked.append(f"not asked: {refusal.note}: a limit of the suite's own kernel on this GPU (its tiles' "
+                           "shared memory), not a clause of the contract")
             continue
         check_reference(check, refusal)
         verdict, details = judge_one(check, refusal, device, kernel)

@@ -92,6 +92,9 @@ class Case:
     note: str = ""  # what makes the case interesting, for reports
     unwritten: dict[str, Any] = field(default_factory=dict)  # input name -> bool mask of bytes never written
     refused: str = ""  # a refusal case: the argument the launcher's ValueError must name (stress.core.refusal)
+    # a refusal case of a limit of the suite's own kernel on the GPU (its tiles' shared memory), not of the
+    # contract: not asked of another implementation
+    own_limit: bool = False
     more_refusals: list["Case"] = field(default_factory=list)  # refusal cases judged after this one, in order
 
 

@@ -34,7 +34,9 @@ class Corruption:
     # False: an index value the launcher checks through kernels.validate.indices/offsets, which on a GPU read
     # it back only with SPECSAN_CHECK_INDICES=1; without it a GPU case leaves the corruption out
     on_gpu: bool = True
-    on_cpu: bool = True  # False: a limit of the GPU itself (its shared memory), which the interpreter does not have
+    # False: a limit of the GPU itself (its shared memory) for the suite's kernel, which the interpreter does not
+    # have and another implementation need not share (``Case.own_limit``)
+    on_cpu: bool = True
 
 
 def applies(corruption: Corruption, device: str) -> bool:
@@ -64,7 +66,7 @@ def corrupted(valid: Callable, corruption: Corruption, rng, device: str, launch:
         inputs = dict(case.inputs)
         if corruption.apply(rng, inputs) is not False:
             note = f"{corruption.what}, must be refused" + (f" ({case.note})" if case.note else "")
-            return Case(inputs, note=note, refused=corruption.refused)
+            return Case(inputs, note=note, refused=corruption.refused, own_limit=not corruption.on_cpu)
     raise RuntimeError(f"{corruption.what}: none of {TRIES} cases of {valid.__name__} can be corrupted so")
 
 
