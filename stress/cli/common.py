@@ -263,8 +263,11 @@ def gpu_log(header: dict) -> str:
 def selected_checks(args) -> list:
     """The checks of ``--check`` (all by default) that plant ``--mutant`` or hunt every bug, after
     checking that each ``--family`` belongs to one of them."""
+    from stress.mutate import operators as mutate_ops
+
     selected = checks_named(args.check)
-    if args.mutant and not generated_mutant(args.mutant):  # a generated one runs in every selected check
+    # a generated id (resolved once by the command) runs in every selected check
+    if args.mutant and not args.mutant.startswith(mutate_ops.PREFIX):
         selected = [c for c in selected if c.whole_path or any(m.name == args.mutant for m in c.mutants)]
         if not selected:
             raise UsageError("--mutant", f"{args.mutant!r} is planted in no selected check, and none hunts every bug",

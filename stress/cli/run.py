@@ -196,7 +196,9 @@ def cmd_repro(args) -> int:
 
     check = checks_named([args.check], "CHECK")[0]
     family_named(check, args.family)
-    planted_mutant(check, args.mutant)
+    patched = generated_mutant(args.mutant)
+    if patched is None:
+        planted_mutant(check, args.mutant)
     if args.sanitizer and refusal.is_family(check.families[args.family]):
         raise UsageError("--sanitizer", f"{args.family!r} is a refusal family: its cases launch no kernel",
                          "rerun it without --sanitizer")
@@ -208,8 +210,7 @@ def cmd_repro(args) -> int:
         shown = f"{tuple(value.shape)} {value.dtype}" if hasattr(value, "shape") else repr(value)
         print(f"  {name}: {shown}")
     forced = tuple(sorted(args.launch.items())) if args.launch is not None else None
-    task = cases.Task(args.check, args.family, args.seed, args.mutant, forced, args.sanitizer,
-                      generated_mutant(args.mutant))
+    task = cases.Task(args.check, args.family, args.seed, args.mutant, forced, args.sanitizer, patched)
     results = []
     # Here a deadline is an alarm signal; a kernel spinning on a GPU never sees it, so there a
     # deadline runs the case in one worker process the pool can kill (a sanitized case has its own).
