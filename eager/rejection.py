@@ -5,18 +5,20 @@ probabilistic rejection sampling with a residual resample at the first rejection
 Every step of every request is decided at once (accept test and replacement token per step), then the first
 rejection of each request cuts its emitted tokens. Noise as the kernel's: step i of request b draws
 ``bits = randint(seeds[slot], positions[b] + i)``; the accept uniform is ``uniform(bits)`` and the resample or
-bonus is Gumbel-max keyed by ``bits``. Declared random stream: ``reference.philox`` (see ``eager.sampling``).
-The argument checks repeat the launcher's (same helpers, same messages): they are inline there, where its
-planted refusal bugs patch them.
+bonus is Gumbel-max keyed by ``bits``. Declared random stream: ``reference.philox``, drawn on the logits'
+device by ``eager.philox`` (see ``eager.sampling``). Requests are decided a chunk at a time, so a GPU-sized
+vocabulary times many requests never materializes at once. The argument checks repeat the launcher's (same
+helpers, same messages): they are inline there, where its planted refusal bugs patch them.
 """
 
 import torch
 
+from eager import philox
 from eager.sampling import first_argmax, gumbel_noise, per_slot
 from kernels import validate
-from reference import philox
 
 CLAMP = 2.0**126  # scaled logits are clamped to [-CLAMP, CLAMP], NaN to -CLAMP (as kernels.rejection)
+CHUNK_LOGITS = 2**24  # logits decided at once: the float64 noise of a chunk stays near 128 MiB
 
 
 def softmax(logits: torch.Tensor, temp: torch.Tensor) -> torch.Tensor:
@@ -31,7 +33,7 @@ def _sampled_steps(target, drafts, draft_q, temp, seed, pos) -> tuple[torch.Tens
     accepted, else its replacement; the bonus last) and whether its draft is accepted ``[n, k]``."""
     n, rows, vocab = target.shape
     k = rows - 1
-    bits = philox.randint(seed.cpu()[:, None], pos.cpu()[:, None] + torch.arange(rows)).to(target.device)
+    bits = philox.randint(seed[:, None], pos[:, None] + torch.arange(rows, device=target.device))
     t = temp[:, None, None]
     target_scores = target / t + gumbel_noise(bits, vocab)  # as kernels.sampling's Gumbel-max at each key
     from_p = first_argmax(target_scores)  # a placeholder step (no draft, so no q), and the bonus
@@ -48,9 +50,23 @@ def _sampled_steps(target, drafts, draft_q, temp, seed, pos) -> tuple[torch.Tens
         keep = p > q
         residual = torch.where(keep, torch.log(torch.where(keep, p - q, 1.0)), float("-inf"))
         resampled = torch.where(keep.any(-1), first_argmax(residual + gumbel_noise(bits[:, :k], vocab)), from_p[:, :k])
-    accepted = valid & (p.gather(-1, x)[..., 0] > philox.uniform(bits[:, :k].cpu()).to(target.device) * q_x)
+    accepted = valid & (p.gather(-1, x)[..., 0] > philox.uniform(bits[:, :k]) * q_x)
     tokens = torch.where(drafts < 0, from_p[:, :k], torch.where(accepted, drafts, resampled))
     return torch.cat([tokens, from_p[:, k:]], 1), accepted
+
+
+def _decided_steps(target, drafts, slots, temp, seed, pos, draft_logits) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each step's emitted token if it is reached ``[n, k+1]`` and whether its draft is accepted ``[n, k]``, for
+    the requests of one chunk: greedy (temperature not > 0) accepts while the draft is the target argmax."""
+    tokens = first_argmax(target)
+    accepted = drafts == tokens[:, :drafts.shape[1]]
+    sampled_rows = (temp > 0).nonzero()[:, 0]
+    if sampled_rows.numel():
+        draft_q = None if draft_logits is None else draft_logits[slots[sampled_rows]]
+        tokens[sampled_rows], accepted[sampled_rows] = _sampled_steps(
+            target[sampled_rows], drafts[sampled_rows], draft_q, temp[sampled_rows], seed[sampled_rows],
+            pos[sampled_rows])
+    return tokens, accepted
 
 
 def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, idx_mapping: torch.Tensor,
@@ -100,16 +116,12 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, idx_mapping:
         raise ValueError("target_logits: vocab size 0; there is no token to emit")
     slots = idx_mapping.to(torch.int64)
     live = slots >= 0
-    temp = per_slot(temperature, slots, 0.0)
-    # greedy (temperature not > 0): accept while the draft is the target argmax, emit the argmax
-    tokens = first_argmax(target_logits)
-    accepted = draft_tokens == tokens[:, :num_drafts]
-    sampled_rows = (temp > 0).nonzero()[:, 0]
-    if sampled_rows.numel():
-        draft_q = None if draft_logits is None else draft_logits[slots[sampled_rows]]
-        tokens[sampled_rows], accepted[sampled_rows] = _sampled_steps(
-            target_logits[sampled_rows], draft_tokens[sampled_rows], draft_q, temp[sampled_rows],
-            per_slot(seeds, slots, 0)[sampled_rows], positions[sampled_rows])
+    temp, seed = per_slot(temperature, slots, 0.0), per_slot(seeds, slots, 0)
+    step = max(1, CHUNK_LOGITS // (rows * vocab))
+    decided = [_decided_steps(target_logits[part], draft_tokens[part], slots[part], temp[part], seed[part],
+                              positions[part], draft_logits)
+               for part in (slice(start, start + step) for start in range(0, batch, step))]
+    tokens, accepted = (torch.cat(parts) for parts in zip(*decided, strict=True))
     num_accepted = accepted.to(torch.int64).cumprod(1).sum(1)  # drafts before the first rejection
     sampled = torch.where(live, num_accepted + 1, 0)
     lanes = torch.arange(rows, device=tokens.device)

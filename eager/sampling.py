@@ -2,17 +2,17 @@
 ``(seeds[slot], position)``, greedy where the temperature is not > 0, slot -1 rows inert, raw logits cached per
 (slot, column) (docs/contracts/sampling.md).
 
-Declared random stream: ``reference.philox``, Philox4x32-10 exactly as Triton's ``tl.randint`` / ``tl.rand``
-draw it, the one stream every implementation of this contract shares (a sampled token is only comparable
-under the same noise). It computes on the host, so on a GPU the keys go there and the noise comes back.
+Declared random stream: Philox4x32-10 exactly as Triton's ``tl.randint`` / ``tl.rand`` draw it
+(``reference.philox``), the one stream every implementation of this contract shares (a sampled token is only
+comparable under the same noise); ``eager.philox`` draws the same numbers on the logits' device.
 The argument checks repeat the launcher's (same helpers, same messages): they are inline there, where its
 planted refusal bugs patch them.
 """
 
 import torch
 
+from eager import philox
 from kernels import validate
-from reference import philox
 
 DRAFT_NOISE_SALT = 1 << 30  # added to every position when drafting (as kernels.sampling)
 
@@ -20,9 +20,8 @@ DRAFT_NOISE_SALT = 1 << 30  # added to every position when drafting (as kernels.
 def gumbel_noise(gumbel_seeds: torch.Tensor, vocab: int) -> torch.Tensor:
     """float32 Gumbel noise ``[..., vocab]`` of tokens ``0..vocab-1`` under each key of ``gumbel_seeds``, from
     ``rand(key, token)``: computed in float64, rounded once (as the kernels)."""
-    keys = gumbel_seeds.cpu()[..., None]
-    u = philox.rand(keys, torch.arange(vocab)).to(torch.float64)
-    return (-torch.log(-torch.log(u + 1e-20) + 1e-20)).to(torch.float32).to(gumbel_seeds.device)
+    u = philox.rand(gumbel_seeds[..., None], torch.arange(vocab, device=gumbel_seeds.device)).to(torch.float64)
+    return (-torch.log(-torch.log(u + 1e-20) + 1e-20)).to(torch.float32)
 
 
 def first_argmax(scores: torch.Tensor) -> torch.Tensor:
@@ -84,6 +83,6 @@ def gumbel_sample(logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: 
     scores = logits.clone()
     if rows.numel():
         salt = DRAFT_NOISE_SALT if draft else 0
-        keys = philox.randint(per_slot(seeds, slots, 0)[rows].cpu(), positions[rows].cpu() + salt)
-        scores[rows] = logits[rows] / temp[rows, None] + gumbel_noise(keys.to(logits.device), vocab)
+        keys = philox.randint(per_slot(seeds, slots, 0)[rows], positions[rows] + salt)
+        scores[rows] = logits[rows] / temp[rows, None] + gumbel_noise(keys, vocab)
     return first_argmax(scores)

@@ -6,9 +6,8 @@ import types
 
 import torch
 
-from eager import attention, sampling
+from eager import attention, philox, sampling
 from kernels.rejection import verify as _PRODUCTION_VERIFY
-from reference import philox
 from stress.core.impl import Implementation
 
 SALT = 0x5EED
@@ -18,7 +17,8 @@ def _salted_randint(seed, offset):
     return philox.randint(torch.as_tensor(seed, dtype=torch.int64) ^ SALT, offset)
 
 
-# Philox keyed by the seed xor a constant: another engine's stream, same interface as reference/philox.py
+# Philox keyed by the seed xor a constant: another engine's stream, same interface as reference/philox.py (on any
+# device: the eager sampler draws where its logits are, the references on the host)
 SALTED_STREAM = types.SimpleNamespace(randint=_salted_randint, rand=philox.rand, uniform=philox.uniform)
 
 

@@ -13,9 +13,12 @@ from contextlib import ExitStack
 
 import eager_violations
 import pytest
+import torch
 import triton
 
 import eager
+from eager import philox as eager_philox
+from reference import philox
 from stress import checks
 from stress.core import cases, impl, oracle, workers
 from stress.core.types import Result
@@ -23,6 +26,8 @@ from stress.core.types import Result
 # Kernel checks whose production function is no Triton launcher: host code in plain tensor ops already, so it
 # is its own eager implementation and eager/ holds no twin.
 NO_TWIN = {"block_table.unaligned_prefix": "has_unaligned_cached_prefix is host tensor code, not a Triton launcher"}
+# eager/ modules that twin no kernels/ module: what the twins share
+SHARED = {"philox": "Philox on the logits' device, drawn by the eager samplers as tl.randint draws it in theirs"}
 
 
 def eager_twins() -> dict[Callable, Callable]:
@@ -30,6 +35,8 @@ def eager_twins() -> dict[Callable, Callable]:
     function (not a Triton kernel) of ``kernels.<module>``."""
     twins = {}
     for info in pkgutil.iter_modules(eager.__path__):
+        if info.name in SHARED:
+            continue
         module = importlib.import_module(f"eager.{info.name}")
         production = importlib.import_module(f"kernels.{info.name}")
         for name, fn in vars(module).items():
@@ -126,6 +133,18 @@ def test_every_kernel_check_is_judged_with_a_twin_and_a_planted_violation():
         assert set(violation.families) <= set(checks.get(violation.check).families), violation.name
 
 
+@pytest.mark.parametrize("seed", [0, 1, -1, 2**32 - 1, 2**63 - 1, -2**63, 0x5EED0000DEAD])
+def test_the_eager_philox_draws_the_references_numbers(seed, device):
+    """eager.philox on the test's device, bit for bit against reference.philox on the host: offsets of every sign
+    and both 32-bit words, broadcast against a column of keys."""
+    offsets = torch.tensor([0, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, -1, -2**63, 2**63 - 1, 128255, 1 << 30])
+    keys = torch.tensor([[seed], [seed ^ 1], [~seed]])
+    bits = eager_philox.randint(keys.to(device), offsets.to(device))
+    assert bits.device.type == torch.device(device).type
+    assert torch.equal(bits.cpu(), philox.randint(keys, offsets))
+    assert torch.equal(eager_philox.rand(keys.to(device), offsets.to(device)).cpu(), philox.rand(keys, offsets))
+
+
 def test_eager_mirrors_modules_that_hold_a_triton_kernel():
     """Each eager module twins a kernels/ module of Triton kernels (a new kernel module may come without one:
     its checks are then judged on the production launcher only, docs/adding-a-kernel.md)."""
@@ -134,7 +153,7 @@ def test_eager_mirrors_modules_that_hold_a_triton_kernel():
     triton_modules = {info.name for info in pkgutil.iter_modules(kernels.__path__)
                       if any(isinstance(v, triton.runtime.KernelInterface)
                              for v in vars(importlib.import_module(f"kernels.{info.name}")).values())}
-    mirrored = {info.name for info in pkgutil.iter_modules(eager.__path__)}
+    mirrored = {info.name for info in pkgutil.iter_modules(eager.__path__)} - set(SHARED)
     assert mirrored <= triton_modules
     assert {"block_table", "draft_inputs", "kv_cache", "sampling", "rejection", "attention"} <= mirrored
 
