@@ -165,6 +165,27 @@ def test_past_bound_sets_one_live_index_to_its_exact_bound():
 REFUSED = [(c.name, f) for c in checks.REGISTRY for f, fn in c.families.items() if refusal.is_family(fn)]
 
 
+# GPU-sized attention cases cost seconds each to draw: attention's corruptions are measured at the CPU's sizes
+SIZED = [(c, f, size) for c, f in REFUSED for size in ("cpu", "cuda")
+         if size == "cpu" or not c.startswith("attention.")]
+
+
+@pytest.mark.parametrize("check_name,family,size", SIZED, ids=[f"{c}-{f}-{s}" for c, f, s in SIZED])
+def test_every_corruption_applies_to_one_valid_case_in_six(check_name, family, size):
+    """A refusal case is drawn until each corruption finds a valid case it applies to; one that applies to fewer
+    than 1 in 6 (over 36 draws at the CPU's or the GPU's sizes, built on the host) would leave some seed's case
+    unbuildable at ``TRIES`` (at 1 in 6, 200 tries all miss with a chance near 1e-16)."""
+    fn = checks.get(check_name).families[family]
+    assert 0.84**refusals.TRIES < 1e-12
+    for corruption in fn.corruptions:
+        if not refusals.applies(corruption, size):
+            continue
+        rng = np.random.default_rng(0)
+        applied = sum(corruption.apply(rng, dict((corruption.valid or fn.valid)(rng, size, {}).inputs)) is not False
+                      for _ in range(36))
+        assert applied >= 6, f"{corruption.what}: applies to {applied} of 36 valid cases at {size} sizes"
+
+
 @pytest.mark.parametrize("check_name,family", REFUSED, ids=[f"{c}-{f}" for c, f in REFUSED])
 def test_every_corruption_of_a_refused_family_is_refused(check_name, family, device):
     """Each corruption of the family, on a few valid cases, refused naming its argument before any write."""
@@ -178,6 +199,14 @@ def test_every_corruption_of_a_refused_family_is_refused(check_name, family, dev
             refusal.check_reference(check, case)
             verdict, details = refusal.judge_one(check, case, device.type, check.kernel)
             assert verdict == "pass", f"{corruption.what} (seed {seed}): {details}"
+
+
+def test_a_gpu_refusal_case_of_verification_finds_its_draft_logits():
+    """The seed of a GPU-sized refusal case whose draft-logits corruptions found no valid case with draft logits
+    in 20 tries: it builds, each refusal on a case holding the tensor it corrupts."""
+    case = checks.get("rejection.verify").families["refused"](np.random.default_rng(5479036972379614543), "cuda", {})
+    corrupted_logits = [c for c in [case, *case.more_refusals] if c.refused == "draft_logits"]
+    assert len(corrupted_logits) >= 7 and all(c.inputs["draft_logits"] is not None for c in corrupted_logits)
 
 
 def test_a_refusal_case_tries_every_guard_and_reruns_from_its_repro_line(device):
