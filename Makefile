@@ -59,7 +59,7 @@ mutate:
 		--report $(MUTATE_REPORT)
 
 bench:
-	$(if $(DEVICE),SPECSAN_DEVICE=$(DEVICE)) $(PY) -m stress.bench.kernels
+	$(if $(DEVICE),SPECSAN_DEVICE=$(DEVICE)) $(PY) -m stress.bench
 
 lint:
 	$(PY) -m ruff check .
