@@ -70,3 +70,18 @@ def test_readme_command_runs_as_printed(command, tmp_path):
     done = subprocess.run(["bash", "-c", as_run(command, str(tmp_path))], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, f"{command}\nexit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+
+
+def test_every_module_a_make_target_runs_does_something_when_run():
+    """``python -m M`` of a module without a ``__main__`` guard imports it and exits 0 having done nothing: a
+    make target naming one would pass while running nothing."""
+    import importlib.util
+
+    makefile = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
+    modules = set(re.findall(r"\$\(PY\) -m ([\w.]+)", makefile)) - {"pytest", "ruff"}
+    assert "stress" in modules
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        main = importlib.util.find_spec(f"{name}.__main__") if spec.submodule_search_locations else spec
+        source = open(main.origin, encoding="utf-8").read()
+        assert main is not spec or 'if __name__ == "__main__"' in source, f"python -m {name} runs nothing"
