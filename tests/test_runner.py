@@ -70,7 +70,7 @@ def test_families_split_per_value_share_the_iterations_of_one():
 
 def _damage(g: guards.Guarded) -> str | None:
     """What the runner's read-back (``guards.settle``) says of ``g``'s guard zones."""
-    lines, _ = guards.settle({g.name: g}, {})
+    lines, _, _ = guards.settle({g.name: g}, {})
     return lines[0] if lines else None
 
 
@@ -111,6 +111,40 @@ def test_a_spread_view_reaches_its_offset_and_keeps_its_values():
     assert 2 * view.stride(0) >= 1 << 20 and view.stride(1) == 1 and torch.equal(view, rows)
     g = guards.place("t", view, torch.device("cpu"))
     assert g.view.stride() == view.stride() and _damage(g) is None
+
+
+def _kept_changes(view: torch.Tensor, write) -> dict:
+    """What ``guards.settle`` reports of ``view`` kept across ``write(view)``."""
+    before = guards.snapshot({"t": view})
+    write(view)
+    _, _, changed = guards.settle({}, {}, {"t": (view, before["t"])})
+    return changed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.uint8])
+def test_a_kept_tensor_is_compared_bit_for_bit_where_it_lives(dtype, device):
+    """Unchanged: nothing comes back. Changed anywhere, even 0.0 to -0.0: its values come back, on the host."""
+    values = torch.tensor([0, 1, 0, 1, 1, 0]).to(dtype).to(device)
+    assert _kept_changes(values.clone(), lambda v: None) == {}
+    changed = _kept_changes(values.clone(), lambda v: v.__setitem__(2, 1 if dtype is torch.bool else 3))
+    assert list(changed) == ["t"] and changed["t"].device.type == "cpu" and not torch.equal(changed["t"], values.cpu())
+    if dtype.is_floating_point:
+        assert torch.signbit(_kept_changes(values.clone(), lambda v: v.__setitem__(0, -0.0))["t"][0])
+        nan = torch.full((3,), float("nan"), dtype=dtype, device=device)
+        assert _kept_changes(nan, lambda v: v.copy_(v.clone())) == {}, "the same NaN is unchanged"
+
+
+def test_a_kept_view_is_copied_compactly_and_its_shared_row_once(device):
+    """A view spread over a large span, and a broadcast one, are snapshot by their own elements; a write into
+    the shared row of the broadcast one shows."""
+    from stress.families.common import spread
+
+    view = guards.place("t", spread(torch.arange(12.0).view(3, 4), 0, 1 << 20), torch.device(device)).view
+    assert guards.snapshot({"t": view})["t"].numel() == 12
+    assert _kept_changes(view, lambda v: v.__setitem__((2, 3), -1.0))["t"][2, 3].item() == -1.0
+    shared = guards.place("s", torch.arange(3.0).view(1, 3).expand(1000, 3), torch.device(device)).view
+    assert guards.snapshot({"s": shared})["s"].shape == (1, 3)
+    assert _kept_changes(shared, lambda v: v[:1].fill_(9.0)) != {}
 
 
 def test_exact_reports_first_divergence_and_its_source():

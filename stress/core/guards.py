@@ -4,7 +4,9 @@ and after it, so a write past either end is caught even where no sanitizer runs.
 On a GPU the whole round trip of a case costs one host synchronization: inputs go up from pinned
 staging copies without waiting, and ``settle`` queues every canary count and every copy back to the
 host before it waits once. A GPU shared by several worker processes serves each context in turn, so
-every wait is a wait for the others' time slices too.
+every wait is a wait for the others' time slices too. What must come back unchanged (read-only inputs,
+everything a refusal is handed) is compared on its device with a copy taken there before the launch
+(``snapshot``): a flag per tensor crosses to the host, and a tensor's values only where it changed.
 """
 
 import copy
@@ -119,16 +121,53 @@ def _to_host(value):
     return value
 
 
-def settle(placed: dict[str, Guarded], values: dict) -> tuple[list[str], dict]:
-    """After a launch: every guard zone's damage in words, and ``values`` (outputs, inputs to compare) on the
-    host, at the cost of one synchronization (device tensors past HOST_COPY_BYTES stay on the device)."""
+def distinct(t: torch.Tensor) -> torch.Tensor:
+    """``t`` less the repeats of a broadcast (stride-0) dimension: the elements that have memory of their own."""
+    for dim in range(t.dim()):
+        if t.stride(dim) == 0 and t.shape[dim] > 1:
+            t = t.narrow(dim, 0, 1)
+    return t
+
+
+def snapshot(views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copies of ``views`` on their device, taken before a launch that must leave them as they are (``settle``'s
+    ``kept``): compact (a view spread over gigabytes copies only its elements), one element per broadcast row."""
+    return {name: distinct(v).clone(memory_format=torch.contiguous_format) for name, v in views.items()}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements as integers of their width, so equality is bitwise (-0.0 is not 0.0; NaN equals its own
+    payload)."""
+    return t.view(_INTEGER_OF_WIDTH[t.element_size()])
+
+
+_INTEGER_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _changed(view: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """Whether ``view`` differs anywhere from its ``snapshot``, as a one-element tensor on their device."""
+    after = distinct(view)
+    if after.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=view.device)
+    return (_bits(after) != _bits(before)).any()
+
+
+def settle(placed: dict[str, Guarded], values: dict, kept: dict | None = None) -> tuple[list[str], dict, dict]:
+    """After a launch: every guard zone's damage in words, ``values`` (outputs) on the host, and of ``kept``
+    (name -> its view and its ``snapshot``) the views that changed, on the host, at the cost of one
+    synchronization (device tensors past HOST_COPY_BYTES stay on the device). A kept view that is unchanged
+    never leaves its device."""
+    kept = kept or {}
     counts = _to_host(torch.stack([g.damage_counts() for g in placed.values()])) if placed else None
+    flags = _to_host(torch.stack([_changed(view, before) for view, before in kept.values()])) if kept else None
     host = {name: _to_host(v) for name, v in values.items()}
     if any(g.buffer.is_cuda for g in placed.values()) or any(
-            isinstance(v, torch.Tensor) and v.is_cuda for v in values.values()):
+            isinstance(v, torch.Tensor) and v.is_cuda for v in [*values.values(), *(v for v, _ in kept.values())]):
         torch.cuda.synchronize()
     found = zip(placed, counts.tolist(), strict=True) if placed else ()
-    return [d for name, row in found if (d := damage_text(name, row))], host
+    changed = {name: view.cpu() for (name, (view, _)), flag in zip(kept.items(), flags.tolist() if kept else (),
+                                                                    strict=True) if flag}
+    return [d for name, row in found if (d := damage_text(name, row))], host, changed
 
 
 def same_layout(t: torch.Tensor) -> torch.Tensor:

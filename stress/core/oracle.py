@@ -11,7 +11,7 @@ import torch
 
 from stress.core import impl, refusal
 from stress.core.cases import Task, build_case, expected_outputs
-from stress.core.guards import fresh_inputs, guarded, settle, torch_device
+from stress.core.guards import fresh_inputs, guarded, settle, snapshot, torch_device
 from stress.core.types import PASS, RETURN, Case, Check, Result, Verdict, not_checked
 
 
@@ -114,6 +114,8 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
         placed = args = returned = outputs = None
         with _phase(phases, "place"):
             placed, args = guarded(case.inputs, dev)
+            read_only = {name: placed[name].view for name in tensors if name not in check.outputs and name in placed}
+            before = snapshot(read_only)
         if load is not None:
             load.kick()
         compiling = {}
@@ -124,15 +126,13 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
         # an optional output the case leaves out (None) is neither written nor compared
         outputs = {name: returned if name == RETURN else placed[name].view for name in check.outputs
                    if name == RETURN or name in placed}
-        read_only = {name: placed[name].view for name in tensors if name not in check.outputs}
         with _phase(phases, "settle"):
-            damage, host = settle(placed, {**{f"in:{k}": v for k, v in read_only.items()}, **outputs})
+            damage, host, changed = settle(placed, outputs, {k: (v, before[k]) for k, v in read_only.items()})
         if damage:
             return Verdict.OOB, [tag + d for d in damage]
         outputs = {name: host[name] for name in outputs}
         with _phase(phases, "compare"):
-            lines, verdict = _compared(check, expected, outputs, tensors, {n: host[f"in:{n}"] for n in read_only},
-                                       metrics, notes, unjudged, tag)
+            lines, verdict = _compared(check, expected, outputs, tensors, changed, metrics, notes, unjudged, tag)
         if lines:
             return f"fail:{verdict}", [tag + line for line in lines]
     if unjudged:
@@ -142,9 +142,9 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
 
 def _compared(check: Check, expected: dict, outputs: dict, tensors: dict, inputs_after: dict, metrics: dict | None,
               notes: list, unjudged: list, tag: str) -> tuple[list[str], str]:
-    """One run's outputs against the reference and its read-only inputs against what they were: the failure
-    lines and the first failure's verdict; what a comparator tolerated goes to ``notes``, what it could not
-    judge to ``unjudged``."""
+    """One run's outputs against the reference and the read-only inputs it changed (``inputs_after``: the device
+    found them changed) against what they were: the failure lines and the first failure's verdict; what a
+    comparator tolerated goes to ``notes``, what it could not judge to ``unjudged``."""
     from stress.core import compare
 
     compare_fn = check.compare or compare.exact

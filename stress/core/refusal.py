@@ -13,7 +13,7 @@ included) sits in guard zones and must come back unchanged.
 
 import traceback
 
-from stress.core.guards import fresh_inputs, guarded, settle, torch_device
+from stress.core.guards import fresh_inputs, guarded, settle, snapshot, torch_device
 from stress.core.types import PASS, Case, Check, Family, Verdict, not_checked
 
 VERDICTS = (Verdict.ACCEPTED, Verdict.REFUSAL)  # the verdicts only refusal cases give
@@ -83,20 +83,21 @@ def judge_one(check: Check, case: Case, device: str, kernel) -> tuple[str, list[
     from stress.core import compare
 
     placed, args = guarded(case.inputs, torch_device(device))
+    before = snapshot({name: g.view for name, g in placed.items()})
     raised = None
     try:
         kernel(**args, **case.launch)
     except Exception as exc:  # noqa: BLE001 - which exception it is, is the verdict
         raised = exc
-    damage, host = settle(placed, {name: g.view for name, g in placed.items()})
+    damage, _, after = settle(placed, {}, {name: (g.view, before[name]) for name, g in placed.items()})
     want = f"a ValueError naming {case.refused!r} ({case.note or 'bad input'})"
     if raised is None:
         return Verdict.ACCEPTED, [f"expected {want}; the call returned without raising"]
     said = traceback.format_exception_only(raised)[-1].strip()
     if damage:
         return Verdict.OOB, [f"written past a tensor before raising {said}", *damage]
-    changed = [line for name in placed
-               if (found := compare.unchanged(name, case.inputs[name], host[name])) for line in found.lines()]
+    changed = [line for name, values in after.items()
+               if (found := compare.unchanged(name, case.inputs[name], values)) for line in found.lines()]
     if changed:
         return Verdict.DIVERGENCE, [f"written before raising {said}", *changed]
     if not isinstance(raised, ValueError) or not names(str(raised), case.refused):
