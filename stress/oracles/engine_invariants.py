@@ -7,8 +7,8 @@ and the reference engine disagree in a recorded field. Two kinds escape it:
 * ``accounting``: the free count a block pool reports. Off by one per cached hit, it decides nothing
   until an admission is tight to that one block; here every count the pools report or hold is
   compared, at every call and after every schedule and step, with the blocks no running request holds.
-  So is the prefix cache: a block entered under a key while a running request holds it must be a full
-  block of that request's computed tokens, under the chain key of its tokens up to the block's end
+  So is the prefix cache: a block a running request computed itself and holds under a key must be a
+  full block of its computed tokens, under the chain key of its tokens up to the block's end
   (recomputed here from the tokens). A partial block under a full block's key is restored only if another
   request looks that key up before the block fills, which few workloads arrange.
 * ``drafts``: every batch row of a step at depth d > 0 whose restored prefixes are block-aligned gets
@@ -131,18 +131,15 @@ class PoolAudit:
             self._report(f"prefix cache {when}: {reason}")
 
     def _cache_error(self) -> str | None:
-        """The first prefix-cache entry that is not a two-way key <-> block pair, or whose block a running request
-        holds without having computed it in full under that chain key."""
+        """The first block a running request computed itself (past what it restored) that is cached (the block's
+        own entry) without being full under its chain key. The blocks a lookup restored are the ``kv`` oracle's:
+        a stale entry shows there as a read of other KV."""
         pool = self.scheduler.target_pool
-        key_of, block_of, bs = pool.key_of, pool.block_of, pool.block_size
-        if (pair := next(((k, b) for k, b in block_of.items() if key_of.get(b) != k), None)) is not None:
-            return f"key {pair[0].hex()} finds block {pair[1]}, whose own key is {key_of.get(pair[1])}"
-        if len(key_of) != len(block_of):
-            return f"{len(key_of)} block(s) have a key, but {len(block_of)} key(s) find a block"
+        key_of, bs = pool.key_of, pool.block_size
         for req in self.scheduler.running:
             keys = chain_keys(req.tokens, bs, min(len(req.target_blocks), req.num_computed // bs))
             for i, block in enumerate(req.target_blocks):
-                if (key := key_of.get(block)) is None:
+                if i < req.num_cached // bs or (key := key_of.get(block)) is None:
                     continue
                 where = f"block {block} is cached, but request {req.index} holds it as its block {i}"
                 if i >= len(keys):
