@@ -74,6 +74,53 @@ def test_the_audit_names_a_free_queue_that_disagrees_with_the_holders():
     assert f"queued, but held: [{held}]" in finding.reason and "\n" not in finding.reason
 
 
+def _one_prefill(tokens: list[int], computed: int):
+    """A scheduler whose one request (block size 2) ran its first step and has ``computed`` tokens computed, with
+    its audit; the step is not finished yet."""
+    sched = scheduler.Scheduler(scheduler.SchedulerConfig(2, 8, 2, 6, 2, 6, 2, 20),
+                                [scheduler.Request("a", 0, 0, list(tokens), 2, 0.0, None)])
+    audit = engine_invariants.PoolAudit(sched)
+    sched.schedule(0)
+    sched.running[0].num_computed = computed
+    return sched, audit
+
+
+def _cache(pool, block: int, key: bytes) -> None:
+    pool.block_of[key], pool.key_of[block] = block, key
+
+
+def test_the_audit_names_a_partial_block_cached_under_a_full_blocks_key():
+    tokens = [1, 2, 3, 4, 5]
+    sched, audit = _one_prefill(tokens, 3)  # block 1 holds tokens 2 and 3; only 2 is computed
+    req, pool = sched.running[0], sched.target_pool
+    _cache(pool, req.target_blocks[1], engine_invariants.chain_keys(tokens, 2, 2)[1])
+    sched.finish_step()
+    (finding,) = audit.findings
+    assert (finding.step, finding.oracle) == (0, "accounting")
+    assert finding.reason == (f"prefix cache after the step: block {req.target_blocks[1]} is cached, but request 0 "
+                              "holds it as its block 1 with 1 of its 2 tokens computed (a partial block under a full "
+                              "key)"), finding.reason
+
+
+def test_the_audit_names_a_full_block_under_another_chains_key():
+    tokens = [1, 2, 3, 4, 5]
+    sched, audit = _one_prefill(tokens, 4)
+    req, pool = sched.running[0], sched.target_pool
+    _cache(pool, req.target_blocks[1], engine_invariants.chain_keys([1, 9, 3, 4], 2, 2)[1])  # block 0 differs
+    sched.finish_step()
+    (finding,) = audit.findings
+    assert "holds it as its block 1 under a key other than the chain of its tokens 0..3" in finding.reason, finding
+
+
+def test_the_audits_chain_key_is_the_documented_blake2b_chain():
+    """Restated apart from the pool: a 16-byte BLAKE2b of the key before and the block's tokens as int64s."""
+    import hashlib
+
+    first = hashlib.blake2b(np.asarray([7, 8], dtype=np.int64).tobytes(), digest_size=16).digest()
+    second = hashlib.blake2b(first + np.asarray([9, 10], dtype=np.int64).tobytes(), digest_size=16).digest()
+    assert engine_invariants.chain_keys([7, 8, 9, 10, 11], 2, 2) == [first, second]
+
+
 # ---------------------------------------------------------------- the drafts, from the step records
 
 
@@ -146,6 +193,18 @@ def test_the_accounting_oracle_alone_kills_the_miscount_at_the_first_iteration()
     found = engine_check.compare("engine", expected, got)
     assert found.verdict == "accounting" and len(found.lines()) == 1, found.lines()
     assert "unreferenced hit(s)" in found.lines()[0], found.lines()
+
+
+@pytest.mark.slow
+def test_the_accounting_oracle_kills_a_partial_block_cached_during_a_resumes_recompute():
+    """The first evicted_resume case enters the block its resumed request is recomputing under a stale key; the
+    audit names it at that step, through the runner, in one line."""
+    assert ENGINE.mutant("partial-block-under-stale-key").oracles == {"cpu": "accounting", "cuda": "accounting"}
+    task = cases.Task("engine.step", "evicted_resume", cases.case_seed(0, "engine.step", "evicted_resume", 0),
+                       mutant="partial-block-under-stale-key")
+    result = workers.run_case(task, "cpu", trace=False)
+    assert result.verdict == "fail:accounting", result.details
+    assert len(result.details) == 1 and "(a partial block under a full key)" in result.details[0], result.details
 
 
 # ---------------------------------------------------------------- the replay audit

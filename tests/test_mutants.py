@@ -13,7 +13,7 @@ MUTANTS = [(c.name, m.name) for c in checks.REGISTRY for m in c.mutants]
 SLOW = {("engine.step", "free-count-per-hit-twice"), ("engine.step", "prefix-blocks-visible"),
         ("engine.step", "refused-batch-skips-context-kv"), ("rejection.distribution", "resample-from-target"),
         *(("engine.step", name) for name in ("scale-from-hidden", "depth-by-running-count", "drafts-past-the-limit",
-                                             "evicted-block-still-cached"))}
+                                             "evicted-block-still-cached", "partial-block-under-stale-key"))}
 PARAMS = slow_cases.marked(MUTANTS, SLOW)
 
 

@@ -96,6 +96,12 @@ CHECKS = (
                    (Patch("kernels.spec.scheduler:PrefixCachingPool", "sum(1 for b in hits if self.refs[b] == 0)",
                           "sum(2 for b in hits if self.refs[b] == 0)"),),
                    oracles={"cpu": "accounting", "cuda": "accounting"}, families=("preempt_resume",)),
+            Mutant("partial-block-under-stale-key", "a request's chain keys from before its preemption are kept one "
+                   "block past its full computed blocks: while it recomputes in chunks, the block being recomputed, "
+                   "not yet full, is entered in the prefix cache under the key of the full block that position held",
+                   (Patch("kernels.spec.scheduler:PrefixCachingPool", "list(known[:num_blocks])",
+                          "list(known[:num_blocks + 1])"),),
+                   oracles={"cpu": "accounting", "cuda": "accounting"}, families=("evicted_resume",)),
             Mutant("one-request-drafts-nothing", "a batch of one request runs no draft step through DraftGraphs "
                    "(the empty-batch test reads num_reqs == 1)",
                    (Patch(_DRAFT_GRAPHS, "if num_draft_tokens == 0 or num_reqs == 0:",

@@ -661,6 +661,50 @@ def chunked_resume(rng, device, launch):
                        note=f"budget {budget} tokens, target pool dry after about {press} steps")
 
 
+def evicted_resume(rng, device, launch):
+    """A request preempted mid-prefill over a prefix of whole blocks that later requests share. The request ahead of
+    it decodes K + 1 tokens a step under a budget that leaves the prefill a few, until the target pool runs dry with
+    three or more full blocks of the prefill cached; then it takes the freed blocks from the last one back (evicting
+    all but the first) and finishes. The preempted request resumes from its first block, still cached, and
+    recomputes the rest in chunks of a budget that is no multiple of the block, so chunks end inside blocks its
+    chain keys from before the preemption still cover. Requests over the same prefix arrive meanwhile and restore
+    it from the cache."""
+    bs, k = _sized(device, 4, 16), int(rng.integers(2, 4))
+    rest = int(pick(rng, [r for r in range(2, bs) if (k + 1 + r) % bs]))  # the prefill's share of a step's budget
+    budget, ahead_len = k + 1 + rest, int(rng.integers(2, 5))
+    # steps both run before the pool is dry: the prefill has three full blocks one step before
+    press = -(-(3 * bs - (budget - ahead_len)) // rest) + 1 + int(rng.integers(0, 2))
+    ahead_blocks = -(-(ahead_len + press * (k + 1)) // bs)
+    prefill_blocks = -(-(budget - ahead_len + press * rest) // bs)
+    # step j of the request ahead reaches position ahead_len + j (K + 1) (greedy: every draft accepted); its last
+    # step reaches into every block but one of the prefill's
+    last_step = ((ahead_blocks + prefill_blocks - 1) * bs - ahead_len) // (k + 1)
+    ahead_new, evict_steps = 1 + last_step * (k + 1), last_step - press
+    common_len = bs * (prefill_blocks + int(rng.integers(1, 3)))
+    num_later = int(rng.integers(1, 3))
+
+    def requests(rng, vocab):
+        cls = int(rng.integers(CLASSES))
+        common = prompt(rng, vocab, cls, common_len)
+        ahead = request(rng, 0, arrival=0, max_new=ahead_new,
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), ahead_len))
+        resumed = request(rng, 1, arrival=0, max_new=int(rng.integers(2, 5)),
+                          prompt_tokens=common + prompt(rng, vocab, cls, int(rng.integers(1, bs))))
+        return [ahead, resumed] + [
+            request(rng, 2 + i, arrival=press + int(rng.integers(1, evict_steps + 3)), max_new=int(rng.integers(2, 5)),
+                    prompt_tokens=common + prompt(rng, vocab, cls, int(rng.integers(1, bs)))) for i in range(num_later)]
+
+    def pools(requests):  # (target, draft), null blocks included; the draft's has room for everything at once
+        return ahead_blocks + prefill_blocks + 1, sum(
+            -(-(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2) // bs) for r in requests) + 1
+
+    return engine_case(rng, device, requests, num_steps=press + evict_steps + -(-common_len // budget) + 4,
+                       max_num_reqs=2 + num_later, budget=budget, block_sizes=(bs, bs), k=k,
+                       anchor_first=bool(rng.integers(2)), num_blocks=pools,
+                       note=f"budget {budget} tokens, target pool dry after about {press} steps, "
+                            f"{prefill_blocks - 1} block(s) evicted")
+
+
 def _combined_case(rng, device, f: dict[str, str], backends=None):
     """The combined case of the features ``f``; ``backends``: the draft backend offers drawn from for an eager
     draft (None: every offer)."""
@@ -721,4 +765,5 @@ FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix
             "budget_bound": budget_bound, "multi_turn": multi_turn, "combined": combined,
             "draft_pool_pressure": draft_pool_pressure, "chunked_resume": chunked_resume,
             "adaptive_graphs": adaptive_graphs, "budget_cut_cache": budget_cut_cache,
-            "dspark_dispatch": dspark_dispatch, "sampling_churn": sampling_churn}
+            "dspark_dispatch": dspark_dispatch, "sampling_churn": sampling_churn,
+            "evicted_resume": evicted_resume}

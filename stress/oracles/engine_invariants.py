@@ -7,6 +7,10 @@ and the reference engine disagree in a recorded field. Two kinds escape it:
 * ``accounting``: the free count a block pool reports. Off by one per cached hit, it decides nothing
   until an admission is tight to that one block; here every count the pools report or hold is
   compared, at every call and after every schedule and step, with the blocks no running request holds.
+  So is the prefix cache: a block a running request computed itself and holds under a key must be a
+  full block of its computed tokens, under the chain key of its tokens up to the block's end
+  (recomputed here from the tokens). A partial block under a full block's key is restored only if another
+  request looks that key up before the block fills, which few workloads arrange.
 * ``drafts``: every batch row of a step at depth d > 0 whose restored prefixes are block-aligned gets
   exactly d sampling rows of its slot and d drafted tokens, of which the request later verifies a
   prefix, as drafted; at depth 0, or in a refused batch, none. The depth itself must lie in the DSD
@@ -23,8 +27,11 @@ Each is its own oracle (``fail:accounting``, ``fail:drafts``, ``fail:kv``, ``fai
 bug in ``stress.checks``.
 """
 
+import hashlib
 from collections import Counter
 from typing import NamedTuple
+
+import numpy as np
 
 from stress.oracles import engine_history
 from stress.oracles.graph_replay import silent_fallback
@@ -42,6 +49,18 @@ class Records(list):
     """The engine's step records, with what the pool audit found while they were made."""
 
     findings: list[Finding]
+
+
+def chain_keys(tokens: list[int], block_size: int, num_blocks: int) -> list[bytes]:
+    """The prefix cache's key of each of the first ``num_blocks`` full blocks of ``tokens``, as its contract
+    documents it (docs/contracts/engine.md): a 16-byte BLAKE2b of the key before it and the block's tokens as
+    int64s. Restated here so that the audit never asks the pool it judges."""
+    keys, key = [], b""
+    for i in range(num_blocks):
+        chunk = np.asarray(tokens[i * block_size:(i + 1) * block_size], dtype=np.int64).tobytes()
+        key = hashlib.blake2b(key + chunk, digest_size=16).digest()
+        keys.append(key)
+    return keys
 
 
 class PoolAudit:
@@ -107,6 +126,28 @@ class PoolAudit:
             b = wrong[0]
             self._report(f"target pool {when}: block {b} has {int(refs[b])} reference(s), but {counts[b]} running "
                          f"request(s) hold it ({len(wrong)} block(s) so)")
+            return
+        if (reason := self._cache_error()) is not None:
+            self._report(f"prefix cache {when}: {reason}")
+
+    def _cache_error(self) -> str | None:
+        """The first block a running request computed itself (past what it restored) that is cached (the block's
+        own entry) without being full under its chain key. The blocks a lookup restored are the ``kv`` oracle's:
+        a stale entry shows there as a read of other KV."""
+        pool = self.scheduler.target_pool
+        key_of, bs = pool.key_of, pool.block_size
+        for req in self.scheduler.running:
+            keys = chain_keys(req.tokens, bs, min(len(req.target_blocks), req.num_computed // bs))
+            for i, block in enumerate(req.target_blocks):
+                if i < req.num_cached // bs or (key := key_of.get(block)) is None:
+                    continue
+                where = f"block {block} is cached, but request {req.index} holds it as its block {i}"
+                if i >= len(keys):
+                    computed = min(max(req.num_computed - i * bs, 0), bs)
+                    return f"{where} with {computed} of its {bs} tokens computed (a partial block under a full key)"
+                if key != keys[i]:
+                    return f"{where} under a key other than the chain of its tokens 0..{(i + 1) * bs - 1}"
+        return None
 
 
 class ReplayAudit:
