@@ -181,3 +181,14 @@ def test_shift_race_free_on_gpu(chunk, num_warps, device):
         for _ in range(20):
             shift_both(device, orig, i32([0]), i32([shift * 16]), i32([16384 * 16]), 16, chunk=chunk,
                        num_warps=num_warps)
+
+
+@pytest.mark.gpu
+def test_the_slot_mapping_bench_times_an_eager_equivalent_that_agrees(device):
+    """Each workload of make bench's slot-mapping rows, small: the kernel and the eager code it is timed against
+    compute the same slots (the bench raises where they differ), one row per workload."""
+    from stress.bench import kernels as bench
+
+    rows = bench.slot_mapping_rows(device, torch.Generator().manual_seed(0), tokens=1 << 12, rows_b=64,
+                                   table_width=64)
+    assert [r.split(" (")[1].split(")")[0] for r in rows] == ["random positions", "prefill rows", "decode, 64 rows"]

@@ -21,14 +21,14 @@ def _copy_ms(nbytes: int, device) -> float:
 
 def _row(name, nbytes, kernel_ms, copy_ms, eager_ms) -> str:
     gbs = nbytes / kernel_ms / 1e6
-    return (f"{name:28} {nbytes / 1e6:9.1f} MB {kernel_ms * 1e3:9.1f} us {gbs:8.0f} GB/s "
+    return (f"{name:44} {nbytes / 1e6:9.1f} MB {kernel_ms * 1e3:9.1f} us {gbs:8.0f} GB/s "
             f"{copy_ms / kernel_ms:9.2f}x {eager_ms / kernel_ms:9.2f}x")
 
 
 def gpu_rows() -> list[str]:
     dev = runtime.device()
     gen = torch.Generator(device="cpu").manual_seed(0)
-    rows = [f"{'kernel':28} {'bytes':>12} {'time':>12} {'achieved':>13} {'vs copy':>10} {'vs eager':>10}"]
+    rows = [f"{'kernel':44} {'bytes':>12} {'time':>12} {'achieved':>13} {'vs copy':>10} {'vs eager':>10}"]
 
     slots, width, batch = 8192, 4096, 4096
     persistent = torch.randint(1, 1 << 30, (slots, width), dtype=torch.int32, generator=gen).to(dev)
@@ -40,23 +40,7 @@ def gpu_rows() -> list[str]:
                      _time_ms(lambda: block_table.gather_block_tables(persistent, idx, out)), _copy_ms(nbytes, dev),
                      _time_ms(lambda: torch.index_select(persistent, 0, idx64, out=out))))
 
-    tokens, bs, table_width = 1 << 22, 16, 4096
-    rows_b = 1024
-    table = torch.randint(1, 1 << 20, (rows_b, table_width), dtype=torch.int32, generator=gen).to(dev)
-    per_row = tokens // rows_b
-    qsl = (torch.arange(rows_b + 1, dtype=torch.int32) * per_row).to(dev)
-    positions = torch.randint(0, table_width * bs, (tokens,), generator=gen).to(dev)
-    slot_out = torch.empty(tokens, dtype=torch.int64, device=dev)
-    row_of_token = torch.repeat_interleave(torch.arange(rows_b, device=dev), per_row)
-
-    def eager_slots():
-        blk = table[row_of_token, positions // bs].long()
-        slot_out.copy_(torch.where(blk != 0, blk * bs + positions % bs, -1))
-
-    nbytes = tokens * (8 + 8 + 4)  # positions in, slots out, one table entry per token
-    rows.append(_row("compute_slot_mappings", nbytes,
-                     _time_ms(lambda: block_table.compute_slot_mappings(table, qsl, positions, bs, slot_out)),
-                     _copy_ms(nbytes, dev), _time_ms(eager_slots)))
+    rows += slot_mapping_rows(dev, gen)
 
     rows_s, width_s, shift = 2048, 16384, 7
     table_s = torch.randint(1, 1 << 30, (rows_s, width_s), dtype=torch.int32, generator=gen).to(dev)
@@ -73,6 +57,39 @@ def gpu_rows() -> list[str]:
                      _time_ms(lambda: block_table.shift_block_table_rows(table_s, idx_s, cached, seq, 16)),
                      _copy_ms(nbytes, dev), _time_ms(eager_shift)))
     return rows
+
+
+def slot_mapping_rows(dev, gen, tokens: int = 1 << 22, rows_b: int = 1024, table_width: int = 4096) -> list[str]:
+    """compute_slot_mappings against its eager equivalent in three workloads: random positions over each row's
+    whole table (every token reads its own table entry: a gather), prefill rows of consecutive positions (16
+    tokens share an entry), and 1,024 decode rows of one token (a launch-bound batch). bytes = positions in,
+    slots out, one table entry per token."""
+    bs, out = 16, []
+    for name in ("random positions", "prefill rows", f"decode, {rows_b:,} rows"):
+        per_row = 1 if name.startswith("decode") else tokens // rows_b
+        table = torch.randint(1, 1 << 20, (rows_b, table_width), dtype=torch.int32, generator=gen).to(dev)
+        qsl = (torch.arange(rows_b + 1, dtype=torch.int32) * per_row).to(dev)
+        if name == "prefill rows":
+            starts = torch.randint(0, table_width * bs - per_row, (rows_b, 1), generator=gen)
+            positions = (starts + torch.arange(per_row)).flatten().to(dev)
+        else:
+            positions = torch.randint(0, table_width * bs, (rows_b * per_row,), generator=gen).to(dev)
+        slot_out = torch.empty(positions.numel(), dtype=torch.int64, device=dev)
+        row_of_token = torch.repeat_interleave(torch.arange(rows_b, device=dev), per_row)
+
+        def eager_slots(table=table, positions=positions, slot_out=slot_out, row_of_token=row_of_token):
+            blk = table[row_of_token, positions // bs].long()
+            slot_out.copy_(torch.where(blk != 0, blk * bs + positions % bs, -1))
+
+        nbytes = positions.numel() * (8 + 8 + 4)
+        kernel_ms = _time_ms(lambda table=table, qsl=qsl, positions=positions, slot_out=slot_out:
+                             block_table.compute_slot_mappings(table, qsl, positions, bs, slot_out))
+        by_kernel = slot_out.clone()
+        eager_ms = _time_ms(eager_slots)
+        if not torch.equal(by_kernel, slot_out):
+            raise AssertionError(f"compute_slot_mappings ({name}): the eager equivalent computes other slots")
+        out.append(_row(f"compute_slot_mappings ({name})", nbytes, kernel_ms, _copy_ms(nbytes, dev), eager_ms))
+    return out
 
 
 def kv_write_row(dev, gen) -> str:
@@ -201,7 +218,7 @@ def _attention_row(dev, gen, queries: int, context: int) -> str:
     gather_ms = _graph_ms(lambda: sdpa(q4, gather(k_cache), gather(v_cache), scale=scale, enable_gqa=True))
     nbytes = 2 * keys.numel() * keys.element_size()
     name = f"{'decode' if queries == 1 else 'draft 16 non-causal'} {context // 1024}k"
-    return (f"{name:28} {nbytes / 1e6:9.1f} MB {kernel_ms * 1e3:9.1f} us {nbytes / kernel_ms / 1e6:8.0f} GB/s "
+    return (f"{name:44} {nbytes / 1e6:9.1f} MB {kernel_ms * 1e3:9.1f} us {nbytes / kernel_ms / 1e6:8.0f} GB/s "
             f"{_copy_ms(nbytes, dev) / kernel_ms:9.2f}x {sdpa_ms / kernel_ms:9.2f}x {gather_ms / kernel_ms:14.2f}x")
 
 
