@@ -105,6 +105,16 @@ def _heads_off_group(rng, inputs):
         inputs[name] = torch.cat([inputs[name], inputs[name], inputs[name][:, :1]], 1)
 
 
+def _offset_past_query_within_out(rng, inputs):
+    """The last query offset one past the queries, under an out two rows longer than query (out [>= T] is
+    allowed): offsets are bounded by query's rows, never by out's."""
+    out = inputs["out"]
+    inputs["out"] = torch.cat([out, out.new_zeros((2, *out.shape[1:]))])
+    starts = inputs["query_start_loc"].clone()
+    starts[-1] = inputs["query"].shape[0] + 1
+    inputs["query_start_loc"] = starts
+
+
 def _v_cache_row_padded(rng, inputs):
     """The V cache as a row-padded view: k_cache's shape and a unit innermost stride, in another layout."""
     v = inputs["v_cache"]
@@ -146,6 +156,9 @@ PAGED_ATTENTION_REFUSALS = refusal_family(attention_families.decode, (
     Corruption("query", "query heads no whole number of groups over the caches' KV heads", _heads_off_group),
     *resized("out", 2, (-1, 1), "out one head dim off the query"),
     Corruption("v_cache", "v_cache of k_cache's shape as a row-padded view (other strides)", _v_cache_row_padded),
+    # checked as an index (on a GPU only with SPECSAN_CHECK_INDICES=1)
+    Corruption("query_start_loc", "the last query offset past the queries, within a longer out",
+               _offset_past_query_within_out, on_gpu=False),
 ), "paged_attention")
 
 

@@ -186,11 +186,21 @@ def shift_big_offsets(rng, device, launch):
     return case
 
 
+def shift_exact_seq_lens(rng, device, launch):
+    """``padded`` cases whose seq_lens hold exactly one entry per batch row while the table keeps its rows past
+    the batch: seq_lens is by batch row, so its length is bounded by the batch, never by the table."""
+    case = shift_padded(rng, device, launch)
+    rows = case.inputs["idx_mapping"].numel()
+    case.inputs["seq_lens"] = case.inputs["seq_lens"][:rows].clone()
+    case.note += f", seq_lens of exactly {rows} entries"
+    return case
+
+
 SHIFT_FAMILIES = {
     "overlap": shift_overlap, "partial_block": shift_partial_block, "long_row": shift_long_row,
     "zero_shift": shift_zero_shift, "zero_width": shift_zero_width, "padded": shift_padded,
     "slot_vs_row": shift_slot_vs_row, "layouts": laid_out(shift_padded, "block_table"), "tiles": shift_tiles,
-    "extremes": shift_extremes, "big_offsets": shift_big_offsets,
+    "extremes": shift_extremes, "big_offsets": shift_big_offsets, "exact_seq_lens": shift_exact_seq_lens,
 }
 
 # ---------------------------------------------------------------- gather_block_tables

@@ -265,6 +265,20 @@ def tile_limit(rng, device, launch):
                    head_dim=head_dim, dtype=torch.float16, note="head tile at Triton's 2^20-element limit")
 
 
+@own_launch()
+def model_heads(rng, device, launch):
+    """Model shapes at the default launch: 9 to 32 KV heads of head dim 64 to 128, where the head tile (16 or 32
+    heads) is wider than the token tile (4096 // (block_h * block_d): 2 or 4 tokens), and tokens over several
+    token tiles: the token axis of the grid must count token tiles, not head tiles."""
+    head_dim = int(pick(rng, (64, 100, 128)))
+    heads = int(rng.integers(9, 33))
+    tokens = int(rng.integers(9, 40))
+    bs = pick(rng, (1, 16))
+    num_blocks = tokens // bs + 2
+    return kv_case(rng, slots=_distinct_slots(rng, tokens, num_blocks, bs), num_blocks=num_blocks, block_size=bs,
+                   heads=heads, head_dim=head_dim, dtype=pick(rng, DTYPES), note="model-sized heads, default tiles")
+
+
 def spread_tokens(rng, device, launch):
     """Keys or values whose tokens lie far apart, every token writing. On the GPU three or four tokens spread
     over 2^31 elements: the stride fits int32 and the last token's offset, the token index times it, passes
@@ -340,7 +354,7 @@ FAMILIES = {"pad": pad, "partial_block": partial_block, "null_block": null_block
             "dtypes": dtypes, "big_cache": big_cache, "bit_patterns": bit_patterns, "empty": empty,
             "smallest": smallest, "many_heads": many_heads, "capped_heads": capped_heads, "one_lane": one_lane,
             "wide_heads": wide_heads, "tile_limit": tile_limit, "spread_tokens": spread_tokens,
-            "v_token_major": v_token_major, "v_head_major": v_head_major,
+            "v_token_major": v_token_major, "v_head_major": v_head_major, "model_heads": model_heads,
             # key and value as slices of a fused projection, and a padded combined cache
             "layouts": laid_out(partial_block, "key", "value", "kv_cache"),
             # the same over several heads: a head's stride is no longer its head dim anywhere

@@ -478,6 +478,28 @@ def uniform_rows(rng, device, launch):
     return case
 
 
+def uniform_rejected(rng, device, launch):
+    """Sampled requests whose target rows are all -inf or all NaN (p uniform over the vocabulary) under draft
+    rows that give each drafted token most of their mass (q(x) well above 1 / V): drafts are mostly rejected
+    and resampled from max(p - q, 0), uniform over the tokens q gives less than p. The vocab is one past a
+    power of two or past the swept tile, so its last tile is about half padding: padding lanes hold no p, and
+    a residual that counts them resamples a token past the vocabulary. Two to four requests on every device:
+    a padding lane wins a resample about one time in three."""
+    _, k, _ = _size(rng, device)
+    b = int(rng.integers(2, 5))
+    vocab = launch.get("block_v", 2 ** int(rng.integers(1, 12 if big(device) else 6))) + 1
+    target = torch.from_numpy(rng.choice(np.array([float("-inf"), float("nan")], dtype=np.float32), (b, k + 1, 1)))
+    case = _case(rng, batch=b, depth=k, vocab=vocab, target=target.expand(b, k + 1, vocab).contiguous(),
+                 greedy_share=0.0, placeholder_share=0.0, note=f"uniform rows, peaked drafts, vocab {vocab}")
+    drafts = torch.from_numpy(rng.integers(0, vocab, (b, k)))
+    cached = torch.from_numpy(rng.standard_normal((case.inputs["temperature"].numel(), k, vocab)).astype(np.float32))
+    slots = case.inputs["idx_mapping"].long()
+    for row in range(b):
+        cached[slots[row], torch.arange(k), drafts[row]] += 12.0
+    case.inputs["draft_tokens"], case.inputs["draft_logits"] = drafts, cached
+    return case
+
+
 def last_token_max(rng, device, launch):
     """Rows over a vocabulary one past one or two vocab tiles of the launch shape (the launcher's own tile is
     capped at 1024), whose maximum is the last token, 60 to 80 above the rest: the last tile holds that token
@@ -564,7 +586,7 @@ FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zer
             "agreeing_layouts": laid_out(_two_agreeing_steps, "draft_logits"),
             "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder,
             "empty_residual": empty_residual, "empty_residual_spread": empty_residual_spread, "ulp_ties": ulp_ties,
-            "greedy_threshold": greedy_threshold, "uniform_rows": uniform_rows,
+            "greedy_threshold": greedy_threshold, "uniform_rows": uniform_rows, "uniform_rejected": uniform_rejected,
             "unsupported_drafts": unsupported_drafts, "last_token_max": last_token_max,
             "overconfident_drafter": overconfident_drafter,
             **one_per_value(big_offsets, "layout", ("steps", "target_logits", "draft_tokens", "out_tokens",
