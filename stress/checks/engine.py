@@ -102,6 +102,12 @@ CHECKS = (
                    (Patch("kernels.spec.scheduler:PrefixCachingPool", "list(known[:num_blocks])",
                           "list(known[:num_blocks + 1])"),),
                    oracles={"cpu": "accounting", "cuda": "accounting"}, families=("evicted_resume",)),
+            Mutant("lookup-past-a-miss", "a prefix-cache lookup skips a missing chain key and goes on: a chain "
+                   "whose first block was evicted while a later one stayed cached restores that later block at the "
+                   "first position",
+                   (Patch("kernels.spec.scheduler:PrefixCachingPool", "break\n            hits.append(block)",
+                          "continue\n            hits.append(block)"),),
+                   oracles={"cpu": "kv", "cuda": "kv"}, families=("gapped_chain",)),
             Mutant("one-request-drafts-nothing", "a batch of one request runs no draft step through DraftGraphs "
                    "(the empty-batch test reads num_reqs == 1)",
                    (Patch(_DRAFT_GRAPHS, "if num_draft_tokens == 0 or num_reqs == 0:",

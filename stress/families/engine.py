@@ -705,6 +705,38 @@ def evicted_resume(rng, device, launch):
                             f"{prefill_blocks - 1} block(s) evicted")
 
 
+def gapped_chain(rng, device, launch):
+    """A prefix chain cached from its second block on while its first is evicted: a later lookup must stop at the
+    first block and restore nothing. Two requests over one prompt of two full blocks and a token are admitted
+    together (both miss), so the first one's blocks enter the cache and the second's are skipped as duplicates.
+    The first finishes at once; a request over another prompt then takes its last two blocks (evicting its second
+    block's entry) while the second, decoding within its blocks, is running: the second's second block is entered
+    in its place, and the second finishes. A request of one block takes the first one's first block (evicting the
+    chain's first key), then a request over the prompt and a few tokens more arrives: its chain's second key is
+    cached, its first is not. The target pool has no block to spare."""
+    bs = _sized(device, 4, 16)
+    k = int(rng.integers(1, min(bs - 1, 4)))  # the second request's first decode stays in its three blocks
+
+    def requests(rng, vocab):
+        cls = int(rng.integers(CLASSES))
+        other = (cls + 1 + int(rng.integers(CLASSES - 1))) % CLASSES
+        common = prompt(rng, vocab, cls, 2 * bs + 1)
+        return [request(rng, 0, arrival=0, max_new=1, prompt_tokens=common),
+                request(rng, 1, arrival=0, max_new=2, prompt_tokens=common),
+                request(rng, 2, arrival=1, max_new=int(rng.integers(2, 5)),  # two blocks, its first decode in them
+                        prompt_tokens=prompt(rng, vocab, other, int(rng.integers(bs + 1, 2 * bs - k)))),
+                request(rng, 3, arrival=2, max_new=int(rng.integers(2, 5)),
+                        prompt_tokens=prompt(rng, vocab, other, int(rng.integers(1, bs + 1)))),
+                request(rng, 4, arrival=2, max_new=int(rng.integers(2, 5)),
+                        prompt_tokens=common + prompt(rng, vocab, cls, int(rng.integers(1, bs))))]
+
+    def pools(requests):  # (target, draft), null blocks included: the target's holds the first two prompts exactly
+        return 2 * 3 + 1, sum(-(-(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2) // bs) for r in requests) + 1
+
+    return engine_case(rng, device, requests, num_steps=5, max_num_reqs=4, budget=_sized(device, 48, 2048),
+                       block_sizes=(bs, bs), k=k, anchor_first=bool(rng.integers(2)), num_blocks=pools,
+                       note="a cached chain whose first block is evicted")
+
 def _combined_case(rng, device, f: dict[str, str], backends=None):
     """The combined case of the features ``f``; ``backends``: the draft backend offers drawn from for an eager
     draft (None: every offer)."""
@@ -766,4 +798,4 @@ FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix
             "draft_pool_pressure": draft_pool_pressure, "chunked_resume": chunked_resume,
             "adaptive_graphs": adaptive_graphs, "budget_cut_cache": budget_cut_cache,
             "dspark_dispatch": dspark_dispatch, "sampling_churn": sampling_churn,
-            "evicted_resume": evicted_resume}
+            "evicted_resume": evicted_resume, "gapped_chain": gapped_chain}
