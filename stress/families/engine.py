@@ -634,6 +634,29 @@ def dspark_dispatch(rng, device, launch):
     return _combined_case(rng, device, features, backends=CAPTURABLE_OFFERS)
 
 
+# Offers whose first backend is not the one picked (non-causal drafts: FlashAttention or Triton comes first), and
+# whose first backend may not be captured where the picked one may, on SM90 and SM100 alike.
+UNORDERED_OFFERS = (("flashinfer", "flash_attn"), ("host_planned", "triton_attn"), ("host_planned", "flash_attn"))
+# Offers that pick the host-planned backend: graphs only for a causal draft (fix 6), so its non-causal draft
+# dispatched through DraftGraphs runs eagerly.
+HOST_PLANNED_OFFERS = (("host_planned",), ("host_planned", "specsan_paged"))
+
+
+def offer_order(rng, device, launch):
+    """The combined draws, drafted eagerly at a fixed depth, with backends offered out of priority order: the
+    backend picked is not the first offered, and only the picked one may be captured, so the draft's FULL graph
+    dispatch is decided by the pick, never by the offer's order."""
+    features = draw_features(rng) | {"graphs": "eager", "depth": "fixed"}
+    return _combined_case(rng, device, features, backends=UNORDERED_OFFERS)
+
+
+def uncapturable_graphs(rng, device, launch):
+    """The combined draws through DraftGraphs at a fixed depth on the host-planned backend, which may be captured
+    only for a causal draft: the DFlash/DSpark draft is non-causal, so every step dispatches to eager (fix 6) though
+    FULL graphs of its widths are staged."""
+    features = draw_features(rng) | {"graphs": "graphs", "depth": "fixed"}
+    return _combined_case(rng, device, features, backends=HOST_PLANNED_OFFERS)
+
 def chunked_resume(rng, device, launch):
     """Two requests with short prompts under a budget of one decode and one or two tokens more, and a target pool
     that runs dry after a few steps: the second request (growing by what the first one's decode leaves) is
@@ -738,8 +761,8 @@ def gapped_chain(rng, device, launch):
                        note="a cached chain whose first block is evicted")
 
 def _combined_case(rng, device, f: dict[str, str], backends=None):
-    """The combined case of the features ``f``; ``backends``: the draft backend offers drawn from for an eager
-    draft (None: every offer)."""
+    """The combined case of the features ``f``; ``backends``: the draft backend offers drawn from (None: ours
+    through graphs, every offer eagerly)."""
     dims, block_sizes = engine_shapes.distinct_shape(rng, device)
     bs = block_sizes[0]
     k = int(rng.integers(*_sized(device, (2, 4), (3, 6))))
@@ -779,7 +802,7 @@ def _combined_case(rng, device, f: dict[str, str], backends=None):
     settings = None
     if f["graphs"] == "graphs" or backends is not None:
         q = k if anchor_first else k + 1
-        offered = ["specsan_paged"] if f["graphs"] == "graphs" else list(pick(rng, backends))
+        offered = ["specsan_paged"] if backends is None else list(pick(rng, backends))
         settings = {"capture_sizes": sorted({q, (slots // 2 + 1) * q, slots * q}), "small_grid": 0,
                     "capability_major": int(pick(rng, (9, 10))), "draft_backends": offered}
     return engine_case(rng, device, requests, num_steps=_sized(device, 8, 12), max_num_reqs=slots, budget=budget,
@@ -798,4 +821,5 @@ FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix
             "draft_pool_pressure": draft_pool_pressure, "chunked_resume": chunked_resume,
             "adaptive_graphs": adaptive_graphs, "budget_cut_cache": budget_cut_cache,
             "dspark_dispatch": dspark_dispatch, "sampling_churn": sampling_churn,
-            "evicted_resume": evicted_resume, "gapped_chain": gapped_chain}
+            "evicted_resume": evicted_resume, "gapped_chain": gapped_chain,
+            "offer_order": offer_order, "uncapturable_graphs": uncapturable_graphs}
