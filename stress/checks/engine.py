@@ -119,6 +119,15 @@ CHECKS = (
                    "for the non-causal one (fix 6)",
                    (Patch("kernels.spec.engine:_GraphStep", "not engine.non_causal)", "engine.non_causal)"),),
                    oracles=EVERYWHERE, families=("uncapturable_graphs",)),
+            Mutant("freed-draft-blocks-never-poisoned", "a request's freed draft blocks are listed for poisoning "
+                   "after its block list is emptied: no freed draft block is ever poisoned, which a correct step "
+                   "never shows (it reads no freed block)",
+                   (Patch("kernels.spec.scheduler:Scheduler",
+                          "        self.freed_draft_blocks += req.draft_blocks\n"
+                          "        req.target_blocks, req.draft_blocks = [], []",
+                          "        req.target_blocks, req.draft_blocks = [], []\n"
+                          "        self.freed_draft_blocks += req.draft_blocks"),),
+                   oracles={"cpu": "accounting", "cuda": "accounting"}, families=("draft_pool_pressure",)),
             Mutant("one-request-drafts-nothing", "a batch of one request runs no draft step through DraftGraphs "
                    "(the empty-batch test reads num_reqs == 1)",
                    (Patch(_DRAFT_GRAPHS, "if num_draft_tokens == 0 or num_reqs == 0:",
