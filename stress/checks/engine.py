@@ -102,6 +102,32 @@ CHECKS = (
                    (Patch("kernels.spec.scheduler:PrefixCachingPool", "list(known[:num_blocks])",
                           "list(known[:num_blocks + 1])"),),
                    oracles={"cpu": "accounting", "cuda": "accounting"}, families=("evicted_resume",)),
+            Mutant("lookup-past-a-miss", "a prefix-cache lookup skips a missing chain key and goes on: a chain "
+                   "whose first block was evicted while a later one stayed cached restores that later block at the "
+                   "first position",
+                   (Patch("kernels.spec.scheduler:PrefixCachingPool", "break\n            hits.append(block)",
+                          "continue\n            hits.append(block)"),),
+                   oracles={"cpu": "kv", "cuda": "kv"}, families=("gapped_chain",)),
+            Mutant("draft-mode-of-first-offered", "the eager draft's graph mode is judged on the first backend "
+                   "offered instead of the one picked: the same unless the offer lists a backend the priorities "
+                   "put later first",
+                   (Patch(_ENGINE, "draft_graph_mode(self.draft_backend, cap, non_causal)",
+                          "draft_graph_mode(offered[0], cap, non_causal)"),),
+                   oracles=EVERYWHERE, families=("offer_order",)),
+            Mutant("graph-step-causal-inverted", "the draft step DraftGraphs drives is described as causal when the "
+                   "draft is not: a backend whose graphs hold only causal drafts (host-planned) claims full graphs "
+                   "for the non-causal one (fix 6)",
+                   (Patch("kernels.spec.engine:_GraphStep", "not engine.non_causal)", "engine.non_causal)"),),
+                   oracles=EVERYWHERE, families=("uncapturable_graphs",)),
+            Mutant("freed-draft-blocks-never-poisoned", "a request's freed draft blocks are listed for poisoning "
+                   "after its block list is emptied: no freed draft block is ever poisoned, which a correct step "
+                   "never shows (it reads no freed block)",
+                   (Patch("kernels.spec.scheduler:Scheduler",
+                          "        self.freed_draft_blocks += req.draft_blocks\n"
+                          "        req.target_blocks, req.draft_blocks = [], []",
+                          "        req.target_blocks, req.draft_blocks = [], []\n"
+                          "        self.freed_draft_blocks += req.draft_blocks"),),
+                   oracles={"cpu": "accounting", "cuda": "accounting"}, families=("draft_pool_pressure",)),
             Mutant("one-request-drafts-nothing", "a batch of one request runs no draft step through DraftGraphs "
                    "(the empty-batch test reads num_reqs == 1)",
                    (Patch(_DRAFT_GRAPHS, "if num_draft_tokens == 0 or num_reqs == 0:",

@@ -634,6 +634,29 @@ def dspark_dispatch(rng, device, launch):
     return _combined_case(rng, device, features, backends=CAPTURABLE_OFFERS)
 
 
+# Offers whose first backend is not the one picked (non-causal drafts: FlashAttention or Triton comes first), and
+# whose first backend may not be captured where the picked one may, on SM90 and SM100 alike.
+UNORDERED_OFFERS = (("flashinfer", "flash_attn"), ("host_planned", "triton_attn"), ("host_planned", "flash_attn"))
+# Offers that pick the host-planned backend: graphs only for a causal draft (fix 6), so its non-causal draft
+# dispatched through DraftGraphs runs eagerly.
+HOST_PLANNED_OFFERS = (("host_planned",), ("host_planned", "specsan_paged"))
+
+
+def offer_order(rng, device, launch):
+    """The combined draws, drafted eagerly at a fixed depth, with backends offered out of priority order: the
+    backend picked is not the first offered, and only the picked one may be captured, so the draft's FULL graph
+    dispatch is decided by the pick, never by the offer's order."""
+    features = draw_features(rng) | {"graphs": "eager", "depth": "fixed"}
+    return _combined_case(rng, device, features, backends=UNORDERED_OFFERS)
+
+
+def uncapturable_graphs(rng, device, launch):
+    """The combined draws through DraftGraphs at a fixed depth on the host-planned backend, which may be captured
+    only for a causal draft: the DFlash/DSpark draft is non-causal, so every step dispatches to eager (fix 6) though
+    FULL graphs of its widths are staged."""
+    features = draw_features(rng) | {"graphs": "graphs", "depth": "fixed"}
+    return _combined_case(rng, device, features, backends=HOST_PLANNED_OFFERS)
+
 def chunked_resume(rng, device, launch):
     """Two requests with short prompts under a budget of one decode and one or two tokens more, and a target pool
     that runs dry after a few steps: the second request (growing by what the first one's decode leaves) is
@@ -705,9 +728,41 @@ def evicted_resume(rng, device, launch):
                             f"{prefill_blocks - 1} block(s) evicted")
 
 
+def gapped_chain(rng, device, launch):
+    """A prefix chain cached from its second block on while its first is evicted: a later lookup must stop at the
+    first block and restore nothing. Two requests over one prompt of two full blocks and a token are admitted
+    together (both miss), so the first one's blocks enter the cache and the second's are skipped as duplicates.
+    The first finishes at once; a request over another prompt then takes its last two blocks (evicting its second
+    block's entry) while the second, decoding within its blocks, is running: the second's second block is entered
+    in its place, and the second finishes. A request of one block takes the first one's first block (evicting the
+    chain's first key), then a request over the prompt and a few tokens more arrives: its chain's second key is
+    cached, its first is not. The target pool has no block to spare."""
+    bs = _sized(device, 4, 16)
+    k = int(rng.integers(1, min(bs - 1, 4)))  # the second request's first decode stays in its three blocks
+
+    def requests(rng, vocab):
+        cls = int(rng.integers(CLASSES))
+        other = (cls + 1 + int(rng.integers(CLASSES - 1))) % CLASSES
+        common = prompt(rng, vocab, cls, 2 * bs + 1)
+        return [request(rng, 0, arrival=0, max_new=1, prompt_tokens=common),
+                request(rng, 1, arrival=0, max_new=2, prompt_tokens=common),
+                request(rng, 2, arrival=1, max_new=int(rng.integers(2, 5)),  # two blocks, its first decode in them
+                        prompt_tokens=prompt(rng, vocab, other, int(rng.integers(bs + 1, 2 * bs - k)))),
+                request(rng, 3, arrival=2, max_new=int(rng.integers(2, 5)),
+                        prompt_tokens=prompt(rng, vocab, other, int(rng.integers(1, bs + 1)))),
+                request(rng, 4, arrival=2, max_new=int(rng.integers(2, 5)),
+                        prompt_tokens=common + prompt(rng, vocab, cls, int(rng.integers(1, bs))))]
+
+    def pools(requests):  # (target, draft), null blocks included: the target's holds the first two prompts exactly
+        return 2 * 3 + 1, sum(-(-(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2) // bs) for r in requests) + 1
+
+    return engine_case(rng, device, requests, num_steps=5, max_num_reqs=4, budget=_sized(device, 48, 2048),
+                       block_sizes=(bs, bs), k=k, anchor_first=bool(rng.integers(2)), num_blocks=pools,
+                       note="a cached chain whose first block is evicted")
+
 def _combined_case(rng, device, f: dict[str, str], backends=None):
-    """The combined case of the features ``f``; ``backends``: the draft backend offers drawn from for an eager
-    draft (None: every offer)."""
+    """The combined case of the features ``f``; ``backends``: the draft backend offers drawn from (None: ours
+    through graphs, every offer eagerly)."""
     dims, block_sizes = engine_shapes.distinct_shape(rng, device)
     bs = block_sizes[0]
     k = int(rng.integers(*_sized(device, (2, 4), (3, 6))))
@@ -747,7 +802,7 @@ def _combined_case(rng, device, f: dict[str, str], backends=None):
     settings = None
     if f["graphs"] == "graphs" or backends is not None:
         q = k if anchor_first else k + 1
-        offered = ["specsan_paged"] if f["graphs"] == "graphs" else list(pick(rng, backends))
+        offered = ["specsan_paged"] if backends is None else list(pick(rng, backends))
         settings = {"capture_sizes": sorted({q, (slots // 2 + 1) * q, slots * q}), "small_grid": 0,
                     "capability_major": int(pick(rng, (9, 10))), "draft_backends": offered}
     return engine_case(rng, device, requests, num_steps=_sized(device, 8, 12), max_num_reqs=slots, budget=budget,
@@ -766,4 +821,5 @@ FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix
             "draft_pool_pressure": draft_pool_pressure, "chunked_resume": chunked_resume,
             "adaptive_graphs": adaptive_graphs, "budget_cut_cache": budget_cut_cache,
             "dspark_dispatch": dspark_dispatch, "sampling_churn": sampling_churn,
-            "evicted_resume": evicted_resume}
+            "evicted_resume": evicted_resume, "gapped_chain": gapped_chain,
+            "offer_order": offer_order, "uncapturable_graphs": uncapturable_graphs}

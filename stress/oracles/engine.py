@@ -49,7 +49,7 @@ def run_engine(config, weights, requests, num_steps, global_seed) -> engine_inva
         np.random.seed(global_seed)  # deliberate: see the docstring
         replay = engine.Engine(config, weights, requests)
         records = engine_invariants.Records()
-        records.findings = engine_invariants.PoolAudit(replay.scheduler).findings
+        records.findings = engine_invariants.PoolAudit(replay.scheduler, replay.caches_d).findings
         if replay.graphs is not None and replay.device.type == "cuda":  # elsewhere nothing is captured
             engine_invariants.ReplayAudit(replay, records.findings)
         for _ in range(num_steps):

@@ -10,7 +10,9 @@ and the reference engine disagree in a recorded field. Two kinds escape it:
   So is the prefix cache: a block a running request computed itself and holds under a key must be a
   full block of its computed tokens, under the chain key of its tokens up to the block's end
   (recomputed here from the tokens). A partial block under a full block's key is restored only if another
-  request looks that key up before the block fills, which few workloads arrange.
+  request looks that key up before the block fills, which few workloads arrange. And a draft block no running
+  request held after one schedule is poisoned (all NaN) by the next: a correct step never reads a freed block,
+  so a freed block left unpoisoned changes no record until another slip reads it.
 * ``drafts``: every batch row of a step at depth d > 0 whose restored prefixes are block-aligned gets
   exactly d sampling rows of its slot and d drafted tokens, of which the request later verifies a
   prefix, as drafted; at depth 0, or in a refused batch, none. The depth itself must lie in the DSD
@@ -32,6 +34,7 @@ from collections import Counter
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
 from stress.oracles import engine_history
 from stress.oracles.graph_replay import silent_fallback
@@ -66,10 +69,13 @@ def chain_keys(tokens: list[int], block_size: int, num_blocks: int) -> list[byte
 class PoolAudit:
     """Wraps one scheduler's pools (on the instance only): each count the target pool reports for an
     admission, and both pools' free queues after every schedule and step, against the blocks its
-    running requests hold. Findings go to ``findings``; the engine's behaviour is unchanged."""
+    running requests hold; with ``draft_caches`` (the engine's draft KV, (k, v) per layer), that the draft blocks no
+    running request held after the last schedule are poisoned. Findings go to ``findings``; the engine's behaviour
+    is unchanged."""
 
-    def __init__(self, scheduler):
+    def __init__(self, scheduler, draft_caches=()):
         self.scheduler, self.step, self.findings = scheduler, 0, []
+        self.draft_caches, self._draft_unheld = draft_caches, None
         pool = scheduler.target_pool
         reported, schedule, finish = pool.num_free_after_touch, scheduler.schedule, scheduler.finish_step
 
@@ -80,7 +86,9 @@ class PoolAudit:
 
         def audited_schedule(step):
             plan = schedule(step)
+            self._judge_poisoned()
             self._judge_pools("after scheduling")
+            self._draft_unheld = self._unheld("draft")
             return plan
 
         def audited_finish():
@@ -108,6 +116,23 @@ class PoolAudit:
             taken = sorted(unheld & set(hits))
             self._report(f"target pool reported {count} free block(s) after touching cached hits {hits}, but "
                          f"{want} are held by no running request once the unreferenced hit(s) {taken} are taken")
+
+    def _judge_poisoned(self) -> None:
+        """Before the step writes: every draft block unheld since the last schedule holds NaN only (the blocks
+        freed then were poisoned since, and a step writes only blocks its requests hold)."""
+        if not self._draft_unheld or not self.draft_caches:
+            return
+        blocks = sorted(self._draft_unheld)
+        for k_cache, v_cache in self.draft_caches:
+            index = torch.tensor(blocks, dtype=torch.int64, device=k_cache.device)
+            for cache in (k_cache, v_cache):
+                written = ~cache[index].isnan().flatten(1).all(1)
+                if bool(written.any()):
+                    block = blocks[int(written.nonzero()[0])]
+                    self._report(f"draft pool after scheduling: block {block}, held by no running request since the "
+                                 f"last schedule, holds KV that is not poisoned (NaN) ({int(written.sum())} such "
+                                 "block(s)): a freed draft block was never poisoned")
+                    return
 
     def _judge_pools(self, when: str) -> None:
         for group in ("target", "draft"):
