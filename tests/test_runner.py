@@ -134,6 +134,13 @@ def test_a_kept_tensor_is_compared_bit_for_bit_where_it_lives(dtype, device):
         assert _kept_changes(nan, lambda v: v.copy_(v.clone())) == {}, "the same NaN is unchanged"
 
 
+def test_a_kept_tensor_of_a_width_with_no_integer_twin_is_compared_on_the_host():
+    """complex128 (16 bytes an element) has no integer view: flagged, then judged exactly where its values land."""
+    values = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex128)
+    assert torch.equal(_kept_changes(values.clone(), lambda v: None)["t"], values)
+    assert compare.unchanged("t", values, values) is None
+
+
 def test_a_kept_view_is_copied_compactly_and_its_shared_row_once(device):
     """A view spread over a large span, and a broadcast one, are snapshot by their own elements; a write into
     the shared row of the broadcast one shows."""

@@ -145,10 +145,11 @@ _INTEGER_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.in
 
 
 def _changed(view: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-    """Whether ``view`` differs anywhere from its ``snapshot``, as a one-element tensor on their device."""
+    """Whether ``view`` differs anywhere from its ``snapshot``, as a one-element tensor on their device. Elements of
+    a width with no integer twin (complex128) count as changed: the host comparison then decides, exactly."""
     after = distinct(view)
-    if after.numel() == 0:
-        return torch.zeros((), dtype=torch.bool, device=view.device)
+    if after.numel() == 0 or after.element_size() not in _INTEGER_OF_WIDTH:
+        return torch.tensor(after.numel() > 0, device=view.device)
     return (_bits(after) != _bits(before)).any()
 
 
