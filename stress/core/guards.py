@@ -69,14 +69,24 @@ def span(t: torch.Tensor) -> int:
     return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
 
 
+def _broadcast_dims(t: torch.Tensor) -> list[int]:
+    """The dimensions of ``t`` whose rows share memory (stride 0, more than one row)."""
+    return [dim for dim in range(t.dim()) if t.stride(dim) == 0 and t.shape[dim] > 1]
+
+
+def _first_rows(t: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    """``t`` narrowed to its first row along each of ``dims``."""
+    for dim in dims:
+        t = t.narrow(dim, 0, 1)
+    return t
+
+
 def fill(view: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """``view.copy_(t)``, also where ``view`` broadcasts (a stride-0 dimension: rows sharing memory, which
     copy_ refuses): such a dimension's one row is written once, from ``t``'s first (they are all equal).
     A host tensor bound for a GPU goes through a pinned copy, so the upload does not wait for the GPU."""
-    target, source = view, t
-    for dim in range(view.dim()):
-        if view.stride(dim) == 0 and view.shape[dim] > 1:
-            target, source = target.narrow(dim, 0, 1), source.narrow(dim, 0, 1)
+    dims = _broadcast_dims(view)
+    target, source = _first_rows(view, dims), _first_rows(t, dims)
     if target.is_cuda and source.device.type == "cpu" and source.numel() * source.element_size() <= STAGED_BYTES:
         staged = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
         target.copy_(staged.copy_(source), non_blocking=True)
@@ -123,10 +133,7 @@ def _to_host(value):
 
 def distinct(t: torch.Tensor) -> torch.Tensor:
     """``t`` less the repeats of a broadcast (stride-0) dimension: the elements that have memory of their own."""
-    for dim in range(t.dim()):
-        if t.stride(dim) == 0 and t.shape[dim] > 1:
-            t = t.narrow(dim, 0, 1)
-    return t
+    return _first_rows(t, _broadcast_dims(t))
 
 
 def snapshot(views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
