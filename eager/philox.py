@@ -4,17 +4,14 @@ The eager samplers draw their noise where their logits are: a GPU-sized verifica
 128k vocabulary needs billions of draws, which ``reference/philox.py`` (numpy, on the host) can neither hold
 nor draw in time. Same interface and the same numbers as that module (tests/test_eager.py compares them).
 Arithmetic runs in int64: a 32x32-bit product is formed from 16-bit halves of the constant, so no
-intermediate passes 2**49.
+intermediate passes 2**49. The round and key constants and the uniform scale are that module's.
 """
 
 import torch
 
-_ROUNDS = 10
-_KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
-_ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
+from reference.philox import _KEY_A, _KEY_B, _ROUND_A, _ROUND_B, _ROUNDS, _UNIFORM_SCALE
+
 _MASK32 = 0xFFFFFFFF
-# Triton's uint -> [0, 1) scale: the largest float32 with (2^31 - 1) * scale < 1 (as reference/philox.py).
-_UNIFORM_SCALE = 4.6566127342e-10
 
 
 def _mul(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,7 +42,7 @@ def uniform(bits: torch.Tensor) -> torch.Tensor:
     """Triton's uint32 -> float32 in [0, 1): read as int32, fold negatives with ~x, scale in float32."""
     as_int32 = torch.where(bits >= 2**31, bits - 2**32, bits)
     folded = torch.where(as_int32 < 0, ~as_int32, as_int32)
-    return folded.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32, device=bits.device)
+    return folded.to(torch.float32) * torch.tensor(float(_UNIFORM_SCALE), dtype=torch.float32, device=bits.device)
 
 
 def rand(seed, offset) -> torch.Tensor:
