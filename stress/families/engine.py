@@ -108,6 +108,16 @@ def _sized(device: str, cpu, gpu):
     return gpu if big(device) else cpu
 
 
+def full_length(request: dict, k: int) -> int:
+    """The tokens a request holds at most: its prompt, every new token, and two steps of drafts and bonus."""
+    return len(request["prompt"]) + request["max_new_tokens"] + 2 * k + 2
+
+
+def blocks_at_full_length(requests: list[dict], k: int, block_size: int) -> int:
+    """Blocks of ``block_size`` tokens every request of ``requests`` holds at full length at once."""
+    return sum(-(-full_length(r, k) // block_size) for r in requests)
+
+
 def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, block_sizes, block_share=1.0, k=3,
                 anchor_first=False, probabilistic=False, dsd_schedule=None, adaptive_window=2, max_model_len=None,
                 cuda_graphs=False, graph_settings=None, num_blocks=None, dims=None, note="") -> Case:
@@ -122,7 +132,7 @@ def engine_case(rng, device, requests_fn, *, num_steps, max_num_reqs, budget, bl
     requests = requests_fn(rng, model["vocab"], **({"weights": weights} if getattr(requests_fn, "reads_weights", False)
                                                    else {}))
     bs_t, bs_d = block_sizes
-    lengths = [min(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2, max_model_len + k + 2) for r in requests]
+    lengths = [min(full_length(r, k), max_model_len + k + 2) for r in requests]
     need = (sum(-(-n // bs_t) for n in lengths), sum(-(-(n + k + 1) // bs_d) for n in lengths))
     num_blocks = num_blocks(requests) if num_blocks else tuple(int(n * block_share) + 1 for n in need)
     config = {
@@ -410,7 +420,7 @@ def draft_pool_pressure(rng, device, launch):
                 for i, length in enumerate(lengths)]
 
     def pools(requests):  # (target, draft), null blocks included: a prefill takes (L + K) / 4 draft blocks
-        target = sum(-(-(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2) // 4) for r in requests)
+        target = blocks_at_full_length(requests, k, 4)
         prefilled = sum((len(r["prompt"]) + k) // bs_d for r in requests)
         return target + 1, prefilled + n * full_steps + spare + 1
 
@@ -657,6 +667,7 @@ def uncapturable_graphs(rng, device, launch):
     features = draw_features(rng) | {"graphs": "graphs", "depth": "fixed"}
     return _combined_case(rng, device, features, backends=HOST_PLANNED_OFFERS)
 
+
 def chunked_resume(rng, device, launch):
     """Two requests with short prompts under a budget of one decode and one or two tokens more, and a target pool
     that runs dry after a few steps: the second request (growing by what the first one's decode leaves) is
@@ -676,8 +687,7 @@ def chunked_resume(rng, device, launch):
         # steps (the first request gains k + 1 tokens a step, the second what the budget leaves), the draft's has
         # room for both at full length
         first, second = (len(r["prompt"]) + press * n for r, n in zip(requests, (k + 1, budget - k - 1), strict=True))
-        return -(-first // bs) + -(-second // bs) + 1, sum(
-            -(-(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2) // bs) for r in requests) + 1
+        return -(-first // bs) + -(-second // bs) + 1, blocks_at_full_length(requests, k, bs) + 1
 
     return engine_case(rng, device, requests, num_steps=press + 7, max_num_reqs=2, budget=budget,
                        block_sizes=(bs, bs), k=k, anchor_first=bool(rng.integers(2)), num_blocks=pools,
@@ -718,8 +728,7 @@ def evicted_resume(rng, device, launch):
                     prompt_tokens=common + prompt(rng, vocab, cls, int(rng.integers(1, bs)))) for i in range(num_later)]
 
     def pools(requests):  # (target, draft), null blocks included; the draft's has room for everything at once
-        return ahead_blocks + prefill_blocks + 1, sum(
-            -(-(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2) // bs) for r in requests) + 1
+        return ahead_blocks + prefill_blocks + 1, blocks_at_full_length(requests, k, bs) + 1
 
     return engine_case(rng, device, requests, num_steps=press + evict_steps + -(-common_len // budget) + 4,
                        max_num_reqs=2 + num_later, budget=budget, block_sizes=(bs, bs), k=k,
@@ -754,11 +763,12 @@ def gapped_chain(rng, device, launch):
                         prompt_tokens=common + prompt(rng, vocab, cls, int(rng.integers(1, bs))))]
 
     def pools(requests):  # (target, draft), null blocks included: the target's holds the first two prompts exactly
-        return 2 * 3 + 1, sum(-(-(len(r["prompt"]) + r["max_new_tokens"] + 2 * k + 2) // bs) for r in requests) + 1
+        return 2 * 3 + 1, blocks_at_full_length(requests, k, bs) + 1
 
     return engine_case(rng, device, requests, num_steps=5, max_num_reqs=4, budget=_sized(device, 48, 2048),
                        block_sizes=(bs, bs), k=k, anchor_first=bool(rng.integers(2)), num_blocks=pools,
                        note="a cached chain whose first block is evicted")
+
 
 def _combined_case(rng, device, f: dict[str, str], backends=None):
     """The combined case of the features ``f``; ``backends``: the draft backend offers drawn from (None: ours
