@@ -123,8 +123,8 @@ class PoolAudit:
         if not self._draft_unheld or not self.draft_caches:
             return
         blocks = sorted(self._draft_unheld)
+        index = torch.tensor(blocks, dtype=torch.int64, device=self.draft_caches[0][0].device)
         for k_cache, v_cache in self.draft_caches:
-            index = torch.tensor(blocks, dtype=torch.int64, device=k_cache.device)
             for cache in (k_cache, v_cache):
                 written = ~cache[index].isnan().flatten(1).all(1)
                 if bool(written.any()):
