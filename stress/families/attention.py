@@ -325,7 +325,6 @@ def large_scores(rng, device, launch):
     return case
 
 
-
 LEVEL_SCORE = 150.0  # the mean score of level_scores' keys: about 216 in the kernel's log2 units
 
 
@@ -380,6 +379,7 @@ def cache_layouts(rng, device, launch):
         case.inputs[name] = relaid_cache(case.inputs[name], layout, pads)
     case.note += f", caches {layout}"
     return case
+
 
 @own_launch()
 def infinite_keys(rng, device, launch, split=False):

@@ -553,7 +553,6 @@ def prefix_multi_group(rng, device, launch):
     return _prefix_case(rng, block_sizes=sizes, unaligned_live=bool(rng.integers(2)), note=f"block sizes {sizes}")
 
 
-
 def prefix_aligned_to_one(rng, device, launch):
     """Several draft KV groups, every live count a whole number of blocks of all of them but one, which is a
     whole number of blocks of one group and not of another (32k + 16 under 16 and 32; a multiple of 24 and not
@@ -569,6 +568,7 @@ def prefix_aligned_to_one(rng, device, launch):
     case.inputs["num_cached_tokens"][victim] = count
     case.note = f"block sizes {sizes}, slot {victim} holds {count}: aligned to {aligned_to}, not to {not_to}"
     return case
+
 
 def prefix_padded(rng, device, launch):
     """Padded rows (slot -1) are ignored, whatever the last slot holds."""
