@@ -92,6 +92,27 @@ def test_guard_zone_keeps_a_strided_view_and_watches_its_row_padding():
     assert copied.stride() == rows.stride() and torch.equal(copied, rows)
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.float32])
+def test_every_gap_byte_is_watched_and_counted_exactly(dtype, device):
+    """The gaps are scanned eight bytes at a time where aligned and byte by byte at the ends: a damaged byte
+    anywhere between the rows is found, and the report counts bytes, not words."""
+    rows = torch.arange(35, dtype=torch.int64).to(dtype).view(5, 7)[:, :3]  # 4 elements of padding per row
+    g = guards.place("t", rows.to(device), torch.device(device))
+    raw = g.buffer.view(torch.uint8)
+    gap_bytes = [i for i in range(g.pad * g.buffer.element_size(), raw.numel() - g.pad * g.buffer.element_size())
+                 if (i // g.buffer.element_size() - g.pad) % 7 >= 3]
+    assert len(gap_bytes) == 4 * 4 * g.buffer.element_size()  # the padding of the first four rows
+    for i in gap_bytes:
+        raw[i] ^= 1
+        assert "1 in the gaps between its rows" in _damage(g), i
+        raw[i] ^= 1
+    raw[gap_bytes[0]] ^= 1
+    raw[gap_bytes[-1]] ^= 1
+    raw[gap_bytes[len(gap_bytes) // 2]] ^= 1
+    assert "(0 byte(s) before, 0 after the tensor, 3 in the gaps between its rows)" in _damage(g)
+    assert torch.equal(g.view.cpu(), rows), "checking the gaps must leave the view's values as they were"
+
+
 def test_a_broadcast_view_keeps_its_zero_stride_and_its_guards():
     rows = torch.arange(3, dtype=torch.int64).view(1, 3).expand(4, 3)  # one row shared by 4: stride (0, 1)
     g = guards.place("t", rows, torch.device("cpu"))

@@ -9,6 +9,7 @@ everything a refusal is handed) is compared on its device with a copy taken ther
 (``snapshot``): a flag per tensor crosses to the host, and a tensor's values only where it changed.
 """
 
+import contextlib
 import copy
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ import torch
 
 CANARY = 0xA5
 GUARD_BYTES = 512
+CANARY_WORD = int.from_bytes(bytes([CANARY]) * 8, "little", signed=True)  # eight canary bytes as one int64
 CHUNK = 1 << 28  # bytes compared at a time: a view spread past 2^31 elements leaves gigabytes of gaps
 STAGED_BYTES = 64 << 20  # larger host tensors are copied to the GPU directly (no pinned twin of GBs per worker)
 HOST_COPY_BYTES = 256 << 20  # larger device tensors stay on the device for comparison (compare.exact_chunked)
@@ -29,22 +31,56 @@ class Guarded:
     pad: int  # elements of canary on each side
 
     def damage_counts(self) -> torch.Tensor:
-        """Canary bytes overwritten outside the view, as a tensor ``[before, after, in the gaps]`` on the
-        buffer's device (no host synchronization). The gaps are those a strided view leaves between its
-        rows (the row padding a kernel must not touch)."""
-        dense = self.view.is_contiguous()
-        if not dense:  # the view's own bytes read as canary while the buffer is checked, then come back
-            values = self.view.clone()
-            fill(self.view, canary_like(self.view))
+        """Canary damage outside the view, as a tensor ``[bytes before, bytes after, gaps touched]`` on the
+        buffer's device (no host synchronization). The gaps are those a strided view leaves between its rows
+        (the row padding a kernel must not touch); they are only flagged here, and ``gap_bytes`` counts them
+        once they are known to be touched."""
+        raw, first, end = self._raw()
+        counts = [(raw[:first] != CANARY).sum(), (raw[end:] != CANARY).sum()]
+        if self.view.is_contiguous():
+            return torch.stack([*counts, torch.zeros((), dtype=torch.int64, device=raw.device)])
+        with self._view_as_canary():
+            touched = torch.stack([_altered(chunk) for chunk in _chunks(raw, first, end)]).any()
+        return torch.stack([*counts, touched.to(torch.int64)])
+
+    def gap_bytes(self) -> int:
+        """Canary bytes overwritten in the gaps between the view's rows (waits for the device)."""
+        raw, first, end = self._raw()
+        with self._view_as_canary():
+            return sum(int((chunk != CANARY).sum()) for chunk in _chunks(raw, first, end))
+
+    def _raw(self) -> tuple[torch.Tensor, int, int]:
+        """The buffer's bytes, and where the view's extent begins and ends in them."""
         raw = self.buffer.view(torch.uint8)
         step = self.buffer.element_size()
-        first, end = self.pad * step, raw.numel() - self.pad * step
-        counts = [(raw[:first] != CANARY).sum(), (raw[end:] != CANARY).sum()]
-        gaps = [(raw[i:min(i + CHUNK, end)] != CANARY).sum() for i in range(first, end, CHUNK)] if not dense else []
-        counts.append(torch.stack(gaps).sum() if gaps else torch.zeros((), dtype=torch.int64, device=raw.device))
-        if not dense:
+        return raw, self.pad * step, raw.numel() - self.pad * step
+
+    @contextlib.contextmanager
+    def _view_as_canary(self):
+        """The view's own bytes read as canary while the buffer is checked, then come back."""
+        values = self.view.clone()
+        fill(self.view, canary_like(self.view))
+        try:
+            yield
+        finally:
             fill(self.view, values)
-        return torch.stack(counts)
+
+
+def _chunks(raw: torch.Tensor, first: int, end: int) -> list[torch.Tensor]:
+    """``raw[first:end]`` in slices of CHUNK bytes (bounded scratch for a view spread over gigabytes)."""
+    return [raw[i:min(i + CHUNK, end)] for i in range(first, end, CHUNK)]
+
+
+def _altered(raw: torch.Tensor) -> torch.Tensor:
+    """Whether any byte of ``raw`` (uint8, contiguous) is not CANARY, as a one-element tensor on its device,
+    compared eight bytes at a time where they align: a byte count's sum casts every byte to int64 first,
+    nine times the traffic of the scan itself."""
+    head = min(-raw.storage_offset() % 8, raw.numel())
+    body = (raw.numel() - head) // 8 * 8
+    flags = [(part != CANARY).any() for part in (raw[:head], raw[head + body:]) if part.numel()]
+    if body:
+        flags.append((raw[head:head + body].view(torch.int64) != CANARY_WORD).any())
+    return torch.stack(flags).any()
 
 
 def damage_text(name: str, counts: list[int]) -> str | None:
@@ -172,7 +208,8 @@ def settle(placed: dict[str, Guarded], values: dict, kept: dict | None = None) -
     if any(g.buffer.is_cuda for g in placed.values()) or any(
             isinstance(v, torch.Tensor) and v.is_cuda for v in [*values.values(), *(v for v, _ in kept.values())]):
         torch.cuda.synchronize()
-    found = zip(placed, counts.tolist(), strict=True) if placed else ()
+    found = [(name, row[:2] + [g.gap_bytes() if row[2] else 0])
+             for (name, g), row in zip(placed.items(), counts.tolist(), strict=True)] if placed else ()
     changed = {name: view.cpu() for (name, (view, _)), flag in zip(kept.items(), flags.tolist() if kept else (),
                                                                     strict=True) if flag}
     return [d for name, row in found if (d := damage_text(name, row))], host, changed
