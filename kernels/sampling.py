@@ -10,6 +10,12 @@ Rows with slot -1 are inert padding (docs/fixes.md#fix-3): temperature 0 and see
 write nothing to the logits cache. NaN scores rank below every number (as -inf); ties go to
 the lowest token id; a row of -inf/NaN gives token 0. Temperatures that are not > 0 (0, or
 NaN) mean greedy.
+
+Work split: one program per (row, vocab split). Few rows over a long vocabulary would leave most of
+the GPU idle with one program a row, so a row's vocab tiles are split between programs (the count
+depends on the shapes only); each writes its split's best score and lowest best token, and a second
+kernel takes the lowest token among the splits holding the row maximum. Both steps are exact, so the
+token is the same for every split count.
 """
 
 import torch
@@ -56,11 +62,14 @@ def final_best(best_scores, best_tokens, vocab):
 
 
 # Vocab-sized sizes and strides change from batch to batch: no variant per alignment.
-@triton.jit(do_not_specialize=["logits_stride", "cache_slot_stride", "cache_col_stride", "vocab"])
+@triton.jit(do_not_specialize=["logits_stride", "cache_slot_stride", "cache_col_stride", "vocab", "split_tiles",
+                               "num_splits"])
 def _gumbel_sample_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperature_ptr, seeds_ptr, positions_ptr,
-                          cache_ptr, cache_slot_stride, cache_col_stride, cache_cols_ptr, out_ptr, vocab, pos_salt,
-                          HAS_CACHE: tl.constexpr, BLOCK_V: tl.constexpr):
+                          cache_ptr, cache_slot_stride, cache_col_stride, cache_cols_ptr, out_ptr, split_scores_ptr,
+                          split_tokens_ptr, vocab, pos_salt, split_tiles, num_splits,
+                          HAS_CACHE: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT: tl.constexpr):
     row = tl.program_id(0)
+    split = tl.program_id(1)
     slot = tl.load(idx_mapping_ptr + row)
     live = slot >= 0
     live_lanes = (tl.arange(0, BLOCK_V) * 0 + slot) >= 0  # as a block: the interpreter rejects scalar & block masks
@@ -76,7 +85,8 @@ def _gumbel_sample_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperatur
         cache_row_ptr = cache_ptr + slot.to(tl.int64) * cache_slot_stride + col * cache_col_stride
     best_scores = tl.full((BLOCK_V,), float("-inf"), tl.float32)
     best_tokens = tl.zeros((BLOCK_V,), tl.int32)
-    for v0 in range(0, vocab, BLOCK_V):
+    first = split * split_tiles * BLOCK_V
+    for v0 in range(first, tl.minimum(vocab, first + split_tiles * BLOCK_V), BLOCK_V):
         tokens = v0 + tl.arange(0, BLOCK_V)
         in_vocab = tokens < vocab
         logits = tl.load(row_ptr + tokens, mask=in_vocab, other=float("-inf"))
@@ -87,7 +97,37 @@ def _gumbel_sample_kernel(logits_ptr, logits_stride, idx_mapping_ptr, temperatur
         if temp > 0:
             scores = gumbel_scores(logits, temp, gumbel_seed, tokens)
         best_scores, best_tokens = running_best(scores, tokens, best_scores, best_tokens)
-    tl.store(out_ptr + row, final_best(best_scores, best_tokens, vocab).to(tl.int64))
+    if SPLIT:
+        top = tl.max(best_scores, 0)
+        part = row.to(tl.int64) * num_splits + split
+        tl.store(split_scores_ptr + part, top)
+        tl.store(split_tokens_ptr + part, final_best(best_scores, best_tokens, vocab))
+    else:
+        tl.store(out_ptr + row, final_best(best_scores, best_tokens, vocab).to(tl.int64))
+
+
+@triton.jit(do_not_specialize=["num_splits", "vocab"])
+def _best_of_splits_kernel(split_scores_ptr, split_tokens_ptr, out_ptr, num_splits, vocab, BLOCK_S: tl.constexpr):
+    """A row's token from its splits' bests: the lowest token among the splits holding the row maximum (a split
+    of -inf alone reports token 0, as a row of -inf gives)."""
+    row = tl.program_id(0)
+    splits = tl.arange(0, BLOCK_S)
+    mask = splits < num_splits
+    part = row.to(tl.int64) * num_splits + splits
+    scores = tl.load(split_scores_ptr + part, mask=mask, other=float("-inf"))
+    tokens = tl.load(split_tokens_ptr + part, mask=mask, other=vocab)
+    tl.store(out_ptr + row, final_best(scores, tokens, vocab).to(tl.int64))
+
+
+PROGRAMS_WANTED = 512  # programs a launch aims at: a few per SM of a large GPU
+
+
+def vocab_splits(num_rows: int, vocab: int, block: int) -> tuple[int, int]:
+    """(vocab tiles per split, splits per row): up to PROGRAMS_WANTED programs in all, whole tiles each, no split
+    empty. Shapes alone decide, so the interpreter runs the GPU's split for the same shapes."""
+    tiles = -(-vocab // block)
+    per_split = -(-tiles // max(1, min(tiles, PROGRAMS_WANTED // num_rows)))
+    return per_split, -(-tiles // per_split)
 
 
 def gumbel_sample(logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
@@ -144,7 +184,14 @@ def gumbel_sample(logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: 
     has_cache = logits_cache is not None
     cache_args = (logits_cache, logits_cache.stride(0), logits_cache.stride(1), cache_cols) if has_cache else (
         logits, 0, 0, idx_mapping)
-    _gumbel_sample_kernel[(num_rows,)](logits, logits.stride(0), idx_mapping, temperature, seeds, positions,
-                                       *cache_args, out, vocab, DRAFT_NOISE_SALT if draft else 0,
-                                       HAS_CACHE=has_cache, BLOCK_V=block, **extra)
+    split_tiles, num_splits = vocab_splits(num_rows, vocab, block)
+    split_scores = torch.empty((num_rows, num_splits), dtype=torch.float32, device=logits.device)
+    split_tokens = torch.empty((num_rows, num_splits), dtype=torch.int32, device=logits.device)
+    _gumbel_sample_kernel[(num_rows, num_splits)](logits, logits.stride(0), idx_mapping, temperature, seeds,
+                                                  positions, *cache_args, out, split_scores, split_tokens, vocab,
+                                                  DRAFT_NOISE_SALT if draft else 0, split_tiles, num_splits,
+                                                  HAS_CACHE=has_cache, BLOCK_V=block, SPLIT=num_splits > 1, **extra)
+    if num_splits > 1:
+        _best_of_splits_kernel[(num_rows,)](split_scores, split_tokens, out, num_splits, vocab,
+                                            BLOCK_S=triton.next_power_of_2(num_splits))
     return out

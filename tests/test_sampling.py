@@ -153,3 +153,27 @@ def test_kernel_matches_reference(seed, rows, vocab, block_v, draft):
     verdict = exact_unless_near_tie("tokens", want_tokens, got)
     assert verdict is None or isinstance(verdict, Tolerated), verdict.lines()
     assert torch.equal(args["logits_cache"].cpu().view(torch.int32), want_cache.view(torch.int32))
+
+
+@pytest.mark.parametrize("wanted", [1, 2, 3, 512])
+def test_the_token_is_the_same_for_every_vocab_split(wanted, monkeypatch):
+    """Rows whose maximum is tied across split edges (the first lane of a later split ties the last of an
+    earlier one), rows of -inf in some splits or all, NaN: the launcher's token with its vocab split one per
+    row, in a few pieces, or as many as tiles, is the reference's."""
+    import kernels.sampling
+
+    rng = np.random.default_rng(wanted)
+    block, vocab = 16, 16 * 7 + 3
+    logits = torch.from_numpy(rng.standard_normal((6, vocab)).astype(np.float32))
+    logits[0, [15, 16, 47, 48]] = 9.0  # tied across the first split edges, lowest 15
+    logits[1, :64] = -INF  # the first splits all -inf
+    logits[2] = -INF  # every split -inf: token 0
+    logits[3, ::3] = NAN
+    logits[4, vocab - 1] = logits[4].max() + 1  # the last, partial tile
+    monkeypatch.setattr(kernels.sampling, "PROGRAMS_WANTED", wanted * 6)
+    temps = [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    got = _sample(logits, slots=list(range(6)), temps=temps, block_v=block)
+    (want, _), _ = ref.gumbel_sample(logits, torch.arange(6, dtype=torch.int32), torch.tensor(temps),
+                                     torch.full((6,), 7, dtype=torch.int64), torch.full((6,), 3, dtype=torch.int64))
+    assert got == want.tolist() and got[:3] == [15, int(logits[1].argmax()), 0]
+    assert kernels.sampling.vocab_splits(6, vocab, block)[1] == min(8, wanted)
