@@ -19,6 +19,7 @@ from stress.checks.profiles import (
 from stress.core.compare import exact_unless_near_tie
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import sampling as sampling_families
+from stress.families import sampling_splits
 from stress.families.ignored import Region, one_of, poisoned, unmapped_slots
 from stress.families.refusals import (
     Corruption,
@@ -110,7 +111,7 @@ CHECKS = (
                  "greedy-at-zero-only": GREEDY_AT_ZERO_ONLY, "no-refusals": NO_REFUSALS},
         kernel=kernels.sampling.gumbel_sample,
         reference=reference.sampling.gumbel_sample,
-        families={**sampling_families.FAMILIES, "refused": GUMBEL_REFUSALS,
+        families={**sampling_families.FAMILIES, **sampling_splits.FAMILIES, "refused": GUMBEL_REFUSALS,
                   "ignored_poisoned": poisoned(one_of(sampling_families.padded, sampling_families.mixed),
                                                gumbel_ignored)},
         outputs=(RETURN, "logits_cache"),
