@@ -121,15 +121,18 @@ def _v_cache_row_padded(rng, inputs):
     inputs["v_cache"] = torch.cat([v, v], -1)[..., :v.shape[-1]]
 
 
-def _seq_len_past_row_of_tall_table(rng, inputs):
-    """A live row's sequence one past its block-table row, under a table of more rows than columns (rows past the
-    batch are allowed): the bound is the row's width in tokens, never the table's row count."""
-    table, live = inputs["block_table"], _attended_rows(inputs).nonzero().flatten()
+def _seq_len_past_row_of_long_batch(rng, inputs):
+    """A live row's sequence one past its block-table row, in a batch of more rows than the table has columns (empty
+    batch rows added: no query, no key): the bound is a row's width in tokens, never the batch's row count."""
+    live = _attended_rows(inputs).nonzero().flatten()
     if live.numel() == 0:
         return False
-    extra = max(0, table.shape[1] + 1 - table.shape[0])
-    inputs["block_table"] = torch.cat([table, table.new_zeros((extra, table.shape[1]))])
-    seq_lens = inputs["seq_lens"].clone()
+    table, starts, seq_lens = inputs["block_table"], inputs["query_start_loc"], inputs["seq_lens"]
+    rows = starts.numel() - 1
+    extra = max(0, table.shape[1] + 1 - rows)
+    inputs["block_table"] = torch.cat([table[:rows], table.new_zeros((extra, table.shape[1]))])
+    inputs["query_start_loc"] = torch.cat([starts, starts[-1:].expand(extra)])
+    seq_lens = torch.cat([seq_lens[:rows], seq_lens.new_zeros(extra)])
     seq_lens[int(live[int(rng.integers(live.numel()))])] = _row_capacity(inputs)
     inputs["seq_lens"] = seq_lens
     return True
@@ -173,8 +176,8 @@ PAGED_ATTENTION_REFUSALS = refusal_family(attention_families.decode, (
     # checked as an index (on a GPU only with SPECSAN_CHECK_INDICES=1)
     Corruption("query_start_loc", "the last query offset past the queries, within a longer out",
                _offset_past_query_within_out, on_gpu=False),
-    Corruption("seq_lens", "a sequence longer than its block-table row, in a table of more rows than columns",
-               _seq_len_past_row_of_tall_table, on_gpu=False),
+    Corruption("seq_lens", "a sequence longer than its block-table row, in a batch of more rows than the table's "
+               "columns", _seq_len_past_row_of_long_batch, on_gpu=False),
 ), "paged_attention")
 
 
