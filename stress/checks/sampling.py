@@ -34,6 +34,11 @@ from stress.families.refusals import (
 )
 
 _SAMPLING = "kernels.sampling:_gumbel_sample_kernel"
+_SPLITS = "kernels.sampling:vocab_splits"
+# the split-count bugs, from the whole step's side
+_NO_ROW_SPLIT_IN_THE_ENGINE = unreachable_by_engine(
+    "the engine's vocabularies (64 or 256 tokens) fit one tile and its batches hold far fewer than 512 rows: its "
+    "rows are never split")
 
 
 # ---------------------------------------------------------------- refusals
@@ -153,6 +158,16 @@ CHECKS = (
                    path=unreachable_by_engine(
                        "the engine's cache columns are arange % depth: every row's, an inert row's too, lies in "
                        "the cache")),
+            Mutant("splits-per-row-unclamped", "the splits a row gets are not clamped to at least one: past 512 rows "
+                   "(PROGRAMS_WANTED // rows is 0) the launcher divides by zero",
+                   (Patch(_SPLITS, "max(1, min(tiles, PROGRAMS_WANTED // num_rows))",
+                          "min(tiles, PROGRAMS_WANTED // num_rows)"),),
+                   oracles={"cpu": "crash", "cuda": "crash"}, families=("vocab_splits_many_rows",),
+                   path=_NO_ROW_SPLIT_IN_THE_ENGINE),
+            Mutant("last-split-dropped", "the split count is rounded down: when the tiles are no multiple of the tiles "
+                   "a split holds, the last split is never launched and its tokens are neither scanned nor cached",
+                   (Patch(_SPLITS, "-(-tiles // per_split)", "tiles // per_split"),),
+                   oracles=EVERYWHERE, families=("vocab_splits_short_last",), path=_NO_ROW_SPLIT_IN_THE_ENGINE),
         ),
     ),
 )
