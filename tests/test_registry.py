@@ -12,7 +12,8 @@ PAIRS = [(c.name, f) for c in checks.REGISTRY for f in c.families]
 # one engine step case takes 3-28 s on a CPU core (each family one case: iteration_share 0.1)
 SLOW = {*slow_cases.every_family_of("engine.step", but={"tight_pools", "refused"}),
         ("rejection.verify", "huge_vocab"), ("rejection.verify", "agreeing_drafter"),
-        ("sampling.gumbel", "huge_vocab"), ("kv_cache.write", "tile_limit"),
+        ("sampling.gumbel", "huge_vocab"), ("sampling.gumbel", "vocab_splits_short_last"),
+        ("sampling.gumbel", "vocab_splits_many_rows"), ("kv_cache.write", "tile_limit"),
         ("attention.paged", "many_queries"), ("attention.paged", "big_offsets_caches"),
         ("attention.paged", "head_dim_257"), ("attention.paged", "head_dim_512")}
 PARAMS = slow_cases.marked(PAIRS, SLOW)

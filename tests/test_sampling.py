@@ -177,3 +177,27 @@ def test_the_token_is_the_same_for_every_vocab_split(wanted, monkeypatch):
                                      torch.full((6,), 7, dtype=torch.int64), torch.full((6,), 3, dtype=torch.int64))
     assert got == want.tolist() and got[:3] == [15, int(logits[1].argmax()), 0]
     assert kernels.sampling.vocab_splits(6, vocab, block)[1] == min(8, wanted)
+
+
+@pytest.mark.parametrize("launch", [{}, {"block_v": 128}])
+def test_the_vocab_split_families_reach_the_cuts_they_name(launch):
+    """Every case of each vocab_splits family cuts its rows as its name says, at the launcher's own tile and a
+    swept one: a split count that is not a power of two, a last split shorter than the rest, more rows than the
+    programs a launch aims at."""
+    import kernels.sampling
+    from stress.families.sampling_splits import FAMILIES, PROGRAMS_WANTED
+
+    assert PROGRAMS_WANTED == kernels.sampling.PROGRAMS_WANTED
+    for seed in range(8):
+        for name, family in FAMILIES.items():
+            rows, vocab = family(np.random.default_rng(seed), "cpu", dict(launch)).inputs["logits"].shape
+            if name == "vocab_splits_many_rows":
+                assert rows > PROGRAMS_WANTED
+                continue
+            tile = launch.get("block_v", min(1024, 1 << (vocab - 1).bit_length()))
+            per_split, splits = kernels.sampling.vocab_splits(rows, vocab, tile)
+            tiles = -(-vocab // tile)
+            if name == "vocab_splits_one_tile":
+                assert per_split == 1 and splits == tiles and splits & (splits - 1), (rows, vocab)
+            else:
+                assert per_split == 2 and tiles == 2 * splits - 1, (rows, vocab)

@@ -121,6 +121,23 @@ def _v_cache_row_padded(rng, inputs):
     inputs["v_cache"] = torch.cat([v, v], -1)[..., :v.shape[-1]]
 
 
+def _seq_len_past_row_of_long_batch(rng, inputs):
+    """A live row's sequence one past its block-table row, in a batch of more rows than the table has columns (empty
+    batch rows added: no query, no key): the bound is a row's width in tokens, never the batch's row count."""
+    live = _attended_rows(inputs).nonzero().flatten()
+    if live.numel() == 0:
+        return False
+    table, starts, seq_lens = inputs["block_table"], inputs["query_start_loc"], inputs["seq_lens"]
+    rows = starts.numel() - 1
+    extra = max(0, table.shape[1] + 1 - rows)
+    inputs["block_table"] = torch.cat([table[:rows], table.new_zeros((extra, table.shape[1]))])
+    inputs["query_start_loc"] = torch.cat([starts, starts[-1:].expand(extra)])
+    seq_lens = torch.cat([seq_lens[:rows], seq_lens.new_zeros(extra)])
+    seq_lens[int(live[int(rng.integers(live.numel()))])] = _row_capacity(inputs)
+    inputs["seq_lens"] = seq_lens
+    return True
+
+
 PAGED_ATTENTION_REFUSALS = refusal_family(attention_families.decode, (
     retyped("out", torch.float16, torch.float32),
     retyped("k_cache", torch.float16, torch.float32),
@@ -159,6 +176,8 @@ PAGED_ATTENTION_REFUSALS = refusal_family(attention_families.decode, (
     # checked as an index (on a GPU only with SPECSAN_CHECK_INDICES=1)
     Corruption("query_start_loc", "the last query offset past the queries, within a longer out",
                _offset_past_query_within_out, on_gpu=False),
+    Corruption("seq_lens", "a sequence longer than its block-table row, in a batch of more rows than the table's "
+               "columns", _seq_len_past_row_of_long_batch, on_gpu=False),
 ), "paged_attention")
 
 

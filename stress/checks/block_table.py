@@ -28,6 +28,7 @@ from stress.families.ignored import (
 )
 from stress.families.refusals import (
     NOT_POSITIVE,
+    Corruption,
     as_list,
     batch_rows,
     moved,
@@ -51,6 +52,21 @@ _VALID_IN_THE_ENGINE = unreachable_by_engine(
 
 # ---------------------------------------------------------------- refusals
 
+def _slot_past_rows_of_wide_table(rng, inputs):
+    """A live row's slot one past persistent's rows, in a table (and out) widened past its slot count with null
+    blocks: the bound is persistent's rows, never its width."""
+    idx, persistent, out = inputs["idx_mapping"].clone(), inputs["persistent"], inputs["out"]
+    live = (idx >= 0).nonzero().flatten()
+    if live.numel() == 0:
+        return False
+    extra = max(0, persistent.shape[0] + 1 - persistent.shape[1])
+    inputs["persistent"] = torch.cat([persistent, persistent.new_zeros((persistent.shape[0], extra))], 1)
+    inputs["out"] = torch.cat([out, out.new_zeros((out.shape[0], extra))], 1)
+    idx[int(live[int(rng.integers(live.numel()))])] = persistent.shape[0]
+    inputs["idx_mapping"] = idx
+    return True
+
+
 GATHER_REFUSALS = refusal_family(bt_families.gather_basic, (
     *resized("out", 1, (-1, 1), "out one column narrower or wider than persistent"),
     *short("out", batch_rows, "the batch"),
@@ -60,6 +76,9 @@ GATHER_REFUSALS = refusal_family(bt_families.gather_basic, (
     # out's own dtype and type: the later guards compare only its shape, so only out's validation refuses these
     retyped("out", torch.int64), as_list("out"),
     *moved("persistent", "idx_mapping", "out"),
+    # appended: the cases above keep their draws
+    Corruption("idx_mapping", "a slot past persistent's rows, in a table wider than its slot count",
+               _slot_past_rows_of_wide_table, on_gpu=False),
 ), "gather_block_tables")
 
 

@@ -19,6 +19,7 @@ from stress.checks.profiles import (
 from stress.core.compare import exact_unless_near_tie
 from stress.core.types import RETURN, Check, Mutant, Patch, Reach
 from stress.families import sampling as sampling_families
+from stress.families import sampling_splits
 from stress.families.ignored import Region, one_of, poisoned, unmapped_slots
 from stress.families.refusals import (
     Corruption,
@@ -33,6 +34,11 @@ from stress.families.refusals import (
 )
 
 _SAMPLING = "kernels.sampling:_gumbel_sample_kernel"
+_SPLITS = "kernels.sampling:vocab_splits"
+# the split-count bugs, from the whole step's side
+_NO_ROW_SPLIT_IN_THE_ENGINE = unreachable_by_engine(
+    "the engine's vocabularies (64 or 256 tokens) fit one tile and its batches hold far fewer than 512 rows: its "
+    "rows are never split")
 
 
 # ---------------------------------------------------------------- refusals
@@ -110,7 +116,7 @@ CHECKS = (
                  "greedy-at-zero-only": GREEDY_AT_ZERO_ONLY, "no-refusals": NO_REFUSALS},
         kernel=kernels.sampling.gumbel_sample,
         reference=reference.sampling.gumbel_sample,
-        families={**sampling_families.FAMILIES, "refused": GUMBEL_REFUSALS,
+        families={**sampling_families.FAMILIES, **sampling_splits.FAMILIES, "refused": GUMBEL_REFUSALS,
                   "ignored_poisoned": poisoned(one_of(sampling_families.padded, sampling_families.mixed),
                                                gumbel_ignored)},
         outputs=(RETURN, "logits_cache"),
@@ -152,6 +158,16 @@ CHECKS = (
                    path=unreachable_by_engine(
                        "the engine's cache columns are arange % depth: every row's, an inert row's too, lies in "
                        "the cache")),
+            Mutant("splits-per-row-unclamped", "the splits a row gets are not clamped to at least one: past 512 rows "
+                   "(PROGRAMS_WANTED // rows is 0) the launcher divides by zero",
+                   (Patch(_SPLITS, "max(1, min(tiles, PROGRAMS_WANTED // num_rows))",
+                          "min(tiles, PROGRAMS_WANTED // num_rows)"),),
+                   oracles={"cpu": "crash", "cuda": "crash"}, families=("vocab_splits_many_rows",),
+                   path=_NO_ROW_SPLIT_IN_THE_ENGINE),
+            Mutant("last-split-dropped", "the split count is rounded down: when the tiles are no multiple of the tiles "
+                   "a split holds, the last split is never launched and its tokens are neither scanned nor cached",
+                   (Patch(_SPLITS, "-(-tiles // per_split)", "tiles // per_split"),),
+                   oracles=EVERYWHERE, families=("vocab_splits_short_last",), path=_NO_ROW_SPLIT_IN_THE_ENGINE),
         ),
     ),
 )
