@@ -203,6 +203,14 @@ CHECKS = (
                    (Patch(_ENGINE, "self.graphs.capture()", "self.graphs.clear()"),),
                    oracles={"cuda": "graphs"}, families=("padded_graphs",),
                    why_not="CUDA graphs exist only on a GPU: the CPU drafts eagerly, nothing is captured"),
+            Mutant("blocked-head-sent-back", "a waiting request whose blocks do not fit goes to the back of the "
+                   "queue and the next one is tried: a short request admitted past a long one at the head",
+                   (Patch("kernels.spec.scheduler:Scheduler",
+                          "                break\n            self.target_pool.touch(hits)",
+                          "                if req is self.waiting[-1]:\n                    break\n"
+                          "                self.waiting.append(self.waiting.pop(0))\n                continue\n"
+                          "            self.target_pool.touch(hits)"),),
+                   oracles=EVERYWHERE, families=("blocked_head",)),
         ),
     ),
 )
