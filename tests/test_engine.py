@@ -235,6 +235,20 @@ def test_a_blocked_head_keeps_the_request_behind_it_waiting():
         assert 2 in sent_back[1]["batch.request"].tolist(), case.note
 
 
+
+@pytest.mark.slow
+def test_a_budget_step_moves_the_depth_of_its_batchs_band_only():
+    for i in range(3):
+        case, expected, got = _run("budget_bands", cases.case_seed(7, "engine.step", "budget_bands", i))
+        assert engine_check.compare("engine", expected, got) is None, case.note
+        k = case.inputs["config"]["num_spec_tokens"]
+        slots = case.inputs["config"]["scheduler"]["max_num_reqs"]  # every slot taken at step 0
+        assert all(r["batch.num_tokens"].numel() <= 1 + k < slots for r in got[1:]), case.note
+        _, _, misfiled = _run("budget_bands", cases.case_seed(7, "engine.step", "budget_bands", i),
+                              "observe-under-running-count")
+        assert engine_check.compare("engine", expected, misfiled) is not None, case.note
+
+
 # Families with temperatures above 0: acceptance below 100%
 SAMPLED = {"seeded_sampling", "padded_graphs", "dsd_bands", "unaligned_prefix", "sampling_churn", "dspark_dispatch"}
 

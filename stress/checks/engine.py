@@ -211,6 +211,12 @@ CHECKS = (
                           "                self.waiting.append(self.waiting.pop(0))\n                continue\n"
                           "            self.target_pool.touch(hits)"),),
                    oracles=EVERYWHERE, families=("blocked_head",)),
+            Mutant("observe-under-running-count", "a step's acceptance is recorded in the band of every running "
+                   "request instead of the batch's rows: the same unless the token budget leaves running requests "
+                   "out of a step under bands with their own controllers",
+                   (Patch(_ENGINE, "self.depth_controller.observe(len(batch),",
+                          "self.depth_controller.observe(len(self.scheduler.running),"),),
+                   oracles=EVERYWHERE, families=("budget_bands",)),
         ),
     ),
 )

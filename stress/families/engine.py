@@ -619,6 +619,32 @@ def adaptive_graphs(rng, device, launch):
                        graph_settings=settings, note=f"adaptive DSpark graphs at {sizes} tokens")
 
 
+
+def budget_bands(rng, device, launch):
+    """Adaptive depth per DSD band under a budget of two decodes: every request is admitted at step 0 (prompts of
+    a token or two), then no step holds more than 1 + K of them (a decode is at least two tokens). The band up to
+    1 + K and the band above it have their own controllers, and sampled verification against one-hot draft
+    probabilities rejects drafts, so each step's acceptance must move the lower band's depth, never the band of
+    every running request."""
+    k = _sized(device, 3, 4)
+    slots, budget = k + 3, 2 * (1 + k)
+    small = int(rng.integers(2, k + 1))  # the batch's band: a depth that can fall
+    large = int(pick(rng, [d for d in range(1, k + 1) if d != small]))  # another run, so another controller
+    lengths = [1] * slots  # all fit step 0: a prompt of two tokens for some of the budget's spare ones
+    for i in rng.choice(slots, size=int(rng.integers(0, budget - slots + 1)), replace=False):
+        lengths[i] = 2
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=0, max_new=int(rng.integers(8, 14)), temperature=float(pick(rng, (1.0, 2.0))),
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), n))
+                for i, n in enumerate(lengths)]
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 10), max_num_reqs=slots, budget=budget,
+                       block_sizes=(4, 4) if not big(device) else (16, 16), k=k,
+                       dsd_schedule=[(1, 1 + k, small), (2 + k, slots, large)], adaptive_window=1,
+                       note=f"bands 1-{1 + k}: {small}, {2 + k}-{slots}: {large}, budget {budget}")
+
+
 # The features a combined case draws, each independently of the others: every pair of settings meets.
 FEATURES = {
     "layout": ("dflash", "dspark"),
@@ -862,4 +888,4 @@ FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix
             "dspark_dispatch": dspark_dispatch, "sampling_churn": sampling_churn,
             "evicted_resume": evicted_resume, "gapped_chain": gapped_chain,
             "offer_order": offer_order, "uncapturable_graphs": uncapturable_graphs,
-            "blocked_head": blocked_head}
+            "blocked_head": blocked_head, "budget_bands": budget_bands}
