@@ -155,6 +155,13 @@ def test_each_band_adapts_on_its_own_and_a_zero_band_never_drafts():
         bands.depth_for(9)
 
 
+def test_two_bands_of_one_cap_apart_keep_their_own_controllers():
+    caps = band_lookup([(1, 2, 3), (3, 4, 1), (5, 8, 3)], max_batch_size=8, max_depth=3)
+    bands = BandAcceptanceLengthController(caps, window=1)
+    bands.observe(1, 1, 3, 0)  # nothing accepted at batch size 1: only the first band drops
+    assert [bands.depth_for(b) for b in range(1, 9)] == [1, 1, 1, 1, 3, 3, 3, 3]
+
+
 def test_band_controllers_start_at_the_smaller_of_initial_and_cap():
     caps = band_lookup([(1, 2, 3), (3, 4, 1)], max_batch_size=4, max_depth=3)
     assert [BandAcceptanceLengthController(caps, 1, initial_depth=2).depth_for(b) for b in (1, 3)] == [2, 1]

@@ -220,6 +220,35 @@ def test_scheduler_families_kill_the_slip_only_their_class_shows(family, mutant)
     pytest.fail(f"{family}: 4 cases did not tell {mutant} from the production scheduler")
 
 
+
+@pytest.mark.slow
+def test_a_blocked_head_keeps_the_request_behind_it_waiting():
+    for i in range(3):
+        case, expected, got = _run("blocked_head", cases.case_seed(7, "engine.step", "blocked_head", i))
+        assert engine_check.compare("engine", expected, got) is None, case.note
+        # step 1: both queued requests have arrived and a slot is free, but the head does not fit
+        assert got[1]["batch.request"].tolist() == [0], case.note
+        assert got[1]["slots.free"].numel() > 0, case.note
+        assert any(set(r["batch.request"].tolist()) >= {1, 2} for r in got[2:]), "the head was never admitted"
+        _, _, sent_back = _run("blocked_head", cases.case_seed(7, "engine.step", "blocked_head", i),
+                               "blocked-head-sent-back")
+        assert 2 in sent_back[1]["batch.request"].tolist(), case.note
+
+
+
+@pytest.mark.slow
+def test_a_budget_step_moves_the_depth_of_its_batchs_band_only():
+    for i in range(3):
+        case, expected, got = _run("budget_bands", cases.case_seed(7, "engine.step", "budget_bands", i))
+        assert engine_check.compare("engine", expected, got) is None, case.note
+        k = case.inputs["config"]["num_spec_tokens"]
+        slots = case.inputs["config"]["scheduler"]["max_num_reqs"]  # every slot taken at step 0
+        assert all(r["batch.num_tokens"].numel() <= 1 + k < slots for r in got[1:]), case.note
+        _, _, misfiled = _run("budget_bands", cases.case_seed(7, "engine.step", "budget_bands", i),
+                              "observe-under-running-count")
+        assert engine_check.compare("engine", expected, misfiled) is not None, case.note
+
+
 # Families with temperatures above 0: acceptance below 100%
 SAMPLED = {"seeded_sampling", "padded_graphs", "dsd_bands", "unaligned_prefix", "sampling_churn", "dspark_dispatch"}
 

@@ -203,6 +203,20 @@ CHECKS = (
                    (Patch(_ENGINE, "self.graphs.capture()", "self.graphs.clear()"),),
                    oracles={"cuda": "graphs"}, families=("padded_graphs",),
                    why_not="CUDA graphs exist only on a GPU: the CPU drafts eagerly, nothing is captured"),
+            Mutant("blocked-head-sent-back", "a waiting request whose blocks do not fit goes to the back of the "
+                   "queue and the next one is tried: a short request admitted past a long one at the head",
+                   (Patch("kernels.spec.scheduler:Scheduler",
+                          "                break\n            self.target_pool.touch(hits)",
+                          "                if req is self.waiting[-1]:\n                    break\n"
+                          "                self.waiting.append(self.waiting.pop(0))\n                continue\n"
+                          "            self.target_pool.touch(hits)"),),
+                   oracles=EVERYWHERE, families=("blocked_head",)),
+            Mutant("observe-under-running-count", "a step's acceptance is recorded in the band of every running "
+                   "request instead of the batch's rows: the same unless the token budget leaves running requests "
+                   "out of a step under bands with their own controllers",
+                   (Patch(_ENGINE, "self.depth_controller.observe(len(batch),",
+                          "self.depth_controller.observe(len(self.scheduler.running),"),),
+                   oracles=EVERYWHERE, families=("budget_bands",)),
         ),
     ),
 )

@@ -458,6 +458,12 @@ CHECKS = (
                    (Patch(f"{_DEPTH}:AcceptanceLengthController", "self.depth += 1", "self.depth = target"),),
                    oracles=EVERYWHERE, families=("controller", "bands"),
                    path=Reach(families=ENGINE_SAMPLED)),
+            Mutant("controller-per-cap", "bands of one cap share a controller even where another band lies between "
+                   "them: steps at one band move the depth the other drafts at",
+                   (Patch(f"{_DEPTH}:BandAcceptanceLengthController", "self._by_batch_size.append(controller)",
+                          "self._by_batch_size.append(next((c for c in self._by_batch_size if c is not None "
+                          "and c.max_depth == cap), controller))"),),
+                   oracles=EVERYWHERE, families=("shared_cap_bands",)),
         ),
     ),
     _host_check(

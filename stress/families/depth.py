@@ -130,6 +130,33 @@ def table_edges(rng, device, launch):
     return _case("bands", params, f"S=1 Kmax={max_depth} schedule={schedule}")
 
 
+def shared_cap_bands(rng, device, launch):
+    """Two bands that are not neighbours share a cap (>= 2), a band of another cap between them: each is its own
+    run of batch sizes with its own controller. Most steps land in one twin, rejection-heavy, so its depth moves
+    while the other twin's must stay where its own steps put it."""
+    max_depth = int(rng.integers(2, 7))
+    cap = int(rng.integers(2, max_depth + 1))
+    between = int(pick(rng, [c for c in range(max_depth + 1) if c != cap]))
+    caps = [cap, between, cap] if rng.random() < 0.7 else [between, cap, between, cap]
+    schedule, start = [], 1
+    for band_cap in caps:
+        end = start + int(rng.integers(0, 3))
+        schedule.append((start, end, band_cap))
+        start = end + 1 + int(rng.integers(0, 2))  # a gap keeps the band before it
+    max_batch_size = schedule[-1][1] + int(rng.integers(0, 3))  # past the last band keeps the last
+    twins = [band for band in schedule if band[2] == cap]
+    moved = twins[int(rng.integers(len(twins)))]
+    steps = []
+    for step in _steps(rng, max_depth, 24):
+        in_moved = rng.random() < 0.75
+        batch_size = int(rng.integers(moved[0], moved[1] + 1)) if in_moved else int(rng.integers(1, max_batch_size + 1))
+        steps.append((batch_size, *step))
+    params = {"schedule": [schedule[i] for i in rng.permutation(len(schedule))], "max_batch_size": max_batch_size,
+              "max_depth": max_depth, "window": int(rng.integers(1, 3)),
+              "initial_depth": None if rng.random() < 0.5 else int(rng.integers(1, max_depth + 1)), "steps": steps}
+    return _case("bands", params, f"S={max_batch_size} Kmax={max_depth} schedule={schedule} moved={moved}")
+
+
 def disable_drafting(rng, device, launch):
     """Fix 7 end to end: a scheduler loop through a band with depth 0 (and synthetic steps with no
     depth): resolved depth, placeholders, the limited draft, acceptance fed back."""
@@ -144,4 +171,5 @@ def disable_drafting(rng, device, launch):
 
 
 FAMILIES = {"resolve": resolve, "limit": limit, "controller": controller, "bands": bands,
-            "disable_drafting": disable_drafting, "band_edges": band_edges, "table_edges": table_edges}
+            "disable_drafting": disable_drafting, "band_edges": band_edges, "table_edges": table_edges,
+            "shared_cap_bands": shared_cap_bands}

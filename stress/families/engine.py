@@ -310,6 +310,35 @@ def tight_pools(rng, device, launch):
                        k=k, num_blocks=exact, note=f"{m}-block prompts in a {m}-block target pool")
 
 
+def blocked_head(rng, device, launch):
+    """Admission in queue order: the head of the waiting queue needs more target blocks for its first chunk than
+    a running request leaves free, and a short request queued behind it would fit. Slots and budget are left and
+    nothing is preempted, so only the queue order keeps the short one waiting; the head is admitted once the
+    running request finishes, and the short one with it."""
+    k, bs = int(rng.integers(1, 4)), _sized(device, 4, 16)
+    bs_d = bs * int(pick(rng, (1, 2)))
+    held = int(rng.integers(2, 4))
+    len_a = held * bs - int(rng.integers(0, bs // 2))  # the running request's prompt: `held` blocks
+    new_a, new_c = int(rng.integers(3, 7)), int(rng.integers(2, 5))
+    len_c = int(rng.integers(1, bs))  # one block
+    at_step1 = -(-(len_a + 1 + k) // bs)  # the running request's blocks in its first decode
+    total = -(-(len_a + new_a + k) // bs) + -(-(len_c + new_c + k) // bs) + int(rng.integers(0, 2))
+    len_b = (total - at_step1 + 1) * bs - int(rng.integers(0, bs // 2))  # one block more than is free at step 1
+    budget = max(len_a, 1 + k + len_b + len_c) + int(rng.integers(0, 4))
+
+    def requests(rng, vocab):
+        return [request(rng, 0, arrival=0, prompt_tokens=prompt(rng, vocab, 0, len_a), max_new=new_a),
+                request(rng, 1, arrival=1, prompt_tokens=prompt(rng, vocab, 1, len_b), max_new=1),
+                request(rng, 2, arrival=1, prompt_tokens=prompt(rng, vocab, 2, len_c), max_new=new_c)]
+
+    def pools(requests):  # the target pool as computed above; the draft's never short
+        return total + 1, sum(-(-(full_length(r, k) + k + 1) // bs_d) for r in requests) + 1
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 7, 8), max_num_reqs=int(rng.integers(2, 4)),
+                       budget=budget, block_sizes=(bs, bs_d), k=k, num_blocks=pools,
+                       note=f"head needs {total - at_step1 + 1} of {total - at_step1} free target blocks")
+
+
 def _four_decodes(rng, device, k: int, budget: int, note: str, temperature: float = 0.0,
                   probabilistic: bool = False, num_steps: int = 6) -> Case:
     """Four requests admitted (and running) at step 0, prompts of a quarter of the ``budget``, each decoding
@@ -590,6 +619,32 @@ def adaptive_graphs(rng, device, launch):
                        graph_settings=settings, note=f"adaptive DSpark graphs at {sizes} tokens")
 
 
+
+def budget_bands(rng, device, launch):
+    """Adaptive depth per DSD band under a budget of two decodes: every request is admitted at step 0 (prompts of
+    a token or two), then no step holds more than 1 + K of them (a decode is at least two tokens). The band up to
+    1 + K and the band above it have their own controllers, and sampled verification against one-hot draft
+    probabilities rejects drafts, so each step's acceptance must move the lower band's depth, never the band of
+    every running request."""
+    k = _sized(device, 3, 4)
+    slots, budget = k + 3, 2 * (1 + k)
+    small = int(rng.integers(2, k + 1))  # the batch's band: a depth that can fall
+    large = int(pick(rng, [d for d in range(1, k + 1) if d != small]))  # another run, so another controller
+    lengths = [1] * slots  # all fit step 0: a prompt of two tokens for some of the budget's spare ones
+    for i in rng.choice(slots, size=int(rng.integers(0, budget - slots + 1)), replace=False):
+        lengths[i] = 2
+
+    def requests(rng, vocab):
+        return [request(rng, i, arrival=0, max_new=int(rng.integers(8, 14)), temperature=float(pick(rng, (1.0, 2.0))),
+                        prompt_tokens=prompt(rng, vocab, int(rng.integers(CLASSES)), n))
+                for i, n in enumerate(lengths)]
+
+    return engine_case(rng, device, requests, num_steps=_sized(device, 6, 10), max_num_reqs=slots, budget=budget,
+                       block_sizes=(4, 4) if not big(device) else (16, 16), k=k,
+                       dsd_schedule=[(1, 1 + k, small), (2 + k, slots, large)], adaptive_window=1,
+                       note=f"bands 1-{1 + k}: {small}, {2 + k}-{slots}: {large}, budget {budget}")
+
+
 # The features a combined case draws, each independently of the others: every pair of settings meets.
 FEATURES = {
     "layout": ("dflash", "dspark"),
@@ -832,4 +887,5 @@ FAMILIES = {"shared_prefix": shared_prefix, "unaligned_prefix": unaligned_prefix
             "adaptive_graphs": adaptive_graphs, "budget_cut_cache": budget_cut_cache,
             "dspark_dispatch": dspark_dispatch, "sampling_churn": sampling_churn,
             "evicted_resume": evicted_resume, "gapped_chain": gapped_chain,
-            "offer_order": offer_order, "uncapturable_graphs": uncapturable_graphs}
+            "offer_order": offer_order, "uncapturable_graphs": uncapturable_graphs,
+            "blocked_head": blocked_head, "budget_bands": budget_bands}
