@@ -66,8 +66,15 @@ def _family(kind: str, share: float) -> Family:
     return Family(build, iteration_share=share)
 
 
+def no_rows(rng, device, launch):
+    """No rows at all over a vocabulary of 1 to 31 tokens, every case (``zero_width`` draws that in about a third of
+    its cases): there is no row to divide the programs among, so nothing may size the splits."""
+    return _case(rng, rows=0, vocab=int(rng.integers(1, 32)), note="no rows")
+
+
 # The cheap cut runs every iteration; the two that need over PROGRAMS_WANTED row tiles (~10 s a case on the
 # CPU, twice that traced) run in a fifth of them each.
 FAMILIES = {"vocab_splits_one_tile": _family("one tile a split", 1.0),
             "vocab_splits_short_last": _family("short last split", 0.2),
-            "vocab_splits_many_rows": _family("more rows than programs", 0.2)}
+            "vocab_splits_many_rows": _family("more rows than programs", 0.2),
+            "vocab_splits_no_rows": no_rows}
