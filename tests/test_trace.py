@@ -280,7 +280,8 @@ PAIRS = [(c.name, f) for c in checks.REGISTRY if "cpu" in c.devices for f, build
 # an engine step traced takes 5-29 s on a CPU core; mid_prefill_hit, the cheapest, stays quick
 SLOW = {*slow_cases.every_family_of("engine.step", but={"mid_prefill_hit", "refused"}),
         ("sampling.gumbel", "huge_vocab"), ("sampling.gumbel", "vocab_splits_short_last"),
-        ("sampling.gumbel", "vocab_splits_many_rows"), ("kv_cache.write", "tile_limit"), ("rejection.verify", "huge_vocab")}
+        ("sampling.gumbel", "vocab_splits_many_rows"), ("kv_cache.write", "tile_limit"),
+        ("rejection.verify", "huge_vocab")}
 PARAMS = slow_cases.marked(PAIRS, SLOW)
 
 

@@ -8,7 +8,6 @@ across splits), with a height of its own, so a split read from another row, a ti
 combined wrongly changes the token.
 """
 
-import numpy as np
 import torch
 
 from stress.core.types import Family
