@@ -462,6 +462,16 @@ def greedy_threshold(rng, device, launch):
     return case
 
 
+def _uniform_target_case(rng, device, launch, b: int, k: int, what: str) -> tuple[Case, int]:
+    """A sampled case of ``b`` requests at depth ``k`` whose target rows are each all -inf or all NaN (p uniform),
+    over a vocab one past a power of two or past the swept tile (its last tile about half padding); and the vocab."""
+    vocab = launch.get("block_v", 2 ** int(rng.integers(1, 12 if big(device) else 6))) + 1
+    target = torch.from_numpy(rng.choice(np.array([float("-inf"), float("nan")], dtype=np.float32), (b, k + 1, 1)))
+    case = _case(rng, batch=b, depth=k, vocab=vocab, target=target.expand(b, k + 1, vocab).contiguous(),
+                 greedy_share=0.0, placeholder_share=0.0, note=f"{what}, vocab {vocab}")
+    return case, vocab
+
+
 def uniform_rows(rng, device, launch):
     """Sampled requests whose target rows are all -inf or all NaN (p uniform over the vocabulary) under
     constant draft rows (q uniform too): p = q, so every draft is accepted. The vocab is one past a power of
@@ -469,10 +479,7 @@ def uniform_rows(rng, device, launch):
     only, and padding that weighs in lowers p(x) below q(x) and rejects."""
     batch, k, _ = _size(rng, device)
     b = min(batch, 4)  # each step's accept test is the point, not the batch: a GPU-sized case stays cheap
-    vocab = launch.get("block_v", 2 ** int(rng.integers(1, 12 if big(device) else 6))) + 1
-    target = torch.from_numpy(rng.choice(np.array([float("-inf"), float("nan")], dtype=np.float32), (b, k + 1, 1)))
-    case = _case(rng, batch=b, depth=k, vocab=vocab, target=target.expand(b, k + 1, vocab).contiguous(),
-                 greedy_share=0.0, placeholder_share=0.0, note=f"uniform rows, vocab {vocab}")
+    case, vocab = _uniform_target_case(rng, device, launch, b, k, "uniform rows")
     levels = rng.standard_normal((case.inputs["temperature"].numel(), k, 1)).astype(np.float32)
     case.inputs["draft_logits"] = torch.from_numpy(levels).expand(-1, -1, vocab).contiguous()
     return case
@@ -487,10 +494,7 @@ def uniform_rejected(rng, device, launch):
     a padding lane wins a resample about one time in three."""
     _, k, _ = _size(rng, device)
     b = int(rng.integers(2, 5))
-    vocab = launch.get("block_v", 2 ** int(rng.integers(1, 12 if big(device) else 6))) + 1
-    target = torch.from_numpy(rng.choice(np.array([float("-inf"), float("nan")], dtype=np.float32), (b, k + 1, 1)))
-    case = _case(rng, batch=b, depth=k, vocab=vocab, target=target.expand(b, k + 1, vocab).contiguous(),
-                 greedy_share=0.0, placeholder_share=0.0, note=f"uniform rows, peaked drafts, vocab {vocab}")
+    case, vocab = _uniform_target_case(rng, device, launch, b, k, "uniform rows, peaked drafts")
     drafts = torch.from_numpy(rng.integers(0, vocab, (b, k)))
     cached = torch.from_numpy(rng.standard_normal((case.inputs["temperature"].numel(), k, vocab)).astype(np.float32))
     slots = case.inputs["idx_mapping"].long()
