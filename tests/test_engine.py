@@ -220,7 +220,6 @@ def test_scheduler_families_kill_the_slip_only_their_class_shows(family, mutant)
     pytest.fail(f"{family}: 4 cases did not tell {mutant} from the production scheduler")
 
 
-
 @pytest.mark.slow
 def test_a_blocked_head_keeps_the_request_behind_it_waiting():
     for i in range(3):
@@ -233,7 +232,6 @@ def test_a_blocked_head_keeps_the_request_behind_it_waiting():
         _, _, sent_back = _run("blocked_head", cases.case_seed(7, "engine.step", "blocked_head", i),
                                "blocked-head-sent-back")
         assert 2 in sent_back[1]["batch.request"].tolist(), case.note
-
 
 
 @pytest.mark.slow

@@ -619,7 +619,6 @@ def adaptive_graphs(rng, device, launch):
                        graph_settings=settings, note=f"adaptive DSpark graphs at {sizes} tokens")
 
 
-
 def budget_bands(rng, device, launch):
     """Adaptive depth per DSD band under a budget of two decodes: every request is admitted at step 0 (prompts of
     a token or two), then no step holds more than 1 + K of them (a decode is at least two tokens). The band up to

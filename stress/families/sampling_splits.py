@@ -10,11 +10,11 @@ combined wrongly changes the token.
 
 import torch
 
+from kernels.sampling import PROGRAMS_WANTED
 from stress.core.types import Family
 from stress.families.common import pick
 from stress.families.sampling import _case, random_logits
 
-PROGRAMS_WANTED = 512  # kernels.sampling.PROGRAMS_WANTED, restated: the cases aim at its edges
 MAX_DEFAULT_TILE = 1024  # the launcher's own tile for every vocabulary past one tile
 
 
