@@ -36,6 +36,10 @@ Semantics, mirrored by ``reference.rejection``:
 * NaN scores never win an argmax; ties go to the lowest token; all -inf gives token 0 (a greedy
   row, a bonus, a one-hot resample, the target fallback of an empty residual).
 * an inert row (slot -1) writes -1 tokens and zero counts.
+
+Work split: one program per (request, draft step) computes the softmax statistics of p and q side by side;
+then one program per request walks its steps in order, an accept test costing two loads of its statistics, and
+reads a whole row again only to resample at the first rejection or to draw the bonus token.
 """
 
 import torch
@@ -129,13 +133,40 @@ def _probability(row_ptr, token, temp, row_max, row_sum):
 
 # Vocab and depth sizes and strides change from batch to batch; specializing on their alignment would
 # compile a new variant for each (stress sweeps meet dozens), for no gain in a latency-bound kernel.
-@triton.jit(do_not_specialize=["target_request_stride", "target_step_stride", "draft_tokens_stride",
-                               "draft_logits_slot_stride", "draft_logits_step_stride", "out_stride", "num_drafts",
-                               "vocab"])
+_RUNTIME_SIZES = ["target_request_stride", "target_step_stride", "draft_tokens_stride", "draft_logits_slot_stride",
+                  "draft_logits_step_stride", "out_stride", "num_drafts", "vocab"]
+
+
+@triton.jit(do_not_specialize=_RUNTIME_SIZES)
+def _softmax_stats_kernel(target_ptr, target_request_stride, target_step_stride, idx_mapping_ptr, temperature_ptr,
+                          draft_logits_ptr, draft_logits_slot_stride, draft_logits_step_stride, stats_ptr, num_drafts,
+                          vocab, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Softmax max and sum of p (and q) at every draft step of a sampled request, one program per (request,
+    step). A step's accept test then costs the verify kernel two loads instead of a pass over the vocab, and
+    the passes run side by side instead of one request's steps one after another."""
+    b = tl.program_id(0)
+    step = tl.program_id(1).to(tl.int64)  # int64: step * stride passes 2^31 elements in a wide step stride
+    slot = tl.load(idx_mapping_ptr + b)
+    live = slot >= 0
+    temp = tl.load(temperature_ptr + slot, mask=live, other=0.0)
+    if live & (temp > 0):  # the requests whose steps the verify kernel tests by probability
+        stats_at = stats_ptr + (b.to(tl.int64) * num_drafts + step) * 4
+        row_ptr = target_ptr + b.to(tl.int64) * target_request_stride + step * target_step_stride
+        p_max, p_sum = _softmax_stats(row_ptr, temp, vocab, BLOCK_V)
+        tl.store(stats_at, p_max)
+        tl.store(stats_at + 1, p_sum)
+        if HAS_DRAFT_LOGITS:
+            q_row_ptr = draft_logits_ptr + slot.to(tl.int64) * draft_logits_slot_stride + step * draft_logits_step_stride
+            q_max, q_sum = _softmax_stats(q_row_ptr, temp, vocab, BLOCK_V)
+            tl.store(stats_at + 2, q_max)
+            tl.store(stats_at + 3, q_sum)
+
+
+@triton.jit(do_not_specialize=_RUNTIME_SIZES)
 def _verify_kernel(target_ptr, target_request_stride, target_step_stride, draft_tokens_ptr, draft_tokens_stride,
                    idx_mapping_ptr, temperature_ptr, seeds_ptr, positions_ptr, draft_logits_ptr,
-                   draft_logits_slot_stride, draft_logits_step_stride, out_ptr, out_stride, num_sampled_ptr,
-                   num_rejected_ptr, num_drafts, vocab, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K: tl.constexpr,
+                   draft_logits_slot_stride, draft_logits_step_stride, stats_ptr, out_ptr, out_stride,
+                   num_sampled_ptr, num_rejected_ptr, num_drafts, vocab, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K: tl.constexpr,
                    BLOCK_V: tl.constexpr):
     b = tl.program_id(0)
     slot = tl.load(idx_mapping_ptr + b)
@@ -158,10 +189,13 @@ def _verify_kernel(target_ptr, target_request_stride, target_step_stride, draft_
             q_row_ptr = draft_row_ptr + step * draft_logits_step_stride
             valid = (draft >= 0) & (draft < vocab)
             x = tl.where(valid, draft, 0)
-            p_max, p_sum = _softmax_stats(row_ptr, temp, vocab, BLOCK_V)
+            stats_at = stats_ptr + (b.to(tl.int64) * num_drafts + step) * 4  # _softmax_stats_kernel's
+            p_max = tl.load(stats_at)
+            p_sum = tl.load(stats_at + 1)
             p_x = _probability(row_ptr, x, temp, p_max, p_sum)
             if HAS_DRAFT_LOGITS:
-                q_max, q_sum = _softmax_stats(q_row_ptr, temp, vocab, BLOCK_V)
+                q_max = tl.load(stats_at + 2)
+                q_sum = tl.load(stats_at + 3)
                 q_x = _probability(q_row_ptr, x, temp, q_max, q_sum)
             else:  # one-hot q
                 # Its resample excludes x and has no fallback: it is empty only when every other token scores
@@ -261,8 +295,13 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, idx_mapping:
     has_draft_logits = draft_logits is not None
     draft_args = (draft_logits, draft_logits.stride(0), draft_logits.stride(1)) if has_draft_logits else (
         target_logits, 0, 0)
+    stats = torch.empty((batch, num_drafts, 4), dtype=torch.float32, device=target_logits.device)
+    if num_drafts:
+        _softmax_stats_kernel[(batch, num_drafts)](
+            target_logits, target_logits.stride(0), target_logits.stride(1), idx_mapping, temperature, *draft_args,
+            stats, num_drafts, vocab, HAS_DRAFT_LOGITS=has_draft_logits, BLOCK_V=block, **extra)
     _verify_kernel[(batch,)](target_logits, target_logits.stride(0), target_logits.stride(1), draft_tokens,
                              draft_tokens.stride(0), idx_mapping, temperature, seeds, positions, *draft_args,
-                             out_tokens, out_tokens.stride(0), num_sampled, num_rejected, num_drafts, vocab,
+                             stats, out_tokens, out_tokens.stride(0), num_sampled, num_rejected, num_drafts, vocab,
                              HAS_DRAFT_LOGITS=has_draft_logits, BLOCK_K=max(MIN_BLOCK_K, triton.next_power_of_2(rows)),
                              BLOCK_V=block, **extra)

@@ -36,6 +36,7 @@ from stress.families.refusals import (
 from stress.oracles import distribution
 
 _VERIFY = "kernels.rejection:_verify_kernel"
+_STATS = "kernels.rejection:_softmax_stats_kernel"
 _ACCEPT_IGNORES_U = Mutant(
     "accept-ignores-u", "accepts iff p(x) >= q(x): the uniform is dropped from the accept test",
     (Patch(_VERIFY, "(p_x > uint_to_uniform_float(bits) * q_x)", "(p_x >= q_x)"),),
@@ -218,7 +219,7 @@ CHECKS = (
                    "clamp's floor) instead of -inf: they weigh nothing beside a finite score, but a row of -inf or "
                    "NaN, uniform by contract, spreads its mass over the last tile's padding too",
                    (Patch("kernels.rejection:_softmax_stats", 'temp), float("-inf"))', "temp), -CLAMP)"),
-                    Patch(_VERIFY, "def _verify_kernel(", "def _verify_kernel("),),  # rebuilt with the helper
+                    Patch(_STATS, "def _softmax_stats_kernel(", "def _softmax_stats_kernel("),),  # rebuilt with it
                    oracles=EVERYWHERE, families=("uniform_rows",),
                    path=unreachable_by_engine("the engine's target logits are finite: no row is all -inf or NaN")),
             Mutant("q-row-target-step-stride", "the draft-logits row of a step is addressed with the target's step "
@@ -230,6 +231,12 @@ CHECKS = (
                    path=unreachable_by_engine(
                        "the engine's target logits and draft-logits cache are contiguous over one vocabulary: their "
                        "step strides agree")),
+            Mutant("q-stats-by-batch-row", "the softmax statistics of q are taken from the draft-logits row of the "
+                   "request's batch row instead of its slot (the verify kernel's own q reads stay by slot): p(x) > "
+                   "u q(x) and the residual weigh another request's drafter",
+                   (Patch(_STATS, "q_row_ptr = draft_logits_ptr + slot.to(tl.int64)",
+                          "q_row_ptr = draft_logits_ptr + b.to(tl.int64)"),),
+                   oracles=EVERYWHERE, families=("mixed", "rejected_drafts")),
             Mutant("verify-subnormal-temperature-greedy", "temperatures below the smallest normal float32 are "
                    "flushed to 0, as a flush-to-zero build does: one ulp above 0 verifies greedily instead of "
                    "sampling",
