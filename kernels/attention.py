@@ -185,10 +185,11 @@ def _multiprocessors(device: torch.device) -> int:
     return _SM_COUNT[index]
 
 
-# Programs per multiprocessor the KV splits aim at. On the H200 (bf16, GQA 8, D 128, 4 requests x 8 KV heads)
-# 17 splits beat 33: decode 32k 172 vs 184 us, draft-16 8k 152 vs 218 us, draft-16 32k 369 vs 446 us
-# (fewer partial results to write and combine, longer pipelined runs per program).
-PROGRAMS_PER_SM = 4
+# Programs per multiprocessor the KV splits aim at. On an H100 (bf16, GQA 8, D 128, 4 requests x 8 KV heads,
+# 132 multiprocessors) decode at 8k keys takes 66 us over 8 splits, 75 us over 17 and 87 us over 33, at 32k
+# 198, 208 and 219 us: fewer partial results to write and combine, longer pipelined runs per program, and
+# two decode programs (three stages of 64-key K and V tiles each) are what a multiprocessor's shared memory holds.
+PROGRAMS_PER_SM = 2
 
 
 def launch_shape(num_tokens: int, num_batch_rows: int, num_kv_heads: int, group: int, head_dim: int,
@@ -215,7 +216,9 @@ def launch_shape(num_tokens: int, num_batch_rows: int, num_kv_heads: int, group:
         block_n = min(block_n, 32)  # fp32 tiles of 64 keys overflow shared memory at two stages
     rows = (block_m // group) * group
     if kv_splits is None:
-        wanted = triton.cdiv(PROGRAMS_PER_SM * _multiprocessors(device), max(1, num_batch_rows * num_kv_heads))
+        # Rounded down: one program too many past a full wave waits for a whole second one (at 32k keys 9 splits
+        # took 283 us against 8's 198 on that H100).
+        wanted = PROGRAMS_PER_SM * _multiprocessors(device) // max(1, num_batch_rows * num_kv_heads)
         kv_splits = max(1, min(wanted, capacity // max(2 * block_n, 2 * rows)))
     if num_stages is None:
         # Decode-sized programs keep three stages of K and V tiles in flight where they fit three times in shared

@@ -220,7 +220,7 @@ def test_bad_knobs_name_the_knob(knob, needle):
 
 
 def test_launch_shape_follows_shapes_only(monkeypatch):
-    """The split count aims at several programs per multiprocessor, bounded by what the table can address."""
+    """The split count aims at a wave of programs per multiprocessor, bounded by what the table can address."""
     cpu = torch.device("cpu")
     shape = katt.launch_shape(64, 4, 8, 8, 128, 32 * 1024, torch.bfloat16, cpu)
     assert shape["block_m"] == 128 and shape["queries_per_chunk"] == 16 and shape["kv_splits"] == 1
@@ -230,7 +230,9 @@ def test_launch_shape_follows_shapes_only(monkeypatch):
     monkeypatch.setattr(katt, "_multiprocessors", lambda device: 132)  # an H200
     programs = katt.PROGRAMS_PER_SM * 132
     decode_32k = katt.launch_shape(4, 4, 8, 8, 128, 32 * 1024, torch.bfloat16, cpu)
-    assert decode_32k["kv_splits"] * 4 * 8 >= programs and decode_32k["num_stages"] == 3
+    # as many splits as one wave holds, never a program past it
+    assert decode_32k["kv_splits"] * 4 * 8 <= programs < (decode_32k["kv_splits"] + 1) * 4 * 8
+    assert decode_32k["num_stages"] == 3
     draft_1k = katt.launch_shape(64, 4, 8, 8, 128, 1024, torch.bfloat16, cpu)  # 128 rows: 256 keys per split
     assert draft_1k["kv_splits"] == 4 and draft_1k["num_stages"] == 2
     assert katt.launch_shape(4, 4, 8, 8, 256, 1024, torch.float32, cpu)["num_stages"] == 2  # 64 KB per stage
