@@ -204,3 +204,20 @@ def test_the_vocab_split_families_reach_the_cuts_they_name(launch):
                 assert per_split == 1 and splits == tiles and splits & (splits - 1), (rows, vocab)
             else:
                 assert per_split == 2 and tiles == 2 * splits - 1, (rows, vocab)
+
+
+def test_the_bench_noise_floor_draws_the_noise_of_the_contract():
+    """make bench's floor for sampling at a temperature times gumbel_sample's noise over its programs: each
+    (row, split) program's largest value is the largest of the reference noise over its share of the vocab."""
+    from kernels.sampling import vocab_splits
+    from stress.bench.noise_floor import noise_max
+
+    rows, vocab, block = 3, 1000, 64
+    split_tiles, splits = vocab_splits(rows, vocab, block)
+    out = torch.full((rows * splits,), float("nan"), device=runtime.DEVICE)
+    noise_max(out, rows, vocab, block)
+    share = split_tiles * block
+    expected = torch.tensor([ref.gumbel_noise(row, vocab)[s * share:(s + 1) * share].max().item()
+                             for row in range(rows) for s in range(splits)], dtype=torch.float32)
+    assert splits > 1
+    torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)

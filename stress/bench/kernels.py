@@ -115,8 +115,10 @@ def kv_write_row(dev, gen) -> str:
 
 def sampling_rows(dev, gen) -> list[str]:
     """gumbel_sample over 128 rows of a 128k vocabulary (float32 logits read once), against a bare
-    ``torch.argmax`` over the same logits, which reads as much and draws no noise."""
+    ``torch.argmax`` over the same logits, which reads as much and draws no noise; and the noise alone, drawn by
+    the same programs without reading a logit (``stress.bench.noise_floor``)."""
     from kernels.sampling import gumbel_sample
+    from stress.bench.noise_floor import noise_max
 
     rows, vocab = 128, 1 << 17
     logits = torch.randn(rows, vocab, generator=gen).to(dev)
@@ -131,6 +133,10 @@ def sampling_rows(dev, gen) -> list[str]:
         kernel_ms = _time_ms(lambda t=temperature: gumbel_sample(logits, idx, t, seeds, positions))
         out.append(_row(name, nbytes, kernel_ms, _copy_ms(nbytes, dev), argmax_ms)
                    + f"   (bare argmax {argmax_ms * 1e3:.1f} us: {kernel_ms / argmax_ms:.2f}x its time)")
+    noise = torch.empty(rows * 512, device=dev)
+    noise_ms = _time_ms(lambda: noise_max(noise, rows, vocab))
+    out.append(f"{'the noise alone (no logits read)':44} {'':>12} {noise_ms * 1e3:9.1f} us   "
+               f"{noise_ms / argmax_ms:.2f}x the bare argmax: a floor for gumbel_sample at a temperature")
     return out
 
 
