@@ -156,7 +156,8 @@ def _softmax_stats_kernel(target_ptr, target_request_stride, target_step_stride,
         tl.store(stats_at, p_max)
         tl.store(stats_at + 1, p_sum)
         if HAS_DRAFT_LOGITS:
-            q_row_ptr = draft_logits_ptr + slot.to(tl.int64) * draft_logits_slot_stride + step * draft_logits_step_stride
+            q_row_ptr = draft_logits_ptr + slot.to(tl.int64) * draft_logits_slot_stride
+            q_row_ptr += step * draft_logits_step_stride
             q_max, q_sum = _softmax_stats(q_row_ptr, temp, vocab, BLOCK_V)
             tl.store(stats_at + 2, q_max)
             tl.store(stats_at + 3, q_sum)
@@ -166,8 +167,8 @@ def _softmax_stats_kernel(target_ptr, target_request_stride, target_step_stride,
 def _verify_kernel(target_ptr, target_request_stride, target_step_stride, draft_tokens_ptr, draft_tokens_stride,
                    idx_mapping_ptr, temperature_ptr, seeds_ptr, positions_ptr, draft_logits_ptr,
                    draft_logits_slot_stride, draft_logits_step_stride, stats_ptr, out_ptr, out_stride,
-                   num_sampled_ptr, num_rejected_ptr, num_drafts, vocab, HAS_DRAFT_LOGITS: tl.constexpr, BLOCK_K: tl.constexpr,
-                   BLOCK_V: tl.constexpr):
+                   num_sampled_ptr, num_rejected_ptr, num_drafts, vocab, HAS_DRAFT_LOGITS: tl.constexpr,
+                   BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
     b = tl.program_id(0)
     slot = tl.load(idx_mapping_ptr + b)
     live = slot >= 0
