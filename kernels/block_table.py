@@ -14,6 +14,14 @@ from kernels import runtime, validate  # noqa: F401  (runtime: device choice bef
 
 PAD = -1  # a slot-mapping entry that writes nothing
 
+# compute_slot_mappings takes the row-tile path when the batch has at most this many tokens per batch row
+# (positions over rows: shapes the host knows, never values, so no sync). Decode rows hold 1 to 1 + k
+# tokens (k draft tokens); a row-tile program walks its longest row token by token, so a longer mean
+# would let one long row serialize more work than the token tiles' searches cost.
+ROW_PATH_TOKENS_PER_ROW = 4
+ROW_TILE = 256  # batch rows per row-tile program
+PAD_TILE = 1024  # output tokens per PAD program of the row-tile path
+
 
 @triton.jit
 def _gather_rows_kernel(persistent_ptr, persistent_stride, idx_mapping_ptr, out_ptr, out_stride, width,
@@ -62,8 +70,8 @@ def gather_block_tables(persistent: torch.Tensor, idx_mapping: torch.Tensor, out
 def _slot_mapping_kernel(block_table_ptr, block_table_stride, width, query_start_loc_ptr, positions_ptr,
                          num_positions, out_ptr, num_out, block_size, num_batch_rows, search_steps,
                          BLOCK: tl.constexpr):
-    # One program per tile of output tokens, whatever the batch rows' lengths: a long prefill row
-    # is spread over many programs, and the padding tail is just tokens past the batch.
+    # The token-tile path: one program per tile of output tokens, whatever the batch rows' lengths: a
+    # long prefill row is spread over many programs, and the padding tail is just tokens past the batch.
     first = tl.program_id(0).to(tl.int64) * BLOCK
     tokens = first + tl.arange(0, BLOCK)
     end_of_batch = tl.load(query_start_loc_ptr + num_batch_rows)
@@ -99,6 +107,41 @@ def _slot_mapping_kernel(block_table_ptr, block_table_stride, width, query_start
     tl.store(out_ptr + tokens, slot_id, mask=tokens < num_out)  # tokens past the batch: PAD
 
 
+# The row-tile path, for decode-sized batches (a few tokens per row). There the token-tile path is pure
+# load latency: its tile's rows come from binary searches over query_start_loc, log2(B) dependent loads
+# each. Here a program owns ROWS consecutive batch rows, loads their starts and ends as two vectors (no
+# search) and walks token offsets up to the tile's longest row, found on the device, so a long row among
+# short ones is still written whole (one program walks it: the launcher keeps this path for batches whose
+# mean row is short). Tokens outside every row (before query_start_loc[0], from query_start_loc[B] up to
+# num_out) get PAD from PAD_BLOCK-token programs after the row programs, in the same launch.
+@triton.jit(do_not_specialize=["block_table_stride", "width", "block_size", "num_batch_rows"])
+def _slot_mapping_rows_kernel(block_table_ptr, block_table_stride, width, query_start_loc_ptr, positions_ptr,
+                              out_ptr, num_out, block_size, num_batch_rows, ROWS: tl.constexpr,
+                              PAD_BLOCK: tl.constexpr):
+    row_tiles = tl.cdiv(num_batch_rows, ROWS)
+    pid = tl.program_id(0)
+    if pid < row_tiles:
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        in_batch = rows < num_batch_rows
+        starts = tl.load(query_start_loc_ptr + rows, mask=in_batch, other=0).to(tl.int64)
+        lengths = tl.load(query_start_loc_ptr + rows + 1, mask=in_batch, other=0) - starts
+        row_ptrs = block_table_ptr + rows.to(tl.int64) * block_table_stride
+        for offset in range(tl.max(lengths, axis=0)):
+            live = offset < lengths
+            tokens = starts + offset
+            pos = tl.load(positions_ptr + tokens, mask=live, other=0)
+            block_idx = pos // block_size
+            # Never read outside the row: an index past the width (or a negative position) is PAD.
+            in_row = live & (pos >= 0) & (block_idx < width)
+            block_id = tl.load(row_ptrs + block_idx, mask=in_row, other=0).to(tl.int64)
+            slot_id = tl.where(in_row & (block_id != 0), block_id * block_size + pos % block_size, -1)
+            tl.store(out_ptr + tokens, slot_id, mask=live)
+    else:
+        tokens = (pid - row_tiles).to(tl.int64) * PAD_BLOCK + tl.arange(0, PAD_BLOCK)
+        outside = (tokens < tl.load(query_start_loc_ptr)) | (tokens >= tl.load(query_start_loc_ptr + num_batch_rows))
+        tl.store(out_ptr + tokens, -1, mask=outside & (tokens < num_out))
+
+
 def compute_slot_mappings(block_table: torch.Tensor, query_start_loc: torch.Tensor, positions: torch.Tensor,
                           block_size: int, out: torch.Tensor) -> None:
     """Physical KV slot of every token: ``block_table[b, pos // bs] * bs + pos % bs``.
@@ -122,6 +165,12 @@ def compute_slot_mappings(block_table: torch.Tensor, query_start_loc: torch.Tens
         raise ValueError(f"out: {out.numel()} entries, fewer than the {positions.numel()} positions")
     validate.offsets("query_start_loc", query_start_loc, positions.numel())
     if out.numel() == 0:
+        return
+    if positions.numel() <= ROW_PATH_TOKENS_PER_ROW * num_batch_rows:
+        grid = (triton.cdiv(num_batch_rows, ROW_TILE) + triton.cdiv(out.numel(), PAD_TILE),)
+        _slot_mapping_rows_kernel[grid](block_table, block_table.stride(0), block_table.shape[1], query_start_loc,
+                                        positions, out, out.numel(), block_size, num_batch_rows, ROWS=ROW_TILE,
+                                        PAD_BLOCK=PAD_TILE, num_warps=4)
         return
     block = 256  # on an H200, tiles of 256 tokens beat 512 to 4096
     _slot_mapping_kernel[(triton.cdiv(out.numel(), block),)](
