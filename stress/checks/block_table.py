@@ -257,6 +257,21 @@ CHECKS = (
                    path=unreachable_by_engine(
                        'the engine allocates a block for every position it maps (target tokens, draft context and '
                        'query rows), so no slot mapping meets the null block')),
+            Mutant("row-tile-first-row-bound", "a row tile walks token offsets up to its first row's length, not its "
+                   "longest row's: the tokens of a longer row later in the tile keep stale slots",
+                   (Patch(f"{_BT}:_slot_mapping_rows_kernel", "range(tl.max(lengths, axis=0))",
+                          "range(tl.sum(tl.where(rows == pid * ROWS, lengths, 0), axis=0))"),),
+                   oracles=EVERYWHERE, families=("decode_long_row", "path_boundary")),
+            Mutant("row-path-lead-unwritten", "the row tiles' PAD programs cover the tail past the batch only: tokens "
+                   "before query_start_loc[0] keep stale slots",
+                   (Patch(f"{_BT}:_slot_mapping_rows_kernel", "outside = (tokens < tl.load(query_start_loc_ptr)) | ",
+                          "outside = (tokens < 0) | "),),
+                   oracles=EVERYWHERE, families=("path_boundary",)),
+            Mutant("pad-programs-from-positions", "the row tiles' PAD programs are counted from the positions, not "
+                   "from out: a PAD tail past the positions' last PAD tile keeps stale slots",
+                   (Patch(f"{_BT}:compute_slot_mappings", "triton.cdiv(out.numel(), PAD_TILE)",
+                          "triton.cdiv(positions.numel(), PAD_TILE)"),),
+                   oracles=EVERYWHERE, families=("path_boundary",)),
         ),
     ),
     Check(
