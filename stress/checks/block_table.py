@@ -266,12 +266,16 @@ CHECKS = (
                    "before query_start_loc[0] keep stale slots",
                    (Patch(f"{_BT}:_slot_mapping_rows_kernel", "outside = (tokens < tl.load(query_start_loc_ptr)) | ",
                           "outside = (tokens < 0) | "),),
-                   oracles=EVERYWHERE, families=("path_boundary",)),
+                   oracles=EVERYWHERE, families=("path_boundary",),
+                   path=unreachable_by_engine("the engine's query_start_loc starts at 0: no token lies before the "
+                                              "first row")),
             Mutant("pad-programs-from-positions", "the row tiles' PAD programs are counted from the positions, not "
                    "from out: a PAD tail past the positions' last PAD tile keeps stale slots",
                    (Patch(f"{_BT}:compute_slot_mappings", "triton.cdiv(out.numel(), PAD_TILE)",
                           "triton.cdiv(positions.numel(), PAD_TILE)"),),
-                   oracles=EVERYWHERE, families=("path_boundary",)),
+                   oracles=EVERYWHERE, families=("path_boundary",),
+                   path=Reach(unreachable={"cpu": "the CPU engine's slot mappings (token budgets of 64 at most) fit "
+                                                  "in the one PAD program that a step with tokens launches"})),
         ),
     ),
     Check(
