@@ -14,13 +14,16 @@ from kernels import runtime, validate  # noqa: F401  (runtime: device choice bef
 
 PAD = -1  # a slot-mapping entry that writes nothing
 
-# compute_slot_mappings takes the row-tile path when the batch has at most this many tokens per batch row
-# (positions over rows: shapes the host knows, never values, so no sync). Decode rows hold 1 to 1 + k
-# tokens (k draft tokens); a row-tile program walks its longest row token by token, so a longer mean
-# would let one long row serialize more work than the token tiles' searches cost.
+# compute_slot_mappings takes the row tiles when the batch has at most ROW_PATH_TOKENS_PER_ROW tokens per batch
+# row (positions over rows: shapes the host knows, never values, so no sync). Decode rows hold 1 to 1 + k tokens
+# (k draft tokens). Past that mean the token tiles win (H100, 1,024 rows of L tokens: L = 8 takes them about as
+# long), and the row tiles' worst case, every token in one tile, grows with the mean: its ROW_TILE_SPLIT
+# programs walk T / (ROW_TILE_SPLIT * ROW_TILE_TOKENS) = B / 256 steps each at 4 tokens per row.
 ROW_PATH_TOKENS_PER_ROW = 4
-ROW_TILE = 256  # batch rows per row-tile program
-PAD_TILE = 1024  # output tokens per PAD program of the row-tile path
+ROW_TILE = 64  # batch rows per row tile
+ROW_TILE_TOKENS = 128  # tokens a row-tile program maps per step
+ROW_TILE_SPLIT = 8  # programs sharing a row tile's tokens, so a long row among short ones is walked 8 ways
+PAD_TILE = 1024  # output tokens per PAD program of the row tiles
 
 
 @triton.jit
@@ -107,37 +110,42 @@ def _slot_mapping_kernel(block_table_ptr, block_table_stride, width, query_start
     tl.store(out_ptr + tokens, slot_id, mask=tokens < num_out)  # tokens past the batch: PAD
 
 
-# The row-tile path, for decode-sized batches (a few tokens per row). There the token-tile path is pure
-# load latency: its tile's rows come from binary searches over query_start_loc, log2(B) dependent loads
-# each. Here a program owns ROWS consecutive batch rows, loads their starts and ends as two vectors (no
-# search) and walks token offsets up to the tile's longest row, found on the device, so a long row among
-# short ones is still written whole (one program walks it: the launcher keeps this path for batches whose
-# mean row is short). Tokens outside every row (before query_start_loc[0], from query_start_loc[B] up to
-# num_out) get PAD from PAD_BLOCK-token programs after the row programs, in the same launch.
+# The row tiles, for decode-sized batches (a few tokens per batch row). There the token tiles are pure load
+# latency: each finds its rows by binary searches of query_start_loc, log2(B) dependent loads. A row tile owns
+# ROWS consecutive batch rows and their tokens, from its first row's start to its last row's end; it loads the
+# rows' starts as one vector (no search), and SPLIT programs walk its tokens in steps of TOKENS, each token's
+# row being the last of the tile's rows that starts at or before it (so an empty row sharing a start owns
+# nothing). A long row among short ones lengthens only its own tile's walk, shared by the SPLIT programs.
+# Tokens outside every row (before query_start_loc[0], from query_start_loc[B] up to num_out) get PAD from
+# PAD_BLOCK-token programs after the row tiles', in the same launch. num_out alone is specialized (it keeps the
+# PAD stores vectorized).
 @triton.jit(do_not_specialize=["block_table_stride", "width", "block_size", "num_batch_rows"])
 def _slot_mapping_rows_kernel(block_table_ptr, block_table_stride, width, query_start_loc_ptr, positions_ptr,
                               out_ptr, num_out, block_size, num_batch_rows, ROWS: tl.constexpr,
-                              PAD_BLOCK: tl.constexpr):
-    row_tiles = tl.cdiv(num_batch_rows, ROWS)
+                              TOKENS: tl.constexpr, SPLIT: tl.constexpr, PAD_BLOCK: tl.constexpr):
+    row_programs = tl.cdiv(num_batch_rows, ROWS) * SPLIT
     pid = tl.program_id(0)
-    if pid < row_tiles:
-        rows = pid * ROWS + tl.arange(0, ROWS)
-        in_batch = rows < num_batch_rows
-        starts = tl.load(query_start_loc_ptr + rows, mask=in_batch, other=0).to(tl.int64)
-        lengths = tl.load(query_start_loc_ptr + rows + 1, mask=in_batch, other=0) - starts
-        row_ptrs = block_table_ptr + rows.to(tl.int64) * block_table_stride
-        for offset in range(tl.max(lengths, axis=0)):
-            live = offset < lengths
-            tokens = starts + offset
+    if pid < row_programs:
+        first_row = pid // SPLIT * ROWS
+        rows = first_row + tl.arange(0, ROWS)
+        # rows past the batch start past every token: they own none
+        starts = tl.load(query_start_loc_ptr + rows, mask=rows < num_batch_rows, other=2**31 - 1)
+        tile_end = tl.load(query_start_loc_ptr + tl.minimum(first_row + ROWS, num_batch_rows))
+        walk_start = tl.load(query_start_loc_ptr + first_row) + pid % SPLIT * TOKENS
+        for step in range(walk_start, tile_end, SPLIT * TOKENS):
+            tokens = step + tl.arange(0, TOKENS)
+            live = tokens < tile_end
+            token_rows = first_row - 1 + tl.sum((starts[None, :] <= tokens[:, None]).to(tl.int32), axis=1)
             pos = tl.load(positions_ptr + tokens, mask=live, other=0)
             block_idx = pos // block_size
             # Never read outside the row: an index past the width (or a negative position) is PAD.
             in_row = live & (pos >= 0) & (block_idx < width)
-            block_id = tl.load(row_ptrs + block_idx, mask=in_row, other=0).to(tl.int64)
+            block_id = tl.load(block_table_ptr + token_rows.to(tl.int64) * block_table_stride + block_idx,
+                               mask=in_row, other=0).to(tl.int64)
             slot_id = tl.where(in_row & (block_id != 0), block_id * block_size + pos % block_size, -1)
             tl.store(out_ptr + tokens, slot_id, mask=live)
     else:
-        tokens = (pid - row_tiles).to(tl.int64) * PAD_BLOCK + tl.arange(0, PAD_BLOCK)
+        tokens = (pid - row_programs).to(tl.int64) * PAD_BLOCK + tl.arange(0, PAD_BLOCK)
         outside = (tokens < tl.load(query_start_loc_ptr)) | (tokens >= tl.load(query_start_loc_ptr + num_batch_rows))
         tl.store(out_ptr + tokens, -1, mask=outside & (tokens < num_out))
 
@@ -167,10 +175,11 @@ def compute_slot_mappings(block_table: torch.Tensor, query_start_loc: torch.Tens
     if out.numel() == 0:
         return
     if positions.numel() <= ROW_PATH_TOKENS_PER_ROW * num_batch_rows:
-        grid = (triton.cdiv(num_batch_rows, ROW_TILE) + triton.cdiv(out.numel(), PAD_TILE),)
+        grid = (triton.cdiv(num_batch_rows, ROW_TILE) * ROW_TILE_SPLIT + triton.cdiv(out.numel(), PAD_TILE),)
         _slot_mapping_rows_kernel[grid](block_table, block_table.stride(0), block_table.shape[1], query_start_loc,
                                         positions, out, out.numel(), block_size, num_batch_rows, ROWS=ROW_TILE,
-                                        PAD_BLOCK=PAD_TILE, num_warps=4)
+                                        TOKENS=ROW_TILE_TOKENS, SPLIT=ROW_TILE_SPLIT, PAD_BLOCK=PAD_TILE,
+                                        num_warps=4)
         return
     block = 256  # on an H200, tiles of 256 tokens beat 512 to 4096
     _slot_mapping_kernel[(triton.cdiv(out.numel(), block),)](
