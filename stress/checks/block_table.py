@@ -257,11 +257,23 @@ CHECKS = (
                    path=unreachable_by_engine(
                        'the engine allocates a block for every position it maps (target tokens, draft context and '
                        'query rows), so no slot mapping meets the null block')),
-            Mutant("row-tile-first-row-bound", "a row tile walks token offsets up to its first row's length, not its "
-                   "longest row's: the tokens of a longer row later in the tile keep stale slots",
-                   (Patch(f"{_BT}:_slot_mapping_rows_kernel", "range(tl.max(lengths, axis=0))",
-                          "range(tl.sum(tl.where(rows == pid * ROWS, lengths, 0), axis=0))"),),
-                   oracles=EVERYWHERE, families=("decode_long_row", "path_boundary")),
+            Mutant("row-tile-ends-at-first-row", "a row tile's tokens end at its first row's end, not its last "
+                   "row's: the tokens of its later rows keep stale slots",
+                   (Patch(f"{_BT}:_slot_mapping_rows_kernel", "tl.minimum(first_row + ROWS, num_batch_rows)",
+                          "first_row + 1"),),
+                   oracles=EVERYWHERE, families=("path_boundary", "decode_long_row")),
+            Mutant("row-tile-one-step", "each program of a row tile maps one step of its tokens: a tile holding "
+                   "more than SPLIT * TOKENS tokens (a long row among short ones) leaves the rest stale",
+                   (Patch(f"{_BT}:_slot_mapping_rows_kernel", "range(walk_start, tile_end, SPLIT * TOKENS)",
+                          "range(walk_start, tl.minimum(tile_end, walk_start + 1), SPLIT * TOKENS)"),),
+                   oracles=EVERYWHERE, families=("decode_long_row",),
+                   path=unreachable_by_engine("the engine's batches hold a dozen rows at most, so a step it maps "
+                                              "with row tiles (4 tokens a row at most) never fills one step of "
+                                              "a tile's programs")),
+            Mutant("row-tile-rows-past-batch-start-at-0", "the starts of a last row tile's rows past the batch load "
+                   "as 0 instead of past every token: each token counts them, and lands that many rows too far",
+                   (Patch(f"{_BT}:_slot_mapping_rows_kernel", "other=2**31 - 1)", "other=0)"),),
+                   oracles=EVERYWHERE, families=("path_boundary", "decode_long_row")),
             Mutant("row-path-lead-unwritten", "the row tiles' PAD programs cover the tail past the batch only: tokens "
                    "before query_start_loc[0] keep stale slots",
                    (Patch(f"{_BT}:_slot_mapping_rows_kernel", "outside = (tokens < tl.load(query_start_loc_ptr)) | ",

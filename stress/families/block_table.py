@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from kernels.block_table import PAD_TILE, ROW_PATH_TOKENS_PER_ROW, ROW_TILE
+from kernels.block_table import PAD_TILE, ROW_PATH_TOKENS_PER_ROW, ROW_TILE, ROW_TILE_SPLIT, ROW_TILE_TOKENS
 from stress.core.types import Case
 from stress.families.common import (
     BLOCK_SIZES,
@@ -512,18 +512,21 @@ def slots_path_boundary(rng, device, launch):
 
 
 def slots_decode_long_row(rng, device, launch):
-    """Rows of 0 to 2 tokens around one row of 3 to 300 (rarely its tile's first), the batch still within
-    ROW_PATH_TOKENS_PER_ROW tokens per row, so the row tiles take it: a row tile walks token offsets up to its
-    longest row, wherever that row lies in it. Row counts one below, at and one above one and two row tiles
-    or fewer; one time in two tokens before the first row; PAD tails."""
-    rows = pick(rng, (int(rng.integers(2, 200)), *tile_boundary_sizes(ROW_TILE)))
+    """Rows of 0 to 2 tokens around one row of 3 to 3 * ROW_TILE_SPLIT * ROW_TILE_TOKENS tokens (never the first),
+    the batch still within ROW_PATH_TOKENS_PER_ROW tokens per row, so the row tiles take it: a tile's tokens run
+    from its first row's start to its last row's end, whatever row is long, and its programs share them in steps.
+    Row counts of a few dozen, one below, at and one above one and two row tiles, or (one time in three) hundreds,
+    where the long row can pass ROW_TILE_SPLIT * ROW_TILE_TOKENS tokens and every program of its tile takes
+    several steps; one time in two tokens before the first row; PAD tails."""
+    rows = (int(rng.integers(300, 1100)) if rng.random() < 1 / 3
+            else pick(rng, (int(rng.integers(2, 200)), *tile_boundary_sizes(ROW_TILE))))
     lens = [int(n) for n in rng.integers(0, 3, rows)]
     long_row = int(rng.integers(1, rows))
     lens[long_row] = 0
     room = ROW_PATH_TOKENS_PER_ROW * rows - sum(lens)
-    lens[long_row] = int(rng.integers(3, min(room, 300) + 1))
+    lens[long_row] = int(rng.integers(3, min(room, 3 * ROW_TILE_SPLIT * ROW_TILE_TOKENS) + 1))
     lead = int(rng.integers(0, room - lens[long_row] + 1)) if rng.integers(2) else 0
-    return _slot_mapping_case(rng, query_lens=lens, width=160, block_size=16, null_frac=0.05, lead=lead,
+    return _slot_mapping_case(rng, query_lens=lens, width=200, block_size=16, null_frac=0.05, lead=lead,
                               out_extra=int(rng.integers(0, 40)),
                               note=f"{rows} rows, row {long_row} of {lens[long_row]}, {lead} tokens first")
 
