@@ -15,10 +15,10 @@ from kernels import runtime, validate  # noqa: F401  (runtime: device choice bef
 PAD = -1  # a slot-mapping entry that writes nothing
 
 # compute_slot_mappings takes the row tiles when the batch has at most ROW_PATH_TOKENS_PER_ROW tokens per batch
-# row (positions over rows: shapes the host knows, never values, so no sync). Decode rows hold 1 to 1 + k tokens
-# (k draft tokens). Past that mean the token tiles win (H100, 1,024 rows of L tokens: L = 8 takes them about as
-# long), and the row tiles' worst case, every token in one tile, grows with the mean: its ROW_TILE_SPLIT
-# programs walk T / (ROW_TILE_SPLIT * ROW_TILE_TOKENS) = B / 256 steps each at 4 tokens per row.
+# row (positions over rows: shapes the host knows, never values, so no sync): decode steps, 1 + k tokens a row for
+# up to 3 draft tokens. The bound also caps the row tiles' worst case, every token in one tile, whose
+# ROW_TILE_SPLIT programs walk T / (ROW_TILE_SPLIT * ROW_TILE_TOKENS) <= B / 256 steps each: past a small mean,
+# one long row would cost more than the token tiles' binary searches save.
 ROW_PATH_TOKENS_PER_ROW = 4
 ROW_TILE = 64  # batch rows per row tile
 ROW_TILE_TOKENS = 128  # tokens a row-tile program maps per step
