@@ -14,6 +14,17 @@ from kernels import runtime, validate  # noqa: F401  (runtime: device choice bef
 
 PAD = -1  # a slot-mapping entry that writes nothing
 
+# compute_slot_mappings takes the row tiles when the batch has at most ROW_PATH_TOKENS_PER_ROW tokens per batch
+# row (positions over rows: shapes the host knows, never values, so no sync): decode steps, 1 + k tokens a row for
+# up to 3 draft tokens. The bound also caps the row tiles' worst case, every token in one tile, whose
+# ROW_TILE_SPLIT programs walk T / (ROW_TILE_SPLIT * ROW_TILE_TOKENS) <= B / 256 steps each: past a small mean,
+# one long row would cost more than the token tiles' binary searches save.
+ROW_PATH_TOKENS_PER_ROW = 4
+ROW_TILE = 64  # batch rows per row tile
+ROW_TILE_TOKENS = 128  # tokens a row-tile program maps per step
+ROW_TILE_SPLIT = 8  # programs sharing a row tile's tokens, so a long row among short ones is walked 8 ways
+PAD_TILE = 1024  # output tokens per PAD program of the row tiles
+
 
 @triton.jit
 def _gather_rows_kernel(persistent_ptr, persistent_stride, idx_mapping_ptr, out_ptr, out_stride, width,
@@ -62,8 +73,8 @@ def gather_block_tables(persistent: torch.Tensor, idx_mapping: torch.Tensor, out
 def _slot_mapping_kernel(block_table_ptr, block_table_stride, width, query_start_loc_ptr, positions_ptr,
                          num_positions, out_ptr, num_out, block_size, num_batch_rows, search_steps,
                          BLOCK: tl.constexpr):
-    # One program per tile of output tokens, whatever the batch rows' lengths: a long prefill row
-    # is spread over many programs, and the padding tail is just tokens past the batch.
+    # The token-tile path: one program per tile of output tokens, whatever the batch rows' lengths: a
+    # long prefill row is spread over many programs, and the padding tail is just tokens past the batch.
     first = tl.program_id(0).to(tl.int64) * BLOCK
     tokens = first + tl.arange(0, BLOCK)
     end_of_batch = tl.load(query_start_loc_ptr + num_batch_rows)
@@ -99,6 +110,46 @@ def _slot_mapping_kernel(block_table_ptr, block_table_stride, width, query_start
     tl.store(out_ptr + tokens, slot_id, mask=tokens < num_out)  # tokens past the batch: PAD
 
 
+# The row tiles, for decode-sized batches (a few tokens per batch row). There the token tiles are pure load
+# latency: each finds its rows by binary searches of query_start_loc, log2(B) dependent loads. A row tile owns
+# ROWS consecutive batch rows and their tokens, from its first row's start to its last row's end; it loads the
+# rows' starts as one vector (no search), and SPLIT programs walk its tokens in steps of TOKENS, each token's
+# row being the last of the tile's rows that starts at or before it (so an empty row sharing a start owns
+# nothing). A long row among short ones lengthens only its own tile's walk, shared by the SPLIT programs.
+# Tokens outside every row (before query_start_loc[0], from query_start_loc[B] up to num_out) get PAD from
+# PAD_BLOCK-token programs after the row tiles', in the same launch. num_out alone is specialized (it keeps the
+# PAD stores vectorized).
+@triton.jit(do_not_specialize=["block_table_stride", "width", "block_size", "num_batch_rows"])
+def _slot_mapping_rows_kernel(block_table_ptr, block_table_stride, width, query_start_loc_ptr, positions_ptr,
+                              out_ptr, num_out, block_size, num_batch_rows, ROWS: tl.constexpr,
+                              TOKENS: tl.constexpr, SPLIT: tl.constexpr, PAD_BLOCK: tl.constexpr):
+    row_programs = tl.cdiv(num_batch_rows, ROWS) * SPLIT
+    pid = tl.program_id(0)
+    if pid < row_programs:
+        first_row = pid // SPLIT * ROWS
+        rows = first_row + tl.arange(0, ROWS)
+        # rows past the batch start past every token: they own none
+        starts = tl.load(query_start_loc_ptr + rows, mask=rows < num_batch_rows, other=2**31 - 1)
+        tile_end = tl.load(query_start_loc_ptr + tl.minimum(first_row + ROWS, num_batch_rows))
+        walk_start = tl.load(query_start_loc_ptr + first_row) + pid % SPLIT * TOKENS
+        for step in range(walk_start, tile_end, SPLIT * TOKENS):
+            tokens = step + tl.arange(0, TOKENS)
+            live = tokens < tile_end
+            token_rows = first_row - 1 + tl.sum((starts[None, :] <= tokens[:, None]).to(tl.int32), axis=1)
+            pos = tl.load(positions_ptr + tokens, mask=live, other=0)
+            block_idx = pos // block_size
+            # Never read outside the row: an index past the width (or a negative position) is PAD.
+            in_row = live & (pos >= 0) & (block_idx < width)
+            block_id = tl.load(block_table_ptr + token_rows.to(tl.int64) * block_table_stride + block_idx,
+                               mask=in_row, other=0).to(tl.int64)
+            slot_id = tl.where(in_row & (block_id != 0), block_id * block_size + pos % block_size, -1)
+            tl.store(out_ptr + tokens, slot_id, mask=live)
+    else:
+        tokens = (pid - row_programs).to(tl.int64) * PAD_BLOCK + tl.arange(0, PAD_BLOCK)
+        outside = (tokens < tl.load(query_start_loc_ptr)) | (tokens >= tl.load(query_start_loc_ptr + num_batch_rows))
+        tl.store(out_ptr + tokens, -1, mask=outside & (tokens < num_out))
+
+
 def compute_slot_mappings(block_table: torch.Tensor, query_start_loc: torch.Tensor, positions: torch.Tensor,
                           block_size: int, out: torch.Tensor) -> None:
     """Physical KV slot of every token: ``block_table[b, pos // bs] * bs + pos % bs``.
@@ -122,6 +173,13 @@ def compute_slot_mappings(block_table: torch.Tensor, query_start_loc: torch.Tens
         raise ValueError(f"out: {out.numel()} entries, fewer than the {positions.numel()} positions")
     validate.offsets("query_start_loc", query_start_loc, positions.numel())
     if out.numel() == 0:
+        return
+    if positions.numel() <= ROW_PATH_TOKENS_PER_ROW * num_batch_rows:
+        grid = (triton.cdiv(num_batch_rows, ROW_TILE) * ROW_TILE_SPLIT + triton.cdiv(out.numel(), PAD_TILE),)
+        _slot_mapping_rows_kernel[grid](block_table, block_table.stride(0), block_table.shape[1], query_start_loc,
+                                        positions, out, out.numel(), block_size, num_batch_rows, ROWS=ROW_TILE,
+                                        TOKENS=ROW_TILE_TOKENS, SPLIT=ROW_TILE_SPLIT, PAD_BLOCK=PAD_TILE,
+                                        num_warps=4)
         return
     block = 256  # on an H200, tiles of 256 tokens beat 512 to 4096
     _slot_mapping_kernel[(triton.cdiv(out.numel(), block),)](

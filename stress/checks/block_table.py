@@ -257,6 +257,37 @@ CHECKS = (
                    path=unreachable_by_engine(
                        'the engine allocates a block for every position it maps (target tokens, draft context and '
                        'query rows), so no slot mapping meets the null block')),
+            Mutant("row-tile-ends-at-first-row", "a row tile's tokens end at its first row's end, not its last "
+                   "row's: the tokens of its later rows keep stale slots",
+                   (Patch(f"{_BT}:_slot_mapping_rows_kernel", "tl.minimum(first_row + ROWS, num_batch_rows)",
+                          "first_row + 1"),),
+                   oracles=EVERYWHERE, families=("path_boundary", "decode_long_row")),
+            Mutant("row-tile-one-step", "each program of a row tile maps one step of its tokens: a tile holding "
+                   "more than SPLIT * TOKENS tokens (a long row among short ones) leaves the rest stale",
+                   (Patch(f"{_BT}:_slot_mapping_rows_kernel", "range(walk_start, tile_end, SPLIT * TOKENS)",
+                          "range(walk_start, tl.minimum(tile_end, walk_start + 1), SPLIT * TOKENS)"),),
+                   oracles=EVERYWHERE, families=("decode_long_row",),
+                   path=unreachable_by_engine("the engine's batches hold a dozen rows at most, so a step it maps "
+                                              "with row tiles (4 tokens a row at most) never fills one step of "
+                                              "a tile's programs")),
+            Mutant("row-tile-rows-past-batch-start-at-0", "the starts of a last row tile's rows past the batch load "
+                   "as 0 instead of past every token: each token counts them, and lands that many rows too far",
+                   (Patch(f"{_BT}:_slot_mapping_rows_kernel", "other=2**31 - 1)", "other=0)"),),
+                   oracles=EVERYWHERE, families=("path_boundary", "decode_long_row")),
+            Mutant("row-path-lead-unwritten", "the row tiles' PAD programs cover the tail past the batch only: tokens "
+                   "before query_start_loc[0] keep stale slots",
+                   (Patch(f"{_BT}:_slot_mapping_rows_kernel", "outside = (tokens < tl.load(query_start_loc_ptr)) | ",
+                          "outside = (tokens < 0) | "),),
+                   oracles=EVERYWHERE, families=("path_boundary",),
+                   path=unreachable_by_engine("the engine's query_start_loc starts at 0: no token lies before the "
+                                              "first row")),
+            Mutant("pad-programs-from-positions", "the row tiles' PAD programs are counted from the positions, not "
+                   "from out: a PAD tail past the positions' last PAD tile keeps stale slots",
+                   (Patch(f"{_BT}:compute_slot_mappings", "triton.cdiv(out.numel(), PAD_TILE)",
+                          "triton.cdiv(positions.numel(), PAD_TILE)"),),
+                   oracles=EVERYWHERE, families=("path_boundary",),
+                   path=Reach(unreachable={"cpu": "the CPU engine's slot mappings (token budgets of 64 at most) fit "
+                                                  "in the one PAD program that a step with tokens launches"})),
         ),
     ),
     Check(

@@ -3,6 +3,7 @@
 import numpy as np
 import torch
 
+from kernels.block_table import PAD_TILE, ROW_PATH_TOKENS_PER_ROW, ROW_TILE, ROW_TILE_SPLIT, ROW_TILE_TOKENS
 from stress.core.types import Case
 from stress.families.common import (
     BLOCK_SIZES,
@@ -494,13 +495,67 @@ def slots_empty_table(rng, device, launch):
     return case
 
 
+def slots_path_boundary(rng, device, launch):
+    """Decode-shaped batches whose token count (tokens before the first row included) is one below, at or one
+    above ROW_PATH_TOKENS_PER_ROW per batch row: the same shapes on either side of the launcher's choice
+    between row tiles and token tiles. Row counts of a few, or one below, at and one above one and two row
+    tiles; tokens spread over the rows at random (empty rows among rows of a dozen); one time in two tokens
+    before the first row; PAD tails past one and two PAD programs."""
+    rows = pick(rng, (1, 2, 3, int(rng.integers(4, 200)), *tile_boundary_sizes(ROW_TILE)))
+    tokens = ROW_PATH_TOKENS_PER_ROW * rows + pick(rng, (-1, 0, 1))
+    lead = int(rng.integers(1, min(tokens, 40) + 1)) if rng.integers(2) else 0
+    lens = [int(n) for n in rng.multinomial(tokens - lead, np.full(rows, 1 / rows))]
+    path = "row tiles" if tokens <= ROW_PATH_TOKENS_PER_ROW * rows else "token tiles"
+    return _slot_mapping_case(rng, query_lens=lens, width=int(rng.integers(1, 9)), block_size=pick(rng, BLOCK_SIZES),
+                              out_extra=pick(rng, (0, 1, int(rng.integers(2, 300)), PAD_TILE, PAD_TILE + 1)),
+                              lead=lead, note=f"{rows} rows, {tokens} tokens ({lead} before the first row): {path}")
+
+
+def slots_decode_long_row(rng, device, launch):
+    """Rows of 0 to 2 tokens around one row of 3 to 3 * ROW_TILE_SPLIT * ROW_TILE_TOKENS tokens (never the first),
+    the batch still within ROW_PATH_TOKENS_PER_ROW tokens per row, so the row tiles take it: a tile's tokens run
+    from its first row's start to its last row's end, whatever row is long, and its programs share them in steps.
+    Row counts of a few dozen, one below, at and one above one and two row tiles, or (one time in three) hundreds,
+    where the long row can pass ROW_TILE_SPLIT * ROW_TILE_TOKENS tokens and every program of its tile takes
+    several steps; one time in two tokens before the first row; PAD tails."""
+    rows = (int(rng.integers(300, 1100)) if rng.random() < 1 / 3
+            else pick(rng, (int(rng.integers(2, 200)), *tile_boundary_sizes(ROW_TILE))))
+    lens = [int(n) for n in rng.integers(0, 3, rows)]
+    long_row = int(rng.integers(1, rows))
+    lens[long_row] = 0
+    room = ROW_PATH_TOKENS_PER_ROW * rows - sum(lens)
+    lens[long_row] = int(rng.integers(3, min(room, 3 * ROW_TILE_SPLIT * ROW_TILE_TOKENS) + 1))
+    lead = int(rng.integers(0, room - lens[long_row] + 1)) if rng.integers(2) else 0
+    return _slot_mapping_case(rng, query_lens=lens, width=200, block_size=16, null_frac=0.05, lead=lead,
+                              out_extra=int(rng.integers(0, 40)),
+                              note=f"{rows} rows, row {long_row} of {lens[long_row]}, {lead} tokens first")
+
+
+def slots_spec_rows(rng, device, launch):
+    """Dozens to hundreds of speculative-decode rows of 5 to 12 tokens among runs of empty rows, more than
+    ROW_PATH_TOKENS_PER_ROW tokens per row in all (the last row takes what is missing), so the token tiles
+    take them: each 256-token tile spans dozens of rows, which its per-lane binary search finds, at row counts
+    one below or above a power of two (every step of the search needed)."""
+    num_rows = 2 ** int(rng.integers(6, 10)) + pick(rng, (-1, 1))
+    lens = []
+    while len(lens) < num_rows:
+        lens += [0] * int(rng.integers(1, 4)) if rng.random() < 0.2 else [int(rng.integers(5, 13))]
+    lens = lens[:num_rows]
+    lens[-1] += max(0, ROW_PATH_TOKENS_PER_ROW * num_rows + 1 - sum(lens))
+    return _slot_mapping_case(rng, query_lens=lens, width=int(rng.integers(1, 9)), block_size=pick(rng, BLOCK_SIZES),
+                              null_frac=0.0, out_extra=int(rng.integers(0, 3)),
+                              note=f"{num_rows} rows, {sum(lens)} tokens")
+
+
 SLOT_MAPPING_FAMILIES = {"basic": slots_basic, "partial_block": slots_partial_block, "padded": slots_padded,
                          "past_width": slots_past_width, "long_query": slots_long_query,
                          "zero_width": slots_zero_width, "layouts": laid_out(slots_padded, "block_table"),
                          "tiles": slots_tiles, "extremes": slots_extremes, "prefill_rows": slots_prefill_rows,
                          "one_token": slots_one_token, "big_offsets": slots_big_offsets,
                          "many_rows": slots_many_rows, "empty_table": slots_empty_table,
-                         "empty_rows": slots_empty_rows, "lead_long_row": slots_lead_long_row}
+                         "empty_rows": slots_empty_rows, "lead_long_row": slots_lead_long_row,
+                         "path_boundary": slots_path_boundary, "decode_long_row": slots_decode_long_row,
+                         "spec_rows": slots_spec_rows}
 
 # ---------------------------------------------------------------- has_unaligned_cached_prefix
 
