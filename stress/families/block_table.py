@@ -445,6 +445,19 @@ def slots_big_offsets(rng, device, launch):
     return case
 
 
+def slots_big_offsets_row_tiles(rng, device, launch):
+    """``big_offsets`` on the row tiles: three to five rows of 1 to ROW_PATH_TOKENS_PER_ROW tokens each, whose
+    table offsets pass 2^31 on the GPU (big_offsets' own rows of up to 11 tokens take either launch path, by
+    their count)."""
+    reach = offset_reach(rng, device)
+    lens = [int(n) for n in rng.integers(1, ROW_PATH_TOKENS_PER_ROW + 1, int(rng.integers(3, 6)))]
+    case = _slot_mapping_case(rng, query_lens=lens, width=int(rng.integers(1, 16)), block_size=pick(rng, BLOCK_SIZES),
+                              null_frac=0.0)
+    case.inputs["block_table"] = spread(case.inputs["block_table"], 0, reach)
+    case.note = f"block-table rows spread over {reach} elements, row tiles"
+    return case
+
+
 def slots_many_rows(rng, device, launch):
     """Hundreds of decode-sized batch rows among runs of empty ones, most times also before the first row
     with tokens: row counts one below or above a power of two, where the binary searches need every one of
@@ -547,15 +560,42 @@ def slots_spec_rows(rng, device, launch):
                               note=f"{num_rows} rows, {sum(lens)} tokens")
 
 
+def slots_row_tile_steps(rng, device, launch):
+    """In every case, one row longer than one step of its tile's programs (ROW_TILE_SPLIT * ROW_TILE_TOKENS
+    tokens), up to three steps, among rows of 0 or 1 token, the batch within ROW_PATH_TOKENS_PER_ROW tokens per
+    row: every program of that tile walks more than one step, and each token of the tile, past the programs'
+    first steps too, must be mapped exactly once. decode_long_row reaches this one case in five."""
+    step = ROW_TILE_SPLIT * ROW_TILE_TOKENS
+    long = int(rng.integers(step + 1, 3 * step + 1))
+    rows = long // (ROW_PATH_TOKENS_PER_ROW - 1) + int(rng.integers(1, 200))
+    lens = [int(n) for n in rng.integers(0, 2, rows)]
+    long_row = int(rng.integers(0, rows))
+    lens[long_row] = long
+    return _slot_mapping_case(rng, query_lens=lens, width=200, block_size=16, null_frac=0.05,
+                              out_extra=int(rng.integers(0, 40)), note=f"{rows} rows, row {long_row} of {long}")
+
+
+def slots_row_tiles_past_width(rng, device, launch):
+    """Decode rows of 1 to ROW_PATH_TOKENS_PER_ROW tokens (the row tiles take them) whose positions run past the
+    row's width and below 0, in a block table whose rows are padded views (``laid_out`` in the registry): PAD,
+    never the padding's entries, which a bound by the row stride instead of the width would read."""
+    rows = int(rng.integers(1, 2 * ROW_TILE))
+    return _slot_mapping_case(rng, query_lens=[int(n) for n in rng.integers(1, ROW_PATH_TOKENS_PER_ROW + 1, rows)],
+                              width=int(rng.integers(1, 16)), block_size=pick(rng, BLOCK_SIZES), past_width=True,
+                              note=f"{rows} decode rows, positions past the row")
+
+
 SLOT_MAPPING_FAMILIES = {"basic": slots_basic, "partial_block": slots_partial_block, "padded": slots_padded,
                          "past_width": slots_past_width, "long_query": slots_long_query,
                          "zero_width": slots_zero_width, "layouts": laid_out(slots_padded, "block_table"),
                          "tiles": slots_tiles, "extremes": slots_extremes, "prefill_rows": slots_prefill_rows,
                          "one_token": slots_one_token, "big_offsets": slots_big_offsets,
+                         "big_offsets_row_tiles": slots_big_offsets_row_tiles,
                          "many_rows": slots_many_rows, "empty_table": slots_empty_table,
                          "empty_rows": slots_empty_rows, "lead_long_row": slots_lead_long_row,
                          "path_boundary": slots_path_boundary, "decode_long_row": slots_decode_long_row,
-                         "spec_rows": slots_spec_rows}
+                         "spec_rows": slots_spec_rows, "row_tile_steps": slots_row_tile_steps,
+                         "row_tiles_past_width": laid_out(slots_row_tiles_past_width, "block_table")}
 
 # ---------------------------------------------------------------- has_unaligned_cached_prefix
 
