@@ -380,3 +380,17 @@ def test_near_ties_are_counted_over_the_whole_case(eager_run):
     assert isinstance(graph_replay.judge_replay(RETURN, flagged(2), no_fallback), compare.Tolerated)
     assert not isinstance(graph_replay.judge_replay(RETURN, flagged(2), no_fallback), compare.Unjudged)
     assert isinstance(graph_replay.judge_replay(RETURN, flagged(rows), no_fallback), compare.Unjudged)
+
+
+def test_a_padded_batch_hands_back_the_hidden_state_of_its_live_rows_only(device):
+    """Three requests run at the captured size of four (eagerly here: replay=False pads as a replay does): the
+    hidden state handed back holds the three live requests' query rows, the padded request's left out."""
+    owner = _graphs(device)
+    batch = Batch(idx_mapping=(3, 1, 0), target_query_start_loc=(0, 2, 3, 4), target_positions=(5, 6, 9, 7),
+                  num_sampled=(2, 0, 1), num_rejected=(0, 0, 0),
+                  block_table=((10, 11, 12, 13), (20, 21, 22, 23), (24, 25, 26, 27)), last_sampled=LAST_SAMPLED,
+                  next_prefill_tokens=NEXT_PREFILL, num_cached_tokens=(0,) * 5, temperature=(0.0,) * 5,
+                  seeds=(1, 2, 3, 4, 5), num_draft_tokens=3)
+    out = owner.run(num_draft_tokens=3, replay=False, **batch.target(device))
+    assert out.descriptor.num_reqs == 4, "the batch runs padded"
+    assert out.hidden.shape[0] == 3 * owner.step.config.query_len(3)
