@@ -431,31 +431,32 @@ def slots_extremes(rng, device, launch):
     return case
 
 
+def _spread_rows_case(rng, device, longest_row: int, note: str) -> Case:
+    """Three to five batch rows of 1 to ``longest_row`` tokens on live blocks, in a block table whose rows are
+    spread over 2^31 elements on the GPU (a few thousand on the CPU)."""
+    reach = offset_reach(rng, device)
+    case = _slot_mapping_case(rng, query_lens=[int(rng.integers(1, longest_row + 1))
+                                               for _ in range(int(rng.integers(3, 6)))],
+                              width=int(rng.integers(1, 16)), block_size=pick(rng, BLOCK_SIZES), null_frac=0.0)
+    case.inputs["block_table"] = spread(case.inputs["block_table"], 0, reach)
+    case.note = f"block-table rows spread over {reach} elements{note}"
+    return case
+
+
 def slots_big_offsets(rng, device, launch):
     """On the GPU, block-table rows spread over 2^31 elements, the last batch row's tokens on live blocks: their
     table offsets pass 2^31, which int32 row arithmetic wraps (a view of about 8.6 GB, as in gather's
     big_offsets; only its rows are written). Three rows or more, so the row stride fits int32 (two rows 2^31
     apart have a stride Triton passes as int64, which hides int32 row arithmetic). The CPU runs the same layout
     a few thousand elements apart."""
-    reach = offset_reach(rng, device)
-    case = _slot_mapping_case(rng, query_lens=[int(rng.integers(1, 12)) for _ in range(int(rng.integers(3, 6)))],
-                              width=int(rng.integers(1, 16)), block_size=pick(rng, BLOCK_SIZES), null_frac=0.0)
-    case.inputs["block_table"] = spread(case.inputs["block_table"], 0, reach)
-    case.note = f"block-table rows spread over {reach} elements"
-    return case
+    return _spread_rows_case(rng, device, 11, "")
 
 
 def slots_big_offsets_row_tiles(rng, device, launch):
     """``big_offsets`` on the row tiles: three to five rows of 1 to ROW_PATH_TOKENS_PER_ROW tokens each, whose
     table offsets pass 2^31 on the GPU (big_offsets' own rows of up to 11 tokens take either launch path, by
     their count)."""
-    reach = offset_reach(rng, device)
-    lens = [int(n) for n in rng.integers(1, ROW_PATH_TOKENS_PER_ROW + 1, int(rng.integers(3, 6)))]
-    case = _slot_mapping_case(rng, query_lens=lens, width=int(rng.integers(1, 16)), block_size=pick(rng, BLOCK_SIZES),
-                              null_frac=0.0)
-    case.inputs["block_table"] = spread(case.inputs["block_table"], 0, reach)
-    case.note = f"block-table rows spread over {reach} elements, row tiles"
-    return case
+    return _spread_rows_case(rng, device, ROW_PATH_TOKENS_PER_ROW, ", row tiles")
 
 
 def slots_many_rows(rng, device, launch):
