@@ -95,6 +95,20 @@ def test_run_hunt_puts_the_hunt_in_the_same_report(tmp_path, device):
         assert f"hunt {SHIFT.name} on cpu: not_checked:" in summary and "1 hunt(s) not checked" in summary
 
 
+def test_run_hunt_hunts_in_several_processes_per_gpu_and_one_on_the_cpu(monkeypatch):
+    """A hunt is bound by building and launching cases from Python: `run --hunt` spreads it over processes on a
+    GPU, within the run's workers; the interpreter can fire no race, so the CPU hunts in one."""
+    monkeypatch.setattr(hunt.gpus, "count", lambda: 2)
+    assert [hunt.hunt_jobs("cuda", jobs) for jobs in (0, 1, 3, 16)] == [0, 1, 3, 2 * hunt.HUNT_PROCESSES_PER_GPU]
+    assert [hunt.hunt_jobs("cpu", jobs) for jobs in (0, 1, 16)] == [0, 1, 1]
+
+
+def test_the_first_of_several_hunt_processes_draws_what_a_lone_hunt_draws():
+    seeds = hunt.process_seeds(SHIFT, 7, 4)
+    assert seeds[0] == 7 and len(set(seeds)) == 4
+    assert hunt.process_seeds(SHIFT, 7, 0) == hunt.process_seeds(SHIFT, 7, 1) == [7]
+
+
 @pytest.mark.slow
 def test_hunt_in_processes_merges_their_counts_and_reports_a_failure(device):
     found = hunt.hunt_processes(SHIFT, device.type, 2, seconds=60, mutant="count-by-batch-row", launches_per_case=1,
