@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -304,6 +305,28 @@ def test_a_crash_in_the_suites_own_comparison_is_a_suite_error_that_kills_nothin
     assert any("broken_compare" in line for line in result.details), "the traceback says where"
     assert not matrix._kills(matrix.ANY, result.verdict) and not matrix._kills("crash", result.verdict)
     assert matrix._kills(matrix.ANY, "fail:crash")
+
+
+def test_compiles_inside_a_refusal_count_as_compiles_not_as_the_refusal(monkeypatch, device):
+    """A launcher that finds no tile fitting compiles each rung to learn it: the profile must show those seconds
+    as compiles (a warm cache removes them), not as the refusal's own cost."""
+    from triton import knobs
+
+    real = checks.get("block_table.gather").kernel
+
+    def compiling_then_refusing(**kwargs):
+        runtime = knobs.runtime
+        runtime.jit_cache_hook and runtime.jit_cache_hook()
+        time.sleep(0.05)
+        runtime.jit_post_compile_hook and runtime.jit_post_compile_hook()
+        return real(**kwargs)
+
+    check = dataclasses.replace(checks.get("block_table.gather"), kernel=compiling_then_refusing)
+    monkeypatch.setitem(checks.BY_NAME, check.name, check)
+    result = workers.run_case(cases.Task(check.name, "refused", 1), device.type)
+    refusals = len(cases.build_case(check, "refused", 1, device.type).more_refusals) + 1
+    assert result.verdict == "pass", result.details
+    assert result.phases["compile"] >= 0.05 * refusals > result.phases["refusal"]
 
 
 def test_crash_and_timeout_are_verdicts_not_exceptions(device):

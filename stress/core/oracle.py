@@ -81,11 +81,17 @@ def _judged_case(check: Check, case: Case, seed: int, device: str, trace: bool, 
     """A built case judged: its refusals, or the kernel (under ``mutant``) against the reference, then traced on
     the CPU. A registered implementation (``stress.core.impl``) stands in for the launcher throughout."""
     from stress import checks
-    from stress.core import patches
+    from stress.core import compiles, patches
 
     if case.refused:  # bad input the launcher must refuse: no reference output, nothing to trace
-        with impl.installed(checks.BY_NAME), patches.applied(mutant), _phase(result.phases, "refusal"):
-            return refusal.judge_all(check, case, device, _current(check.kernel))
+        # a launcher that finds no tile fitting compiles each rung to learn it: those compiles count as compiles
+        compiling = {}
+        try:
+            with impl.installed(checks.BY_NAME), patches.applied(mutant), _phase(result.phases, "refusal"), \
+                    compiles.timed(compiling):
+                return refusal.judge_all(check, case, device, _current(check.kernel))
+        finally:
+            _moved(result.phases, compiling.get("compile", 0.0), "refusal", "compile")
     with own_code("the reference"), _phase(result.phases, "reference"), impl.reference_stream(check):
         expected = impl.expected_under_profile(check, case, expected_outputs(check, case))
     with impl.installed(checks.BY_NAME), patches.applied(mutant):
