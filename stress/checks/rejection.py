@@ -231,6 +231,15 @@ CHECKS = (
                    path=unreachable_by_engine(
                        "the engine's target logits and draft-logits cache are contiguous over one vocabulary: their "
                        "step strides agree")),
+            Mutant("q-stats-target-step-stride", "the softmax statistics of q address a step's draft-logits row "
+                   "with the target's step stride (the neighbouring tensor's): a window of the row moved by the row "
+                   "padding, the same row whenever both are contiguous over one vocabulary",
+                   (Patch(_STATS, "q_row_ptr += step * draft_logits_step_stride",
+                          "q_row_ptr += step * target_step_stride"),),
+                   oracles=EVERYWHERE, families=("agreeing_peaked_layouts",),
+                   path=unreachable_by_engine(
+                       "the engine's target logits and draft-logits cache are contiguous over one vocabulary: their "
+                       "step strides agree")),
             Mutant("q-stats-by-batch-row", "the softmax statistics of q are taken from the draft-logits row of the "
                    "request's batch row instead of its slot (the verify kernel's own q reads stay by slot): p(x) > "
                    "u q(x) and the residual weigh another request's drafter",

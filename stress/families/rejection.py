@@ -383,6 +383,19 @@ def _agreeing(rng, depth: int) -> Case:
     return case
 
 
+def _peaked_agreeing_steps(rng, device, launch):
+    """agreeing_drafter at depth 3 whose every step row peaks at its last token by a margin of 30. A window of the
+    row that starts early misses the peak: softmax statistics of q over a step row addressed with the target's
+    stride, shorter than the row-padded draft's, start a few elements early at every step past the first, put q(x)
+    far above p(x), and drafts that are always accepted are rejected."""
+    case = _agreeing(rng, 3)
+    target = case.inputs["target_logits"]
+    for step in range(3):
+        target[0, step, -1] = target[0, step].max() + 30
+    case.inputs["draft_logits"][case.inputs["idx_mapping"].long()] = target[:, :3]
+    return case
+
+
 def empty_residual(rng, device, launch, spread: bool = False):
     """Draft logits that leave no residual max(p - q, 0): a copy of the target row, bit for bit (p = q at any
     temperature), or, at a temperature near 0, another row whose maximum is the target's by a margin of 1 (both
@@ -588,6 +601,9 @@ FAMILIES = {"mixed": mixed, "placeholders": placeholders, "padded": padded, "zer
             # draft logits row-padded, the target not: their step strides differ, so only a step row addressed with
             # the draft's own stride holds its q
             "agreeing_layouts": laid_out(_two_agreeing_steps, "draft_logits"),
+            # the same for the softmax statistics of q, which read a step's whole row: each row peaks at its last
+            # token, which a window addressed with the target's shorter stride leaves out
+            "agreeing_peaked_layouts": laid_out(_peaked_agreeing_steps, "draft_logits"),
             "huge_vocab": huge_vocab, "last_slot_placeholder": last_slot_placeholder,
             "empty_residual": empty_residual, "empty_residual_spread": empty_residual_spread, "ulp_ties": ulp_ties,
             "greedy_threshold": greedy_threshold, "uniform_rows": uniform_rows, "uniform_rejected": uniform_rejected,
