@@ -175,10 +175,16 @@ COMBINE_D = 32  # head dims per combine program
 _SM_COUNT: dict[int, int] = {}
 
 
+# The interpreter has no multiprocessors. It counts two, so a launch of two batch rows or KV heads in all takes two
+# KV splits there and runs the combine pass in the launcher's own shape, as on a GPU.
+INTERPRETER_MULTIPROCESSORS = 2
+
+
 def _multiprocessors(device: torch.device) -> int:
-    """Multiprocessors to fill (1 under the interpreter); read once per device, never per launch."""
+    """Multiprocessors to fill (INTERPRETER_MULTIPROCESSORS under the interpreter); read once per device, never per
+    launch."""
     if device.type != "cuda":
-        return 1
+        return INTERPRETER_MULTIPROCESSORS
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SM_COUNT:
         _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count

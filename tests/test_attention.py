@@ -219,6 +219,23 @@ def test_bad_knobs_name_the_knob(knob, needle):
         attend_on_device(_args(), **knob)
 
 
+@pytest.mark.parametrize("family", ["two_splits", "infinite_keys_split"])
+def test_the_split_families_reach_the_combine_pass_in_the_launchers_own_shape_on_the_cpu(monkeypatch, family):
+    """Their cases run the launcher's own shape, sized so that its split count is 2 or more on the CPU too: a slip
+    in the combine pass alone (a row of -inf divided by its zero sum) must meet them there."""
+    from stress import checks
+    from stress.core import cases, guards
+
+    real, splits = katt._launch, []
+    monkeypatch.setattr(katt, "_launch", lambda shape, *args, **kwargs: splits.append(shape["kv_splits"]) or
+                        real(shape, *args, **kwargs))
+    check = checks.get("attention.paged")
+    for seed in range(4):
+        case = cases.build_case(check, family, seed, "cpu")
+        check.kernel(**guards.fresh_inputs(case), **case.launch)
+    assert splits and min(splits) >= 2, splits
+
+
 def test_launch_shape_follows_shapes_only(monkeypatch):
     """The split count aims at a wave of programs per multiprocessor, bounded by what the table can address."""
     cpu = torch.device("cpu")

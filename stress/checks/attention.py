@@ -251,6 +251,12 @@ CHECKS = (
                     Patch("kernels.attention:_combine_splits_kernel", "o = acc / tl.where(l_sum > 0, l_sum, 1.0)",
                           "o = acc / tl.where(l_sum >= 0, l_sum, 1.0)")),
                    oracles=EVERYWHERE, families=("infinite_keys", "infinite_keys_split")),
+            Mutant("combine-minus-inf-rows-nan", "the combine pass alone divides a query's weighted sum by its "
+                   "zero total where every split saw only -inf scores (NaN) instead of writing zeros: a launch of "
+                   "one split per row never runs the combine and cannot show it",
+                   (Patch("kernels.attention:_combine_splits_kernel", "o = acc / tl.where(l_sum > 0, l_sum, 1.0)",
+                          "o = acc / l_sum"),),
+                   oracles=EVERYWHERE, families=("infinite_keys_split",)),
             Mutant("nan-score-masked", "a NaN score is masked like a key out of sight (no weight) instead of making "
                    "its row NaN",
                    (Patch(_ATT, 's = tl.where(visible, s, float("-inf"))',

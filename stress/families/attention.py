@@ -301,9 +301,10 @@ def float32_wide(rng, device, launch):
 @own_launch("cpu")
 def two_splits(rng, device, launch):
     """Two batch rows or KV heads in all, with block-table rows wide enough for 512 tokens (a table sized for
-    the longest sequence, here short ones): on the CPU (one multiprocessor) the default split count is 2, the
-    one count the sweep does not force, so on the CPU it always runs the launcher's own shape. In half the
-    cases the first row is one query over one key: a single split holds it and the combine must still write it."""
+    the longest sequence, here short ones): on the CPU (two multiprocessors, as the launcher counts the
+    interpreter's) the default split count is 2, the one count the sweep does not force, so on the CPU it always
+    runs the launcher's own shape. In half the cases the first row is one query over one key: a single split holds
+    it and the combine must still write it."""
     rows, kv_heads = pick(rng, ((1, 2), (2, 1)))
     query_lens = [int(rng.integers(1, 4)) for _ in range(rows)]
     shape = {**_shape(rng, device), "kv_heads": kv_heads}
