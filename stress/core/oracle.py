@@ -81,17 +81,12 @@ def _judged_case(check: Check, case: Case, seed: int, device: str, trace: bool, 
     """A built case judged: its refusals, or the kernel (under ``mutant``) against the reference, then traced on
     the CPU. A registered implementation (``stress.core.impl``) stands in for the launcher throughout."""
     from stress import checks
-    from stress.core import compiles, patches
+    from stress.core import patches
 
     if case.refused:  # bad input the launcher must refuse: no reference output, nothing to trace
         # a launcher that finds no tile fitting compiles each rung to learn it: those compiles count as compiles
-        compiling = {}
-        try:
-            with impl.installed(checks.BY_NAME), patches.applied(mutant), _phase(result.phases, "refusal"), \
-                    compiles.timed(compiling):
-                return refusal.judge_all(check, case, device, _current(check.kernel))
-        finally:
-            _moved(result.phases, compiling.get("compile", 0.0), "refusal", "compile")
+        with impl.installed(checks.BY_NAME), patches.applied(mutant), _phase_less_compiles(result.phases, "refusal"):
+            return refusal.judge_all(check, case, device, _current(check.kernel))
     with own_code("the reference"), _phase(result.phases, "reference"), impl.reference_stream(check):
         expected = impl.expected_under_profile(check, case, expected_outputs(check, case))
     with impl.installed(checks.BY_NAME), patches.applied(mutant):
@@ -109,8 +104,6 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
 
     ``metrics``, when given, receives the check's metrics of the last run; ``phases`` the seconds of each step
     (``stress.core.types.PHASES``)."""
-    from stress.core import compiles
-
     dev = torch_device(device)
     tensors = {k: v for k, v in case.inputs.items() if isinstance(v, torch.Tensor)}
     notes = []  # what a comparator tolerated (and says so) in a passing case
@@ -124,10 +117,8 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
             before = snapshot(read_only)
         if load is not None:
             load.kick()
-        compiling = {}
-        with _phase(phases, "launch"), compiles.timed(compiling):
+        with _phase_less_compiles(phases, "launch"):
             returned = _current(check.kernel)(**args, **case.launch)
-        _moved(phases, compiling.get("compile", 0.0), "launch", "compile")
         tag = f"repeat {repeat}: " if repeat else ""
         # an optional output the case leaves out (None) is neither written nor compared
         outputs = {name: returned if name == RETURN else placed[name].view for name in check.outputs
@@ -237,11 +228,20 @@ def _phase(phases: dict | None, name: str):
             phases[name] = round(phases.get(name, 0.0) + time.perf_counter() - start, 4)
 
 
-def _moved(phases: dict | None, seconds: float, source: str, target: str) -> None:
-    """``seconds`` of ``phases[source]`` counted under ``target`` instead (compiles timed inside a launch)."""
-    if phases is not None and seconds:
-        phases[source] = round(phases[source] - seconds, 4)
-        phases[target] = round(phases.get(target, 0.0) + seconds, 4)
+@contextmanager
+def _phase_less_compiles(phases: dict | None, name: str):
+    """``_phase(phases, name)`` less the Triton compiles inside the block, whose seconds count under ``compile``
+    instead, so a cold cache shows apart from the launches and refusals that met it."""
+    from stress.core import compiles
+
+    compiling = {}
+    try:
+        with _phase(phases, name), compiles.timed(compiling):
+            yield
+    finally:
+        if phases is not None and (seconds := compiling.get("compile", 0.0)):
+            phases[name] = round(phases[name] - seconds, 4)
+            phases["compile"] = round(phases.get("compile", 0.0) + seconds, 4)
 
 
 def judge_task(task: Task, device: str, timeout: float, trace: bool) -> tuple[Result, bool]:
