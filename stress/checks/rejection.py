@@ -37,6 +37,9 @@ from stress.oracles import distribution
 
 _VERIFY = "kernels.rejection:_verify_kernel"
 _STATS = "kernels.rejection:_softmax_stats_kernel"
+# what keeps a step-stride slip in the draft-logits reads out of the engine's reach
+_CONTIGUOUS_LOGITS = unreachable_by_engine("the engine's target logits and draft-logits cache are contiguous over one "
+                                           "vocabulary: their step strides agree")
 _ACCEPT_IGNORES_U = Mutant(
     "accept-ignores-u", "accepts iff p(x) >= q(x): the uniform is dropped from the accept test",
     (Patch(_VERIFY, "(p_x > uint_to_uniform_float(bits) * q_x)", "(p_x >= q_x)"),),
@@ -228,18 +231,14 @@ CHECKS = (
                    (Patch(_VERIFY, "q_row_ptr = draft_row_ptr + step * draft_logits_step_stride",
                           "q_row_ptr = draft_row_ptr + step * target_step_stride"),),
                    oracles=EVERYWHERE, families=("agreeing_layouts",),
-                   path=unreachable_by_engine(
-                       "the engine's target logits and draft-logits cache are contiguous over one vocabulary: their "
-                       "step strides agree")),
+                   path=_CONTIGUOUS_LOGITS),
             Mutant("q-stats-target-step-stride", "the softmax statistics of q address a step's draft-logits row "
                    "with the target's step stride (the neighbouring tensor's): a window of the row moved by the row "
                    "padding, the same row whenever both are contiguous over one vocabulary",
                    (Patch(_STATS, "q_row_ptr += step * draft_logits_step_stride",
                           "q_row_ptr += step * target_step_stride"),),
                    oracles=EVERYWHERE, families=("agreeing_peaked_layouts",),
-                   path=unreachable_by_engine(
-                       "the engine's target logits and draft-logits cache are contiguous over one vocabulary: their "
-                       "step strides agree")),
+                   path=_CONTIGUOUS_LOGITS),
             Mutant("q-stats-by-batch-row", "the softmax statistics of q are taken from the draft-logits row of the "
                    "request's batch row instead of its slot (the verify kernel's own q reads stay by slot): p(x) > "
                    "u q(x) and the residual weigh another request's drafter",
