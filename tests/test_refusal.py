@@ -142,6 +142,19 @@ def test_a_validating_reference_must_refuse_the_same_argument():
     refusal.check_reference(_refusing(_guarded, lambda out, n: out[n]), case)  # not validating: the family decides
 
 
+def test_a_reference_that_writes_its_inputs_in_place_is_caught_not_shielded():
+    """The reference is handed the case's own tensors (no copies): one that writes them, even before it raises,
+    would change what the judge compares against, so the case fails instead."""
+    def writing(out, n):
+        out.view(-1)[:1].add_(1)  # through a view: the base's version counter moves too
+        raise IndexError("not validating")
+
+    check = _refusing(_guarded, writing)
+    case = cases.build_case(check, "f", 1, "cpu")
+    with pytest.raises(RuntimeError, match="wrote out in place"):
+        refusal.check_reference(check, case)
+
+
 def test_resized_gives_one_corruption_per_size_and_leaves_the_other_inputs_alone():
     inputs = {"out": torch.arange(12, dtype=torch.int32).view(4, 3), "idx_mapping": torch.arange(4)}
     (short,) = refusals.resized("out", 0, (lambda i: i["idx_mapping"].numel() - 1,), "one row short")

@@ -226,3 +226,16 @@ def fresh_inputs(case) -> dict:
     """Private copies of a case's inputs, so no run can change what the next one sees; a strided
     view stays one (same strides), so the tracer sees the layout the kernel was given."""
     return {k: same_layout(v) if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in case.inputs.items()}
+
+
+def shared_inputs(case) -> tuple[dict, dict]:
+    """A case's inputs for a call that must not write them (a reference asked whether it refuses): the tensors
+    themselves, no copies (a refusal case's GPU-sized inputs are a gigabyte), with their version counters, which
+    every in-place write through torch moves (``written_in_place``); every other value a private copy."""
+    inputs = {k: v if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in case.inputs.items()}
+    return inputs, {k: v._version for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+
+
+def written_in_place(inputs: dict, versions: dict) -> list[str]:
+    """The tensors of ``shared_inputs`` written in place since it handed them out."""
+    return [name for name, version in versions.items() if inputs[name]._version != version]

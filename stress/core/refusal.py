@@ -13,7 +13,7 @@ included) sits in guard zones and must come back unchanged.
 
 import traceback
 
-from stress.core.guards import fresh_inputs, guarded, settle, snapshot, torch_device
+from stress.core.guards import guarded, settle, shared_inputs, snapshot, torch_device, written_in_place
 from stress.core.types import PASS, Case, Check, Family, Verdict, not_checked
 
 VERDICTS = (Verdict.ACCEPTED, Verdict.REFUSAL)  # the verdicts only refusal cases give
@@ -35,15 +35,20 @@ def check_reference(check: Check, case: Case) -> None:
     same argument; one that does not validate (it raises nothing, or fails some other way on the bad input)
     leaves the family's ``refused`` the contract. A disagreement is a defect of the family, not of the kernel:
     it raises (the case is ``fail:crash``). A reference wrapped for judging (``bare``: attention's, which adds
-    a float32 baseline) is asked unwrapped: the wrapping validates nothing."""
+    a float32 baseline) is asked unwrapped: the wrapping validates nothing. It is handed the case's own tensors,
+    not copies, and a reference that writes one in place raises too (the judge compares against them)."""
+    inputs, versions = shared_inputs(case)
     try:
-        getattr(check.reference, "bare", check.reference)(**fresh_inputs(case))
+        getattr(check.reference, "bare", check.reference)(**inputs)
     except ValueError as exc:
         if any(names(str(exc), arg) for arg in case.inputs) and not names(str(exc), case.refused):
             raise RuntimeError(f"refusal case: the family expects a refusal naming {case.refused!r}, but the "
                                f"reference refuses with {exc}") from exc
     except Exception:  # noqa: BLE001 - a reference that does not validate may fail any way on bad input
         pass
+    if written := written_in_place(inputs, versions):
+        raise RuntimeError(f"refusal case: the reference wrote {', '.join(written)} in place; a reference must not "
+                           "write its inputs")
 
 
 def asks(kernel, argument: str) -> bool:
