@@ -109,8 +109,9 @@ def prepared_inputs(config, batch) -> dict | None:
     return dict(zip(draft_inputs.OUTPUTS, outputs, strict=True)) if prepared else None
 
 
-def step(config, weights, caches, batch) -> ExpectedStep:
-    """One batch; ``caches`` = [k_cache, v_cache, k_bound, v_bound] (float64) is updated in place."""
+def step(config, weights, caches, batch, width: int) -> ExpectedStep:
+    """One batch; ``caches`` = [k_cache, v_cache, k_bound, v_bound] (float64) is updated in place. ``width``: the
+    step's static table, whose columns past the batch's own are the null block."""
     embed, wq, wk, wv, w_out = weights
     num_slots, kmax, vocab = len(batch.temperature), config.max_draft_tokens, config.vocab_size
     k, live = batch.num_draft_tokens, len(batch.idx_mapping)
@@ -122,7 +123,8 @@ def step(config, weights, caches, batch) -> ExpectedStep:
         return ExpectedStep(sampling.Decided(placeholders, torch.zeros(live * k, dtype=torch.bool)), logits_cache,
                             logits_bound, None, None)
     num_tokens = live * query_len(config, k)
-    table = block_table.shift_block_table_rows(_t(batch.block_table, torch.int32), _t(batch.idx_mapping, torch.int32),
+    table = torch.nn.functional.pad(_t(batch.block_table, torch.int32), (0, width - len(batch.block_table[0])))
+    table = block_table.shift_block_table_rows(table, _t(batch.idx_mapping, torch.int32),
                                                _t(batch.num_cached_tokens, torch.int32), inputs["seq_lens"],
                                                config.block_size)
     ids, positions = inputs["input_ids"].long(), inputs["positions"]
@@ -159,19 +161,23 @@ def step(config, weights, caches, batch) -> ExpectedStep:
     return ExpectedStep(sampling.Decided(tokens, near_tie), logits_cache, logits_bound, hidden, REL * hidden_abs)
 
 
-def expected_replay(*, config, embed, wq, wk, wv, w_out, k_cache, v_cache, batches, setup=None) -> ExpectedRun:
-    """Every batch in order over one KV cache; ``setup`` (how the step is captured) changes nothing here."""
+def expected_replay(*, config, embed, wq, wk, wv, w_out, k_cache, v_cache, batches, setup=None,
+                    width: int | None = None) -> ExpectedRun:
+    """Every batch in order over one KV cache; ``setup`` (how the step is captured) changes nothing here. ``width``:
+    the step's static table (default: the widest batch's, as ``stress.oracles.graph_replay.build`` sizes it)."""
+    width = width or max(len(row) for batch in batches for row in batch.block_table)
     weights = tuple(w.to(torch.float64) for w in (embed, wq, wk, wv, w_out))
     caches = [k_cache.to(torch.float64), v_cache.to(torch.float64),
               torch.zeros(k_cache.shape, dtype=torch.float64), torch.zeros(v_cache.shape, dtype=torch.float64)]
-    steps = tuple(step(config, weights, caches, batch) for batch in batches)
+    steps = tuple(step(config, weights, caches, batch, width) for batch in batches)
     return ExpectedRun(steps, *caches)
 
 
 def expected_lifetime(*, config, embed, wq, wk, wv, w_out, k_cache, v_cache, batches, setup=None) -> ExpectedRun:
     """The first pool owner's batches (every other one, from the first) in order, as ``expected_replay``."""
     return expected_replay(config=config, embed=embed, wq=wq, wk=wk, wv=wv, w_out=w_out, k_cache=k_cache,
-                           v_cache=v_cache, batches=batches[::2])
+                           v_cache=v_cache, batches=batches[::2],
+                           width=max(len(row) for batch in batches for row in batch.block_table))
 
 
 class ExpectedEagerRun(NamedTuple):

@@ -142,6 +142,12 @@ CHECKS = (
                    (Patch(_STEP, "max_model_len=c.max_model_len,", "max_model_len=c.max_model_len - 1,"),),
                    oracles=EVERYWHERE, families=("length_limit",),
                    path=unreachable_by_engine(_OWN_STEP + "whose length limit this bug moves")),
+            Mutant("table-past-batch-width-kept", "the draft step copies a narrower batch's block table into the "
+                   "static table without clearing the columns past it: a query block that runs past its row writes its "
+                   "K/V into the block an earlier, wider batch (or the poison) left there instead of nothing (PAD)",
+                   (Patch(_STEP, "buf.block_table[:live, width:].zero_()", "buf.block_table[:live, width:]"),),
+                   oracles=EVERYWHERE, families=("narrow_tables",),
+                   path=unreachable_by_engine(_OWN_STEP + "and hands it the whole static table, never a narrower one")),
             Mutant("draft-graphs-default-small-grid", "DraftGraphs builds its candidates without the small grid it "
                    "was given (the default 32): small batches dispatch to exact graphs instead of padding to a "
                    "capture size; the drafts are the same, the dispatch is not",

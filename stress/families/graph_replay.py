@@ -64,12 +64,13 @@ class _Cache:
 
 def _batch(rng, config: DraftConfig, cache: _Cache, *, num_reqs: int, k: int, num_slots: int, width: int,
            depth: float = 1.0, prefix: float = 0.0, unaligned: float = 0.0, offset: int = 0,
-           at_end: float = 0.0) -> Batch:
+           at_end: float = 0.0, past_row: float = 0.0) -> Batch:
     """One batch of ``num_reqs`` requests drafting ``k`` tokens; ``depth`` in (0, 1] scales how far
     into its row a request's context reaches; ``prefix`` is the chance of an aligned cached prefix and
     ``unaligned`` that one live slot's prefix ends mid-block (the batch is then refused). ``offset`` (whole
     blocks) places every context that far in, past a row of null blocks a cached prefix must hide; ``at_end`` is the
-    chance that a request's context ends as far in as its row allows."""
+    chance that a request's context ends as far in as its row allows; ``past_row`` that its query block runs past the
+    row's end."""
     bs, kmax, qmax = config.block_size, config.max_draft_tokens, config.max_query_len
     slots = [int(s) for s in rng.permutation(num_slots)[:num_reqs]]
     cached = [int(rng.integers(0, 4)) * bs + 1 for _ in range(num_slots)]  # idle slots: unaligned, ignored
@@ -84,6 +85,8 @@ def _batch(rng, config: DraftConfig, cache: _Cache, *, num_reqs: int, k: int, nu
             n_sampled = n_ctx - n_rejected
         reach = max(0, int(depth * (width * bs - qmax - n_ctx - 1)))
         first = offset + (reach if at_end and rng.random() < at_end else int(rng.integers(0, reach + 1)))
+        if past_row and rng.random() < past_row:  # the last valid row 1 to Q positions before the row's end
+            first = offset + width * bs - int(rng.integers(1, config.query_len(k) + 1)) - (n_ctx - n_rejected) + 1
         last_valid = first + n_ctx - n_rejected - 1
         visible_from = offset + int(rng.integers(0, (first - offset) // bs + 1)) * bs if rng.random() < prefix else 0
         cached[slot] = visible_from + (int(rng.integers(1, bs)) if batch_row == victim else 0)
@@ -117,7 +120,8 @@ def _case(rng, config, width, *, sizes_and_depths, backend=None, small_grid=None
     backend = pick(rng, BACKENDS) if backend is None else backend
     small_grid = pick(rng, (0, 4)) if small_grid is None else small_grid  # 4: exact graphs for small batches
     cache = _Cache(rng, config)
-    batches = tuple(_batch(rng, config, cache, num_reqs=b, k=k, num_slots=num_slots, width=width,
+    batches = tuple(_batch(rng, config, cache, num_reqs=b, k=k, num_slots=num_slots,
+                           width=width[i] if isinstance(width, tuple) else width,
                            **{name: (knob[i] if isinstance(knob, tuple) else knob)
                               for name, knob in batch_knobs.items()})
                     for i, (b, k) in enumerate(sizes_and_depths))
@@ -221,10 +225,24 @@ def length_limit(rng, device, launch):
                  at_end=0.7, note=f"limit {config.max_model_len}")
 
 
+def narrow_tables(rng, device, launch):
+    """The first batch's table as wide as the step's, every later one a block narrower, with query blocks that run
+    past their row's end: the step's columns past a batch's width are the null block, so those query rows write
+    no K/V (PAD) and attend to the null block (finite here), whatever an earlier batch or the poison left there."""
+    config, width = _config(rng)
+    sizes = _every_size(rng, int(rng.integers(2, 6)), config.max_draft_tokens)
+    narrower = len(sizes) - 1
+    case = _case(rng, config, (width,) + (width - 1,) * narrower, sizes_and_depths=sizes,
+                 past_row=(0.0,) + (0.5,) * narrower, note="narrower tables")
+    for cache in (case.inputs["k_cache"], case.inputs["v_cache"]):
+        cache[0] = torch.from_numpy(rng.standard_normal(cache.shape[1:]).astype(np.float32))
+    return case
+
+
 REPLAY_FAMILIES = {"padded_graph": padded_graph, "zero_width_band": zero_width_band,
                    "shrinking_seq_lens": shrinking_seq_lens, "non_causal_draft": non_causal_draft,
                    "causal_draft": causal_draft, "long_positions": long_positions,
-                   "length_limit": length_limit}
+                   "length_limit": length_limit, "narrow_tables": narrow_tables}
 
 
 def _pairs(rng, config, width, *, extra_sizes: int, note: str) -> Case:
