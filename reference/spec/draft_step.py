@@ -161,11 +161,17 @@ def step(config, weights, caches, batch, width: int) -> ExpectedStep:
     return ExpectedStep(sampling.Decided(tokens, near_tie), logits_cache, logits_bound, hidden, REL * hidden_abs)
 
 
+def static_width(batches) -> int:
+    """The step's static block-table width over ``batches``: the widest batch's, as
+    ``stress.oracles.graph_replay.build`` sizes it."""
+    return max(len(row) for batch in batches for row in batch.block_table)
+
+
 def expected_replay(*, config, embed, wq, wk, wv, w_out, k_cache, v_cache, batches, setup=None,
                     width: int | None = None) -> ExpectedRun:
     """Every batch in order over one KV cache; ``setup`` (how the step is captured) changes nothing here. ``width``:
-    the step's static table (default: the widest batch's, as ``stress.oracles.graph_replay.build`` sizes it)."""
-    width = width or max(len(row) for batch in batches for row in batch.block_table)
+    the step's static table (default: ``static_width(batches)``)."""
+    width = width or static_width(batches)
     weights = tuple(w.to(torch.float64) for w in (embed, wq, wk, wv, w_out))
     caches = [k_cache.to(torch.float64), v_cache.to(torch.float64),
               torch.zeros(k_cache.shape, dtype=torch.float64), torch.zeros(v_cache.shape, dtype=torch.float64)]
@@ -177,7 +183,7 @@ def expected_lifetime(*, config, embed, wq, wk, wv, w_out, k_cache, v_cache, bat
     """The first pool owner's batches (every other one, from the first) in order, as ``expected_replay``."""
     return expected_replay(config=config, embed=embed, wq=wq, wk=wk, wv=wv, w_out=w_out, k_cache=k_cache,
                            v_cache=v_cache, batches=batches[::2],
-                           width=max(len(row) for batch in batches for row in batch.block_table))
+                           width=static_width(batches))
 
 
 class ExpectedEagerRun(NamedTuple):
