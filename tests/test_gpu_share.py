@@ -183,3 +183,78 @@ def test_workers_compile_each_variant_once_the_others_wait_for_it(tmp_path, monk
     finally:
         finish.set()
         worker.join(30)
+
+
+def _entering(share: gpu_share.GpuShare, nbytes: int, hold: threading.Event, log: list, name: str):
+    def run():
+        with share.room(nbytes):
+            log.append(f"{name} in")
+            hold.wait(5)
+            log.append(f"{name} out")
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_big_cases_share_the_gpus_budget_and_small_ones_take_none(tmp_path):
+    """A GPU of 100 bytes shared by 5 workers: a worker's share is 10 bytes, the budget for big cases 50."""
+    shares = [gpu_share.GpuShare(str(tmp_path), 0, memory=100, sharing=5) for _ in range(4)]
+    log: list[str] = []
+    a_done, b_done, c_done, d_done = (threading.Event() for _ in range(4))
+    a = _entering(shares[0], 30, a_done, log, "a")
+    time.sleep(0.1)
+    b = _entering(shares[1], 30, b_done, log, "b")
+    c = _entering(shares[2], 10, c_done, log, "small")
+    time.sleep(0.2)
+    assert sorted(log) == ["a in", "small in"], "30 + 30 bytes outgrow the budget; a case within a share waits for none"
+    a_done.set()
+    a.join()
+    time.sleep(0.2)
+    assert log[-1] == "b in", "the room a case gave back goes to the big case waiting"
+    d = _entering(shares[3], 80, d_done, log, "whole")
+    time.sleep(0.2)
+    assert "whole in" not in log, "a case bigger than the budget waits while another big case runs"
+    b_done.set()
+    b.join()
+    time.sleep(0.2)
+    assert log[-1] == "whole in", "then runs, alone among big cases"
+    c_done.set(), d_done.set()
+    c.join(), d.join()
+
+
+def test_the_room_of_a_worker_that_died_holding_it_is_given_back(tmp_path):
+    import subprocess
+    import sys
+
+    share = gpu_share.GpuShare(str(tmp_path), 0, memory=100, sharing=5)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "gpu0.budget").write_text(f'{{"{dead.pid}": 50}}')
+    with share.room(40) as waited:
+        assert waited < 1.0
+
+
+def test_a_big_case_waits_for_room_before_it_is_judged_and_the_wait_is_counted(tmp_path, monkeypatch):
+    """Positive control of the wiring: a case bigger than a worker's share finds the budget taken by a live
+    process and waits in ``run_case`` until it is given back; the wait shows as ``gpu_wait``."""
+    import os
+
+    share = gpu_share.GpuShare(str(tmp_path), 0, memory=2, sharing=1)  # a share of 1 byte: every case is big
+    monkeypatch.setattr(workers, "_SHARE", share)
+    budget = tmp_path / "gpu0.budget"
+    budget.write_text(f'{{"{os.getppid()}": 1}}')  # the budget (1 byte) held by a live process
+    threading.Timer(0.5, budget.write_text, args=("{}",)).start()
+    result = workers.run_case(cases.Task("block_table.gather", "basic", 1), runtime.DEVICE, trace=False)
+    assert result.verdict == "pass", result.details
+    assert result.phases["gpu_wait"] >= 0.4
+    assert budget.read_text() == "{}", "the room is given back when the case ends"
+
+
+def test_a_case_needs_its_views_whole_extent_and_canaries_on_the_device():
+    from stress.core import guards
+    from stress.families.common import spread
+
+    rows = spread(torch.ones(3, 4, dtype=torch.float32), 0, 1000)  # last row 1,000 past the first: 1,004 elements
+    pad = guards.GUARD_BYTES // 4
+    assert guards.device_bytes({"rows": rows, "n": 3}) == (1004 + 2 * pad) * 4
+    assert guards.device_bytes({"rows": rows, "moved": torch.empty(10, device="meta")}) == (1004 + 2 * pad) * 4

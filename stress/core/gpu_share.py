@@ -6,23 +6,37 @@ at once, one of them can run out of memory through no fault of the kernel. Rathe
 the kernel, its worker waits until the GPU's other cases finish, keeps new ones out, and reruns the
 case alone: an out-of-memory verdict then means the case needs more than the whole GPU.
 
-The lock is a pair of ``flock``-ed files per GPU in a folder the parent makes (``SPECSAN_GPU_LOCKS``):
+The lock is a pair of ``flock``-ed files per GPU in a folder the parent makes (``stress.core.workers``):
 a case takes the gate and then the GPU shared, dropping the gate at once; a rerun takes the gate
 exclusively first, so new cases queue behind it instead of starving it. The kernel drops a dead
 worker's locks with its process.
+
+A rerun alone waits for every case running beside it and holds every new one back, so it costs the
+whole GPU; big cases had better not collide in the first place. A family spreading views past 2^31
+elements runs its layouts one after another (``stress.core.cases.plan``), so the workers pick them up
+together: five of 8.6 to 17 GB each outgrow an 80 GB GPU. A case whose guarded copies outgrow a
+worker's share of the GPU's memory therefore first takes ``room`` for them in the GPU's budget for big
+cases (half its memory, the other half being the workers' shares): it waits while the big cases already
+running leave too little, and a case bigger than the whole budget waits until no other big case runs.
 """
 
 import fcntl
+import json
 import os
+import time
 from contextlib import contextmanager
 
-ENV = "SPECSAN_GPU_LOCKS"
+POLL_S = 0.005  # how often a big case waiting for room looks again
 
 
 class GpuShare:
-    def __init__(self, directory: str, gpu: int):
+    def __init__(self, directory: str, gpu: int, memory: int = 0, sharing: int = 1):
+        """``memory``: the GPU's bytes (0: no budget, every case is small); ``sharing``: the workers on it."""
         self.gate = open(os.path.join(directory, f"gpu{gpu}.gate"), "a+")
         self.gpu = open(os.path.join(directory, f"gpu{gpu}.lock"), "a+")
+        self.budget = open(os.path.join(directory, f"gpu{gpu}.budget"), "a+")
+        self.small = memory // (2 * max(1, sharing))  # a worker's share: a case within it takes no room
+        self.capacity = memory // 2
 
     @contextmanager
     def shared(self):
@@ -46,7 +60,45 @@ class GpuShare:
             fcntl.flock(self.gate, fcntl.LOCK_UN)
 
 
-def for_worker(gpu: int) -> GpuShare | None:
-    """This worker's share of ``gpu``, when the parent set the lock folder up (pool workers on a GPU)."""
-    directory = os.environ.get(ENV)
-    return GpuShare(directory, gpu) if directory else None
+    @contextmanager
+    def room(self, nbytes: int):
+        """``nbytes`` of the budget for big cases held while the block runs; nothing for a small case. Yields the
+        seconds spent waiting for it."""
+        if not self.capacity or nbytes <= self.small:
+            yield 0.0
+            return
+        start = time.perf_counter()
+        while not self._reserve(nbytes):
+            time.sleep(POLL_S)
+        try:
+            yield time.perf_counter() - start
+        finally:
+            self._reserve(-nbytes)
+
+    def _reserve(self, nbytes: int) -> bool:
+        """Adds ``nbytes`` to this process's reservation if the budget has room (a release always does); the
+        reservations of processes that died holding one are dropped first."""
+        fcntl.flock(self.budget, fcntl.LOCK_EX)
+        try:
+            self.budget.seek(0)
+            held = {int(pid): n for pid, n in json.loads(self.budget.read() or "{}").items() if _alive(int(pid))}
+            mine = os.getpid()
+            if nbytes > 0 and held and sum(held.values()) + nbytes > self.capacity:
+                return False
+            held[mine] = held.get(mine, 0) + nbytes
+            held = {pid: n for pid, n in held.items() if n > 0}
+            self.budget.seek(0)
+            self.budget.truncate()
+            self.budget.write(json.dumps(held))
+            self.budget.flush()
+            return True
+        finally:
+            fcntl.flock(self.budget, fcntl.LOCK_UN)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only whether the process exists
+    except ProcessLookupError:
+        return False
+    return True

@@ -135,7 +135,7 @@ def place(name: str, t: torch.Tensor, device: torch.device) -> Guarded:
     """A copy of ``t`` on ``device`` between two canary zones, in ``t``'s layout: a contiguous tensor
     stays contiguous, a strided view (row-padded, every other row) keeps its strides, and the bytes
     its rows skip hold canaries too. Launchers accept such views, so the runner must not hide them."""
-    pad = max(1, GUARD_BYTES // t.element_size())
+    pad = _pad(t)
     dense = t.is_contiguous()
     extent = t.numel() if dense else span(t)
     buffer = torch.empty(extent + 2 * pad, dtype=t.dtype, device=device)
@@ -143,6 +143,18 @@ def place(name: str, t: torch.Tensor, device: torch.device) -> Guarded:
     view = buffer[pad:pad + t.numel()].view(t.shape) if dense else buffer.as_strided(t.shape, t.stride(), pad)
     fill(view, t)
     return Guarded(name, buffer, view, pad)
+
+
+def device_bytes(inputs: dict) -> int:
+    """Bytes the guarded copies of ``inputs`` take on a device (``place``: a strided view's whole extent, the
+    canaries around it): what a case needs of its GPU's memory before anything else it allocates."""
+    return sum((span(t) + 2 * _pad(t)) * t.element_size()
+               for t in inputs.values() if isinstance(t, torch.Tensor) and not t.is_meta)
+
+
+def _pad(t: torch.Tensor) -> int:
+    """Elements of canary ``place`` puts on each side of ``t``."""
+    return max(1, GUARD_BYTES // t.element_size())
 
 
 def torch_device(device: str) -> torch.device:

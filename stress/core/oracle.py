@@ -5,13 +5,13 @@ import os
 import signal
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
 from stress.core import impl, refusal
 from stress.core.cases import Task, build_case, expected_outputs
-from stress.core.guards import fresh_inputs, guarded, settle, snapshot, torch_device
+from stress.core.guards import device_bytes, fresh_inputs, guarded, settle, snapshot, torch_device
 from stress.core.types import PASS, RETURN, Case, Check, Result, Verdict, not_checked
 
 
@@ -244,8 +244,10 @@ def _phase_less_compiles(phases: dict | None, name: str):
             phases["compile"] = round(phases.get("compile", 0.0) + seconds, 4)
 
 
-def judge_task(task: Task, device: str, timeout: float, trace: bool) -> tuple[Result, bool]:
-    """``run_case``'s work: the Result, and whether the case ran out of device memory."""
+def judge_task(task: Task, device: str, timeout: float, trace: bool, room=None) -> tuple[Result, bool]:
+    """``run_case``'s work: the Result, and whether the case ran out of device memory. ``room(nbytes)``, when given
+    (``stress.core.gpu_share.GpuShare.room``), holds device memory for the built case's guarded copies while it is
+    judged, and yields the seconds it waited for them."""
     from stress import checks
 
     out_of_memory = False
@@ -271,7 +273,10 @@ def judge_task(task: Task, device: str, timeout: float, trace: bool) -> tuple[Re
         if why := interpreter_gap(check, case, device, foreign_triton) or impl.outside_profile(check, case, registered):
             result.verdict = not_checked(why)
             return result, out_of_memory
-        result.verdict, result.details = _judged_case(check, case, task.seed, device, trace, result, mutant)
+        with room(device_bytes(case.inputs)) if room else nullcontext(0.0) as waited:
+            if waited:
+                result.phases["gpu_wait"] = round(waited, 4)
+            result.verdict, result.details = _judged_case(check, case, task.seed, device, trace, result, mutant)
     except CaseTimeout:
         result.verdict, result.details = Verdict.TIMEOUT, [f"case ran past {timeout:g} s"]
     except SuiteError as exc:

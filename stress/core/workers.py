@@ -38,7 +38,7 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
             torch.cuda.empty_cache()
             result, _ = _judged_and_released(task, device, timeout, trace)
         result.details.append("ran again alone on its GPU: it ran out of device memory beside other workers' cases")
-    result.phases["gpu_wait"] = round(waited, 4)
+    result.phases["gpu_wait"] = round(result.phases.get("gpu_wait", 0.0) + waited, 4)
     return result
 
 
@@ -54,7 +54,7 @@ _keep_cached = KEEP_CACHED_BYTES
 def _judged_and_released(task: Task, device: str, timeout: float, trace: bool) -> tuple[Result, bool]:
     """``judge_task``, then the device memory this worker keeps cached trimmed (the case's tensors are gone)."""
     try:
-        return judge_task(task, device, timeout, trace)
+        return judge_task(task, device, timeout, trace, _SHARE.room if _SHARE else None)
     finally:
         compiles.release()
         _release_device_memory(device)
@@ -77,11 +77,12 @@ def _init_worker(slot: int, device: str, threads: int, locks: str = "", jobs: in
         count = gpus.count()
         gpu = gpus.gpu_of(slot, count)
         torch.cuda.set_device(gpu)
-        _SHARE = GpuShare(locks, gpu) if locks else None
+        sharing = -(-jobs // max(1, count))
+        memory = torch.cuda.get_device_properties(gpu).total_memory
+        _SHARE = GpuShare(locks, gpu, memory, sharing) if locks else None
         if locks:
             compiles.share(os.path.join(locks, "compiles"))
-        sharing = -(-jobs // max(1, count))
-        _keep_cached = min(KEEP_CACHED_BYTES, torch.cuda.get_device_properties(gpu).total_memory // (2 * sharing))
+        _keep_cached = min(KEEP_CACHED_BYTES, memory // (2 * sharing))
     import stress.checks  # noqa: F401  - define every kernel once, up front
 
 
