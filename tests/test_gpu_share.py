@@ -197,8 +197,8 @@ def _entering(share: gpu_share.GpuShare, nbytes: int, hold: threading.Event, log
 
 
 def test_big_cases_share_the_gpus_budget_and_small_ones_take_none(tmp_path):
-    """A GPU of 100 bytes shared by 5 workers: a worker's share is 10 bytes, the budget for big cases 50."""
-    shares = [gpu_share.GpuShare(str(tmp_path), 0, memory=100, sharing=5) for _ in range(4)]
+    """A GPU of 200 bytes shared by 10 workers: a worker's share is 10 bytes, the budget for big cases 50."""
+    shares = [gpu_share.GpuShare(str(tmp_path), 0, memory=200, sharing=10) for _ in range(4)]
     log: list[str] = []
     a_done, b_done, c_done, d_done = (threading.Event() for _ in range(4))
     a = _entering(shares[0], 30, a_done, log, "a")
@@ -226,7 +226,7 @@ def test_the_room_of_a_worker_that_died_holding_it_is_given_back(tmp_path):
     import subprocess
     import sys
 
-    share = gpu_share.GpuShare(str(tmp_path), 0, memory=100, sharing=5)
+    share = gpu_share.GpuShare(str(tmp_path), 0, memory=200, sharing=10)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (tmp_path / "gpu0.budget").write_text(f'{{"{dead.pid}": 50}}')
@@ -239,7 +239,7 @@ def test_a_big_case_waits_for_room_before_it_is_judged_and_the_wait_is_counted(t
     process and waits in ``run_case`` until it is given back; the wait shows as ``gpu_wait``."""
     import os
 
-    share = gpu_share.GpuShare(str(tmp_path), 0, memory=2, sharing=1)  # a share of 1 byte: every case is big
+    share = gpu_share.GpuShare(str(tmp_path), 0, memory=4, sharing=2)  # a share of 1 byte, a budget of 1: all big
     monkeypatch.setattr(workers, "_SHARE", share)
     budget = tmp_path / "gpu0.budget"
     budget.write_text(f'{{"{os.getppid()}": 1}}')  # the budget (1 byte) held by a live process
@@ -258,3 +258,47 @@ def test_a_case_needs_its_views_whole_extent_and_canaries_on_the_device():
     pad = guards.GUARD_BYTES // 4
     assert guards.device_bytes({"rows": rows, "n": 3}) == (1004 + 2 * pad) * 4
     assert guards.device_bytes({"rows": rows, "moved": torch.empty(10, device="meta")}) == (1004 + 2 * pad) * 4
+
+
+def _invalidated_once(task, device, timeout=0, trace=True):
+    """A judge whose first run of every task finds its graph capture invalidated; a rerun alone passes."""
+    from stress.core.types import Result, Verdict
+
+    if task.alone:
+        return Result(task.check, task.family, task.seed, device, "pass", details=[f"alone: {task.alone}"])
+    return Result(task.check, task.family, task.seed, device, Verdict.CRASH, fatal=True,
+                  details=[f"torch.AcceleratorError: CUDA error: {workers.CAPTURE_INVALIDATED}"])
+
+
+def test_a_capture_invalidated_beside_other_workers_runs_again_alone_once(monkeypatch):
+    task = cases.Task("engine.step", "adaptive_graphs", 7)
+    crashed = _invalidated_once(task, "cuda")
+    rerun = workers.rerun_alone(task, crashed, "cuda", jobs=8)
+    assert rerun is not None and rerun._replace(alone="") == task and "invalidated" in rerun.alone
+    assert workers.rerun_alone(rerun, crashed, "cuda", jobs=8) is None, "a rerun's verdict stands"
+    assert workers.rerun_alone(task, crashed, "cuda", jobs=1) is None, "no other worker: the code broke it"
+    other = dataclasses.replace(crashed, details=["torch.AcceleratorError: CUDA error: an illegal memory access"])
+    assert workers.rerun_alone(task, other, "cuda", jobs=8) is None, "only an invalidated capture"
+
+    # through execute (in this process, as if its workers shared a GPU): each rerun is queued after its first run
+    # and reported instead of it
+    real = workers.rerun_alone
+    monkeypatch.setattr(workers, "rerun_alone", lambda t, r, d, jobs: real(t, r, d, jobs=8))
+    monkeypatch.setattr(workers, "_gpu_of", lambda outcome, device: 0)
+    results = []
+    workers.execute([task, task._replace(seed=8)], "cuda", 0, results.append,
+                    judge=lambda t, **kw: _invalidated_once(t, "cuda"))
+    assert [(r.seed, r.verdict) for r in results] == [(7, "pass"), (8, "pass")]
+    assert all("invalidated beside other workers" in r.details[0] for r in results)
+
+
+def test_a_rerun_alone_holds_the_gpu_alone_and_says_why(tmp_path, monkeypatch):
+    share = gpu_share.GpuShare(str(tmp_path), 0)
+    monkeypatch.setattr(workers, "_SHARE", share)
+    held = []
+    real_alone = share.alone
+    monkeypatch.setattr(share, "alone", lambda: (held.append("alone"), real_alone())[1])
+    task = cases.Task("block_table.gather", "basic", 1, alone="its graph capture was invalidated (test)")
+    result = workers.run_case(task, runtime.DEVICE, trace=False)
+    assert result.verdict == "pass" and held == ["alone"], result.details
+    assert result.details[-1] == f"ran again alone on its GPU, in a fresh worker: {task.alone}"

@@ -16,8 +16,10 @@ whole GPU; big cases had better not collide in the first place. A family spreadi
 elements runs its layouts one after another (``stress.core.cases.plan``), so the workers pick them up
 together: five of 8.6 to 17 GB each outgrow an 80 GB GPU. A case whose guarded copies outgrow a
 worker's share of the GPU's memory therefore first takes ``room`` for them in the GPU's budget for big
-cases (half its memory, the other half being the workers' shares): it waits while the big cases already
-running leave too little, and a case bigger than the whole budget waits until no other big case runs.
+cases: a quarter of its memory, since the workers' shares take half (what each keeps cached, its small
+cases) and a case needs more than its guarded copies (its outputs, the reference's copies, scratch). It
+waits while the big cases already running leave too little; a case bigger than the whole budget waits
+until no other big case runs.
 """
 
 import fcntl
@@ -36,7 +38,7 @@ class GpuShare:
         self.gpu = open(os.path.join(directory, f"gpu{gpu}.lock"), "a+")
         self.budget = open(os.path.join(directory, f"gpu{gpu}.budget"), "a+")
         self.small = memory // (2 * max(1, sharing))  # a worker's share: a case within it takes no room
-        self.capacity = memory // 2
+        self.capacity = memory // 4
 
     @contextmanager
     def shared(self):

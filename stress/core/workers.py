@@ -28,7 +28,7 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
     if _SHARE is None:
         return _judged_and_released(task, device, timeout, trace)[0]
     waited = time.perf_counter()
-    with _SHARE.shared():
+    with _SHARE.alone() if task.alone else _SHARE.shared():
         waited = time.perf_counter() - waited
         result, out_of_memory = _judged_and_released(task, device, timeout, trace)
     if out_of_memory:
@@ -38,6 +38,8 @@ def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) ->
             torch.cuda.empty_cache()
             result, _ = _judged_and_released(task, device, timeout, trace)
         result.details.append("ran again alone on its GPU: it ran out of device memory beside other workers' cases")
+    if task.alone:
+        result.details.append(f"ran again alone on its GPU, in a fresh worker: {task.alone}")
     result.phases["gpu_wait"] = round(result.phases.get("gpu_wait", 0.0) + waited, 4)
     return result
 
@@ -112,6 +114,24 @@ def case_runner(device: str, jobs: int, timeout: float, trace: bool, judge: Call
     return partial(judge, device=device, timeout=timeout if jobs == 0 else 0, trace=trace)
 
 
+CAPTURE_INVALIDATED = "operation failed due to a previous error during capture"  # cudaErrorStreamCaptureInvalidated
+
+
+def rerun_alone(task: Task, result: Result, device: str, jobs: int) -> Task | None:
+    """The task again, to hold its GPU alone, when its CUDA graph capture was invalidated while other workers
+    shared the GPU; None otherwise (and for a rerun: its verdict stands). An allocation that runs out of device
+    memory mid-capture makes torch's allocator free cached blocks, and a free during capture invalidates it
+    (torch reports the invalidated capture, not the out-of-memory): beside other workers' cases that is their
+    memory, not the code under test. The capture's process is replaced (a CUDA error), so the rerun starts in
+    a fresh one; alone, a capture the code itself breaks fails again."""
+    shared = device == "cuda" and jobs > 1
+    if not shared or task.alone or result.verdict != Verdict.CRASH:
+        return None
+    if not any(CAPTURE_INVALIDATED in line for line in result.details):
+        return None
+    return task._replace(alone=f"its graph capture was invalidated beside other workers' cases ({result.details[0]})")
+
+
 def result_of(outcome: pool.Outcome, device: str, timeout: float, trace: bool) -> Result:
     """The case's Result, also when its worker was killed at the deadline or died under it."""
     task = outcome.item
@@ -177,10 +197,18 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
     one task (``run_case`` by default).
     """
     pending = iter(tasks)
+    reruns: list[Task] = []
+
+    def finished(outcome: pool.Outcome) -> None:
+        result = result_of(outcome, device, timeout, trace)
+        if rerun := rerun_alone(outcome.item, result, device, jobs):
+            reruns.append(rerun)
+        else:
+            on_result(result)
+
     with worker_pool(case_runner(device, jobs, timeout, trace, judge), device, jobs, timeout) as workers:
         try:
-            workers.run(lambda: next(pending, None),
-                        lambda outcome: on_result(result_of(outcome, device, timeout, trace)))
+            workers.run(lambda: reruns.pop() if reruns else next(pending, None), finished)
         except interrupts.Interrupted:
             if on_abandoned is not None:
                 on_abandoned(workers.abandoned)
