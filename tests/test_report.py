@@ -51,3 +51,15 @@ def test_the_summary_says_where_each_checks_case_seconds_went():
     assert a == "| a.x | 2 | 4.0 | 2000.0 ms | 25% | 25% | 6% | 25% | 75% | 19% | 3.00 s (basic, seed 2) |"
     assert b == "| b.y | 1 | 2.0 | 2000.0 ms | 100% | 0% | 0% | 0% | 0% | 0% | 2.00 s (basic, seed 1) |"
     assert time_lines([result("a.x", 1, 1.0)]) == []  # no phase timed: no table
+
+
+def test_the_counts_kept_as_results_come_match_a_count_over_them():
+    from stress.core.types import Result, not_checked
+
+    report = Report(None, {"cases": 7})
+    for i, verdict in enumerate(["pass", "fail:divergence", "pass", not_checked("no GPU"), "fail:crash", "pass"]):
+        report.add(Result("block_table.gather", "basic", i, "cpu", verdict))
+    assert report.counts() == (3, 2, 1)
+    assert report.counts() == (sum(r.verdict == "pass" for r in report.results),
+                               sum(r.failed for r in report.results), sum(r.not_checked for r in report.results))
+    assert report.closing_line().startswith("3 passed, 2 failed, 1 not checked")
