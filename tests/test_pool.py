@@ -222,3 +222,15 @@ def test_deferred_blocks_raise_on_exit_and_only_once():
             os.kill(os.getpid(), signal.SIGTERM)  # a second signal while shutting down is noted, not raised
             time.sleep(0.05)
         assert interrupts.received() == signal.SIGINT
+
+
+def test_the_pool_counts_its_workers_seconds_outside_their_tasks():
+    """Starting, idle and in transit, each counted: a worker's start-up is seconds, and a task's round trip is
+    longer than its time in the worker."""
+    done = []
+    with pool.Pool(task, 2) as workers:
+        items = iter(["sleep0.05"] * 4)
+        workers.run(lambda: next(items, None), done.append)
+    assert len(done) == 4 and all(o.value for o in done)
+    assert workers.seconds["starting"] > 0 and workers.seconds["transit"] > 0 and workers.seconds["idle"] >= 0
+    assert workers.seconds["transit"] < sum(o.seconds for o in done), "transit is the round trip less the task"

@@ -151,8 +151,8 @@ def cmd_run(args) -> int:
              + gpu_log(header))
         with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
             with progress(len(tasks)) as bar:
-                workers.execute(tasks, device, jobs, streamed(report, bar), args.timeout, trace=not args.no_trace,
-                               on_abandoned=report.abandoned.extend)
+                report.workers = workers.execute(tasks, device, jobs, streamed(report, bar), args.timeout,
+                                                 trace=not args.no_trace, on_abandoned=report.abandoned.extend)
             if args.hunt:
                 def on_hunt(result):
                     report.add_hunt(result)

@@ -273,9 +273,9 @@ def judge_task(task: Task, device: str, timeout: float, trace: bool, room=None) 
         if why := interpreter_gap(check, case, device, foreign_triton) or impl.outside_profile(check, case, registered):
             result.verdict = not_checked(why)
             return result, out_of_memory
-        with room(device_bytes(case.inputs)) if room else nullcontext(0.0) as waited:
-            if waited:
-                result.phases["gpu_wait"] = round(waited, 4)
+        with room(device_bytes(case.inputs)) if room else nullcontext(0.0) as waited_for_room:
+            if waited_for_room:
+                result.phases["gpu_wait"] = round(waited_for_room, 4)
             result.verdict, result.details = _judged_case(check, case, task.seed, device, trace, result, mutant)
     except CaseTimeout:
         result.verdict, result.details = Verdict.TIMEOUT, [f"case ran past {timeout:g} s"]
@@ -297,7 +297,8 @@ def judge_task(task: Task, device: str, timeout: float, trace: bool, room=None) 
             except CaseTimeout:  # the deadline passed just as the case ended: it did end
                 pass
         result.fatal = result.fatal or _memory_verdict(result)
-        result.seconds = round(time.perf_counter() - start, 4)
+        # like the wait for a share of the GPU before it, the wait for room is not the case's own time
+        result.seconds = round(time.perf_counter() - start - result.phases.get("gpu_wait", 0.0), 4)
     return result, out_of_memory
 
 

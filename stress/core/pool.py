@@ -92,14 +92,15 @@ def _serve(conn, fn, initializer, initargs, slot: int, parent: int) -> None:
             return
         if item is _STOP:
             return
+        start = time.monotonic()
         try:
-            message = ("done", fn(item))
+            message = ("done", fn(item), time.monotonic() - start)
         except Exception:  # noqa: BLE001 - the task's failure, not the worker's
-            message = ("raised", traceback.format_exc())
+            message = ("raised", traceback.format_exc(), time.monotonic() - start)
         try:
             conn.send(message)
         except Exception:  # noqa: BLE001 - a value that does not pickle
-            conn.send(("raised", traceback.format_exc()))
+            conn.send(("raised", traceback.format_exc(), message[2]))
 
 
 # ---------------------------------------------------------------- the parent side
@@ -112,19 +113,21 @@ class _Worker:
         self.item: Any = None  # the task it is running
         self.busy = False
         self.started = 0.0  # when that task was sent
+        self.since = time.monotonic()  # when it was started, or last became idle
 
-    def send(self, item) -> bool:
-        """Hand ``item`` over; False when the worker turns out to be dead (its pipe is closed)."""
+    def send(self, item) -> float:
+        """Hand ``item`` over: the seconds the worker sat idle before it, or -1 when the worker turns out to be
+        dead (its pipe is closed)."""
         try:
             self.conn.send(item)
         except OSError:
-            return False
+            return -1.0
         self.item, self.busy, self.started = item, True, time.monotonic()
-        return True
+        return self.started - self.since
 
     def finish(self) -> tuple[Any, float]:
         item, seconds = self.item, time.monotonic() - self.started
-        self.item, self.busy = None, False
+        self.item, self.busy, self.since = None, False, time.monotonic()
         return item, seconds
 
 
@@ -145,6 +148,10 @@ class Pool:
         self._context = get_context("spawn")
         self._workers: list[_Worker] = []
         self._start_deaths = 0
+        # where the workers' seconds went outside their tasks: starting (process start to ready), idle (ready
+        # with no task handed over: the parent busy with other workers' outcomes, or nothing left to start) and
+        # transit (a task's round trip less its time in the worker: pipes, pickling, the parent's turnaround)
+        self.seconds = {"starting": 0.0, "idle": 0.0, "transit": 0.0}
 
     def __enter__(self):
         return self
@@ -180,9 +187,12 @@ class Pool:
                             if item is None:
                                 drained = True
                                 break
-                            if not worker.send(item):
+                            idle = worker.send(item)
+                            if idle < 0:
                                 undelivered.append(item)
                                 self._replace(worker)
+                            else:
+                                self.seconds["idle"] += idle
                     if drained and not any(w.busy for w in self._workers):
                         return
                     self._wait(on_outcome)
@@ -231,7 +241,7 @@ class Pool:
 
     def _receive(self, w: _Worker, on_outcome) -> None:
         try:
-            kind, payload = w.conn.recv()
+            kind, payload, *busy = w.conn.recv()
         except (EOFError, OSError):  # the worker died (its pipe closed with it)
             self._died(w, on_outcome)
             return
@@ -239,8 +249,11 @@ class Pool:
             raise PoolError(f"a worker failed to start:\n{payload}")
         if kind == "ready":
             w.ready = True
+            self.seconds["starting"] += time.monotonic() - w.since
+            w.since = time.monotonic()
             return
         item, seconds = w.finish()
+        self.seconds["transit"] += max(0.0, seconds - busy[0])
         if kind == "raised":
             on_outcome(Outcome(item, failure="raised", detail=payload, seconds=seconds, slot=w.slot))
             return

@@ -187,8 +187,9 @@ def worker_threads(jobs: int) -> int:
 
 def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Result], None],
             timeout: float = 0, trace: bool = True, on_abandoned: Callable[[list[Task]], None] | None = None,
-            judge: Callable[..., Result] = run_case) -> None:
-    """Run every task, calling ``on_result`` as each finishes (in completion order).
+            judge: Callable[..., Result] = run_case) -> dict[str, float]:
+    """Run every task, calling ``on_result`` as each finishes (in completion order); returns the seconds the
+    workers spent outside their cases (``stress.core.pool.Pool.seconds``; zeros in this process).
 
     ``jobs == 0`` runs in this process. Otherwise ``stress.core.pool`` workers run the cases: a case
     past ``timeout`` is ``fail:timeout`` and one that kills its worker ``fail:crash``, each
@@ -209,6 +210,7 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
     with worker_pool(case_runner(device, jobs, timeout, trace, judge), device, jobs, timeout) as workers:
         try:
             workers.run(lambda: reruns.pop() if reruns else next(pending, None), finished)
+            return workers.seconds
         except interrupts.Interrupted:
             if on_abandoned is not None:
                 on_abandoned(workers.abandoned)

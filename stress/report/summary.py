@@ -51,6 +51,7 @@ class Report:
         self.abandoned: list = []  # tasks that were running when a signal stopped the run
         self.interrupted: str | None = None
         self.telemetry: dict = {}  # GPU envelope (stress.core.telemetry), filled during a GPU run
+        self.workers: dict = {}  # the replay's worker-seconds outside cases (stress.core.pool.Pool.seconds)
         self.matrix_cases: dict[int | None, int] = {}  # kill-matrix cases run, by GPU
         self.untrusted_after: Result | None = None  # in process: the first case that may have damaged the process
         self.stream = None
@@ -169,7 +170,7 @@ class Report:
         return {"status": f"interrupted by {self.interrupted}" if self.interrupted else "complete",
                 "cases_finished": len(self.results),
                 "abandoned": [{**t._asdict(), "repro": self.repro(t)} for t in self.abandoned],
-                "progress": self.progress()}
+                "progress": self.progress(), "worker_seconds_outside_cases": self.workers}
 
     def close(self) -> None:
         """The closing record, then summary.md, mutants.json and the heat maps beside them."""
@@ -234,7 +235,7 @@ class Report:
             out.append(f"| {check} | {family} | {sum(r.verdict == PASS for r in rs)} | {sum(r.failed for r in rs)} "
                        f"| {sum(r.not_checked for r in rs)} | {sum(r.seconds for r in rs):.2f} |")
         out += acceptance_lines(self.results)
-        out += time_lines(self.results)
+        out += time_lines(self.results) + worker_lines(self.workers)
         out += ["", f"![failures by check and family]({FAILURES_PNG})"]
         failures = [r for r in self.results if r.failed]
         if failures:
@@ -305,6 +306,16 @@ def time_lines(results: list[Result]) -> list[str]:
         out.append(f"| {check} | {len(rs)} | {seconds:.1f} | {1e3 * seconds / len(rs):.1f} ms | " + " | ".join(share)
                    + f" | {other} | {slowest.seconds:.2f} s ({slowest.family}, seed {slowest.seed}) |")
     return out
+
+
+def worker_lines(seconds: dict) -> list[str]:
+    """The workers' seconds outside their cases (``stress.core.pool.Pool.seconds``), summed over the workers: a
+    run whose workers sit idle or in transit is held back by the parent, not by its cases."""
+    if not any(seconds.values()):
+        return []
+    said = {"starting": "starting (process start to ready)", "idle": "idle before a case (the parent's turnaround)",
+            "transit": "in transit (a case's round trip less its time in the worker)"}
+    return ["", "Worker-seconds outside cases: " + "; ".join(f"{said[k]} {v:.1f} s" for k, v in seconds.items()) + "."]
 
 
 def acceptance_lines(results: list[Result]) -> list[str]:
