@@ -305,3 +305,19 @@ def test_a_rerun_alone_holds_the_gpu_alone_and_says_why(tmp_path, monkeypatch):
     result = workers.run_case(task, runtime.DEVICE, trace=False)
     assert result.verdict == "pass" and held == ["alone"], result.details
     assert result.details[-1] == f"ran again alone on its GPU, in a fresh worker: {task.alone}"
+
+
+def test_a_kill_matrix_case_whose_capture_was_invalidated_runs_again_alone_and_only_the_rerun_counts(monkeypatch):
+    from stress.mutate import kill_matrix
+
+    real = workers.rerun_alone
+    monkeypatch.setattr(workers, "rerun_alone", lambda t, r, d, jobs: real(t, r, "cuda", jobs=8))
+    ran = []
+    monkeypatch.setattr(kill_matrix.sanitizer, "run_task",
+                        lambda task, device, **kw: (ran.append(task.alone), _invalidated_once(task, device))[1])
+    hunt = kill_matrix._new_hunt(checks.get("block_table.gather"), "gather-by-batch-row", "cpu", "crash", 1, 0, None)
+    rows, seen = [], []
+    kill_matrix._run_hunts([hunt], "cpu", 0, 0, rows.append, seen.append)
+    assert len(ran) == 2 and not ran[0] and "invalidated" in ran[1]
+    assert [r.verdict for r in seen] == ["pass"], "the invalidated capture is not a kill; the rerun alone decides"
+    assert rows[0].status != "killed"
