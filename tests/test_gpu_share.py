@@ -14,9 +14,10 @@ from stress.core import cases, gpu_share, oracle, workers
 from stress.core.types import PHASES
 
 
-def _holding(share: gpu_share.GpuShare, how: str, hold: threading.Event, log: list, name: str):
+def _holding(enter, hold: threading.Event, log: list, name: str):
+    """A thread inside ``enter()`` (a context manager) until ``hold`` is set, logging when it gets in and out."""
     def run():
-        with getattr(share, how)():
+        with enter():
             log.append(f"{name} in")
             hold.wait(5)
             log.append(f"{name} out")
@@ -29,13 +30,13 @@ def test_cases_share_a_gpu_and_a_rerun_waits_for_them_then_runs_before_new_cases
     shares = [gpu_share.GpuShare(str(tmp_path), 0) for _ in range(4)]  # own open files: as separate processes
     log: list[str] = []
     first_done, rerun_done, later_done = threading.Event(), threading.Event(), threading.Event()
-    a = _holding(shares[0], "shared", first_done, log, "a")
-    b = _holding(shares[1], "shared", first_done, log, "b")
+    a = _holding(shares[0].shared, first_done, log, "a")
+    b = _holding(shares[1].shared, first_done, log, "b")
     time.sleep(0.2)
     assert sorted(log) == ["a in", "b in"], "two cases hold one GPU at once"
-    rerun = _holding(shares[2], "alone", rerun_done, log, "rerun")
+    rerun = _holding(shares[2].alone, rerun_done, log, "rerun")
     time.sleep(0.2)
-    later = _holding(shares[3], "shared", later_done, log, "later")
+    later = _holding(shares[3].shared, later_done, log, "later")
     time.sleep(0.2)
     assert "rerun in" not in log and "later in" not in log, "the rerun waits for the running cases; new ones queue"
     first_done.set()
@@ -185,33 +186,22 @@ def test_workers_compile_each_variant_once_the_others_wait_for_it(tmp_path, monk
         worker.join(30)
 
 
-def _entering(share: gpu_share.GpuShare, nbytes: int, hold: threading.Event, log: list, name: str):
-    def run():
-        with share.room(nbytes):
-            log.append(f"{name} in")
-            hold.wait(5)
-            log.append(f"{name} out")
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
-
-
 def test_big_cases_share_the_gpus_budget_and_small_ones_take_none(tmp_path):
     """A GPU of 200 bytes shared by 10 workers: a worker's share is 10 bytes, the budget for big cases 50."""
     shares = [gpu_share.GpuShare(str(tmp_path), 0, memory=200, sharing=10) for _ in range(4)]
     log: list[str] = []
     a_done, b_done, c_done, d_done = (threading.Event() for _ in range(4))
-    a = _entering(shares[0], 30, a_done, log, "a")
+    a = _holding(lambda: shares[0].room(30), a_done, log, "a")
     time.sleep(0.1)
-    b = _entering(shares[1], 30, b_done, log, "b")
-    c = _entering(shares[2], 10, c_done, log, "small")
+    b = _holding(lambda: shares[1].room(30), b_done, log, "b")
+    c = _holding(lambda: shares[2].room(10), c_done, log, "small")
     time.sleep(0.2)
     assert sorted(log) == ["a in", "small in"], "30 + 30 bytes outgrow the budget; a case within a share waits for none"
     a_done.set()
     a.join()
     time.sleep(0.2)
     assert log[-1] == "b in", "the room a case gave back goes to the big case waiting"
-    d = _entering(shares[3], 80, d_done, log, "whole")
+    d = _holding(lambda: shares[3].room(80), d_done, log, "whole")
     time.sleep(0.2)
     assert "whole in" not in log, "a case bigger than the budget waits while another big case runs"
     b_done.set()
