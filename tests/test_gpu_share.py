@@ -212,7 +212,7 @@ def test_big_cases_share_the_gpus_budget_and_small_ones_take_none(tmp_path):
     c.join(), d.join()
 
 
-def test_the_room_of_a_worker_that_died_holding_it_is_given_back(tmp_path):
+def test_the_room_of_a_worker_that_died_holding_it_or_writing_it_is_given_back(tmp_path):
     import subprocess
     import sys
 
@@ -222,6 +222,10 @@ def test_the_room_of_a_worker_that_died_holding_it_is_given_back(tmp_path):
     (tmp_path / "gpu0.budget").write_text(f'{{"{dead.pid}": 50}}')
     with share.room(40) as waited:
         assert waited < 1.0
+    (tmp_path / "gpu0.budget").write_text('{"12')  # a worker killed mid-write
+    with share.room(40) as waited:
+        assert waited < 1.0
+    assert (tmp_path / "gpu0.budget").read_text() == "{}"
 
 
 def test_a_big_case_waits_for_room_before_it_is_judged_and_the_wait_is_counted(tmp_path, monkeypatch):

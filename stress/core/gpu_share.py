@@ -83,7 +83,7 @@ class GpuShare:
         fcntl.flock(self.budget, fcntl.LOCK_EX)
         try:
             self.budget.seek(0)
-            held = {int(pid): n for pid, n in json.loads(self.budget.read() or "{}").items() if _alive(int(pid))}
+            held = {int(pid): n for pid, n in _reservations(self.budget.read()).items() if _alive(int(pid))}
             mine = os.getpid()
             if nbytes > 0 and held and sum(held.values()) + nbytes > self.capacity:
                 return False
@@ -96,6 +96,16 @@ class GpuShare:
             return True
         finally:
             fcntl.flock(self.budget, fcntl.LOCK_UN)
+
+
+def _reservations(text: str) -> dict:
+    """The budget file's reservations; none where a worker killed mid-write left it unreadable (the room it held
+    is then lent again, and a case that runs out of memory still runs again alone)."""
+    try:
+        held = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return held if isinstance(held, dict) else {}
 
 
 def _alive(pid: int) -> bool:
