@@ -40,16 +40,17 @@ def test_the_summary_says_where_each_checks_case_seconds_went():
         r.phases = phases
         return r
 
-    rows = time_lines([result("a.x", 1, 1.0, build=0.5, launch=0.25, gpu_wait=3.0),
+    rows = time_lines([result("a.x", 1, 1.0, build=0.5, launch=0.25, gpu_wait=3.0, release=0.5),
                        result("a.x", 2, 3.0, build=0.5, reference=1.0, compile=1.0),
                        result("b.y", 1, 2.0, build=2.0)])
     header, _, a, b = rows[3:]
     assert header == ("| check | cases | case-seconds | per case | build | reference | launch | compile | gpu_wait "
-                      "| other | slowest |")
+                      "| release | other | slowest |")
     # a.x: 4 s over 2 cases; build 1 s = 25%, reference 25%, launch 6%, compile 25%; the 3 s waiting for the GPU
-    # are not part of a case's seconds (75% of them), and the 0.75 s no phase timed is other (19%)
-    assert a == "| a.x | 2 | 4.0 | 2000.0 ms | 25% | 25% | 6% | 25% | 75% | 19% | 3.00 s (basic, seed 2) |"
-    assert b == "| b.y | 1 | 2.0 | 2000.0 ms | 100% | 0% | 0% | 0% | 0% | 0% | 2.00 s (basic, seed 1) |"
+    # and the 0.5 s releasing memory after are not part of a case's seconds (75% and 12% of them), and the 0.75 s
+    # no phase timed is other (19%)
+    assert a == "| a.x | 2 | 4.0 | 2000.0 ms | 25% | 25% | 6% | 25% | 75% | 12% | 19% | 3.00 s (basic, seed 2) |"
+    assert b == "| b.y | 1 | 2.0 | 2000.0 ms | 100% | 0% | 0% | 0% | 0% | 0% | 0% | 2.00 s (basic, seed 1) |"
     assert time_lines([result("a.x", 1, 1.0)]) == []  # no phase timed: no table
 
 

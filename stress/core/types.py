@@ -289,11 +289,15 @@ class Check:
         raise ValueError(f"mutant {name!r} is not one of {self.name}'s: {known}")
 
 
-PHASES = ("build", "reference", "place", "launch", "compile", "settle", "compare", "trace", "refusal", "gpu_wait")
+PHASES = ("build", "reference", "place", "launch", "compile", "settle", "compare", "trace", "refusal", "gpu_wait",
+          "release")
 """Where a case's seconds go (``Result.phases``): building its inputs, the reference, placing guarded copies on
 the device, launching the kernel (host side; on a GPU it runs while the next step waits), compiling launch shapes
 this process had not compiled, settling (the one wait for the device, guard zones and outputs read back),
-comparing, the CPU tracer, judging refusals, and waiting for a share of the GPU."""
+comparing, the CPU tracer, judging refusals; and around the case (``OUTSIDE``), waiting for a share of the GPU and
+releasing what the case left (the device memory its worker should not keep cached, its compile locks)."""
+
+OUTSIDE = ("gpu_wait", "release")  # phases timed before or after a case, not within its seconds
 
 
 @dataclass

@@ -54,12 +54,16 @@ _keep_cached = KEEP_CACHED_BYTES
 
 
 def _judged_and_released(task: Task, device: str, timeout: float, trace: bool) -> tuple[Result, bool]:
-    """``judge_task``, then the device memory this worker keeps cached trimmed (the case's tensors are gone)."""
+    """``judge_task``, then the device memory this worker keeps cached trimmed (the case's tensors are gone), the
+    seconds that took counted as the result's ``release``."""
     try:
-        return judge_task(task, device, timeout, trace, _SHARE.room if _SHARE else None)
+        result, out_of_memory = judge_task(task, device, timeout, trace, _SHARE.room if _SHARE else None)
     finally:
+        start = time.perf_counter()
         compiles.release()
         _release_device_memory(device)
+    result.phases["release"] = round(time.perf_counter() - start, 4)
+    return result, out_of_memory
 
 
 def _release_device_memory(device: str) -> None:

@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import asdict
 
-from stress.core.types import DEFAULT_TIMEOUT, NOT_CHECKED, PASS, PHASES, Result, kill_matrix_verdict
+from stress.core.types import DEFAULT_TIMEOUT, NOT_CHECKED, OUTSIDE, PASS, PHASES, Result, kill_matrix_verdict
 
 UNJUDGED_KILLS = ("not_checked", "not_hunted")  # kill-matrix statuses that hunted nothing here
 RESULTS, SUMMARY, MATRIX = "results.jsonl", "summary.md", "mutants.json"
@@ -285,7 +285,7 @@ class Report:
 
 def time_lines(results: list[Result]) -> list[str]:
     """Where the case-seconds went, per check: its cases, their seconds summed over the workers, each phase's
-    share of them (``stress.core.types.PHASES``; ``other``: what no phase timed, such as memory release) and
+    share of them (``stress.core.types.PHASES``; ``other``: what no phase timed) and
     the slowest case. Phases no case of the run timed get no column."""
     by_check: dict[str, list[Result]] = {}
     for r in results:
@@ -299,7 +299,7 @@ def time_lines(results: list[Result]) -> list[str]:
     for check, rs in sorted(by_check.items()):
         seconds = sum(r.seconds for r in rs)
         phases = {p: sum(r.phases.get(p, 0.0) for r in rs) for p in seen}
-        timed = sum(v for p, v in phases.items() if p != "gpu_wait")  # a case's seconds start after its wait
+        timed = sum(v for p, v in phases.items() if p not in OUTSIDE)  # not within a case's seconds
         share = [f"{100 * phases[p] / seconds:.0f}%" if seconds else "-" for p in seen]
         other = f"{100 * max(0.0, seconds - timed) / seconds:.0f}%" if seconds else "-"
         slowest = max(rs, key=lambda r: r.seconds)
