@@ -31,13 +31,19 @@ from contextlib import contextmanager
 POLL_S = 0.005  # how often a big case waiting for room looks again
 
 
+def worker_share(memory: int, sharing: int) -> int:
+    """A worker's share of a GPU of ``memory`` bytes that ``sharing`` workers share: half of it split among them
+    (the other half is the budget for big cases and what a case needs beyond its guarded copies)."""
+    return memory // (2 * max(1, sharing))
+
+
 class GpuShare:
     def __init__(self, directory: str, gpu: int, memory: int = 0, sharing: int = 1):
         """``memory``: the GPU's bytes (0: no budget, every case is small); ``sharing``: the workers on it."""
         self.gate = open(os.path.join(directory, f"gpu{gpu}.gate"), "a+")
         self.gpu = open(os.path.join(directory, f"gpu{gpu}.lock"), "a+")
         self.budget = open(os.path.join(directory, f"gpu{gpu}.budget"), "a+")
-        self.small = memory // (2 * max(1, sharing))  # a worker's share: a case within it takes no room
+        self.small = worker_share(memory, sharing)  # a case within it takes no room
         self.capacity = memory // 4
 
     @contextmanager

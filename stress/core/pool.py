@@ -113,17 +113,16 @@ class _Worker:
         self.item: Any = None  # the task it is running
         self.busy = False
         self.started = 0.0  # when that task was sent
-        self.since = time.monotonic()  # when it was started, or last became idle
+        self.created = self.since = time.monotonic()  # when it was started; since: when it last became idle
 
-    def send(self, item) -> float:
-        """Hand ``item`` over: the seconds the worker sat idle before it, or -1 when the worker turns out to be
-        dead (its pipe is closed)."""
+    def send(self, item) -> bool:
+        """Hand ``item`` over; False when the worker turns out to be dead (its pipe is closed)."""
         try:
             self.conn.send(item)
         except OSError:
-            return -1.0
+            return False
         self.item, self.busy, self.started = item, True, time.monotonic()
-        return self.started - self.since
+        return True
 
     def finish(self) -> tuple[Any, float]:
         item, seconds = self.item, time.monotonic() - self.started
@@ -187,12 +186,11 @@ class Pool:
                             if item is None:
                                 drained = True
                                 break
-                            idle = worker.send(item)
-                            if idle < 0:
+                            if not worker.send(item):
                                 undelivered.append(item)
                                 self._replace(worker)
                             else:
-                                self.seconds["idle"] += idle
+                                self.seconds["idle"] += worker.started - worker.since
                     if drained and not any(w.busy for w in self._workers):
                         return
                     self._wait(on_outcome)
@@ -248,9 +246,9 @@ class Pool:
         if kind == "failed":
             raise PoolError(f"a worker failed to start:\n{payload}")
         if kind == "ready":
-            w.ready = True
-            self.seconds["starting"] += time.monotonic() - w.since
-            w.since = time.monotonic()
+            now = time.monotonic()
+            w.ready, w.since = True, now
+            self.seconds["starting"] += now - w.created
             return
         item, seconds = w.finish()
         self.seconds["transit"] += max(0.0, seconds - busy[0])

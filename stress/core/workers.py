@@ -1,6 +1,7 @@
 """Worker processes: each judges cases (``stress.core.oracle``) on its share of the cores and of its GPU;
 ``execute`` streams a run's verdicts back as they finish."""
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -11,7 +12,7 @@ import torch
 
 from stress.core import compiles, gpus, impl, interrupts, pool
 from stress.core.cases import Task
-from stress.core.gpu_share import GpuShare
+from stress.core.gpu_share import GpuShare, worker_share
 from stress.core.oracle import judge_task
 from stress.core.types import Result, Verdict
 
@@ -88,7 +89,7 @@ def _init_worker(slot: int, device: str, threads: int, locks: str = "", jobs: in
         _SHARE = GpuShare(locks, gpu, memory, sharing) if locks else None
         if locks:
             compiles.share(os.path.join(locks, "compiles"))
-        _keep_cached = min(KEEP_CACHED_BYTES, memory // (2 * sharing))
+        _keep_cached = min(KEEP_CACHED_BYTES, worker_share(memory, sharing))
     import stress.checks  # noqa: F401  - define every kernel once, up front
 
 
@@ -134,6 +135,30 @@ def rerun_alone(task: Task, result: Result, device: str, jobs: int) -> Task | No
     if not any(CAPTURE_INVALIDATED in line for line in result.details):
         return None
     return task._replace(alone=f"its graph capture was invalidated beside other workers' cases ({result.details[0]})")
+
+
+def with_reruns(source: Callable[[], Task | None], on_outcome: Callable[[pool.Outcome], None], device: str,
+                jobs: int) -> tuple[Callable, Callable]:
+    """``source`` and ``on_outcome`` for ``Pool.run``, a task whose result calls for it (``rerun_alone``) run again
+    before the next new one: ``on_outcome`` sees only the rerun's outcome, under the task as ``source`` gave it."""
+    reruns: list[tuple[Task, Task]] = []  # (the rerun, the task as the source gave it)
+    first_of: dict[int, Task] = {}  # id(rerun running) -> the task as the source gave it
+
+    def next_task() -> Task | None:
+        if not reruns:
+            return source()
+        rerun, first = reruns.pop()
+        first_of[id(rerun)] = first
+        return rerun
+
+    def finished(outcome: pool.Outcome) -> None:
+        first = first_of.pop(id(outcome.item), outcome.item)
+        if outcome.value is not None and (rerun := rerun_alone(outcome.item, outcome.value, device, jobs)):
+            reruns.append((rerun, first))
+        else:
+            on_outcome(dataclasses.replace(outcome, item=first))
+
+    return next_task, finished
 
 
 def result_of(outcome: pool.Outcome, device: str, timeout: float, trace: bool) -> Result:
@@ -202,18 +227,13 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
     one task (``run_case`` by default).
     """
     pending = iter(tasks)
-    reruns: list[Task] = []
 
     def finished(outcome: pool.Outcome) -> None:
-        result = result_of(outcome, device, timeout, trace)
-        if rerun := rerun_alone(outcome.item, result, device, jobs):
-            reruns.append(rerun)
-        else:
-            on_result(result)
+        on_result(result_of(outcome, device, timeout, trace))
 
     with worker_pool(case_runner(device, jobs, timeout, trace, judge), device, jobs, timeout) as workers:
         try:
-            workers.run(lambda: reruns.pop() if reruns else next(pending, None), finished)
+            workers.run(*with_reruns(lambda: next(pending, None), finished, device, jobs))
             return workers.seconds
         except interrupts.Interrupted:
             if on_abandoned is not None:

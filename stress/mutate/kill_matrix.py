@@ -110,14 +110,9 @@ def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_ro
     every case's Result. Past ``deadline`` (``time.monotonic()``) no case starts; the running ones finish,
     and every hunt left undecided gets its row as ``unfinished``."""
     running: dict[int, tuple[_Hunt, int, Task]] = {}  # id(task) -> its hunt and iteration
-    reruns: list[tuple[_Hunt, int, Task]] = []  # cases to run again alone on their GPU (workers.rerun_alone)
     open_hunts = list(hunts)
 
     def source():
-        if reruns:
-            h, i, task = reruns.pop()
-            running[id(task)] = (h, i, task)
-            return task
         if deadline is not None and time.monotonic() >= deadline:
             return None
         for h in sorted(open_hunts, key=lambda h: h.running()):  # stable: earlier hunts first among equals
@@ -130,9 +125,6 @@ def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_ro
     def on_outcome(outcome):
         h, i, _ = running.pop(id(outcome.item))
         result = workers.result_of(outcome, device, timeout, trace=True)
-        if rerun := workers.rerun_alone(outcome.item, result, device, jobs):
-            reruns.append((h, i, rerun))
-            return
         if on_case:
             on_case(result)
         if h not in open_hunts:
@@ -146,7 +138,7 @@ def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_ro
         judge = workers.case_runner(device, jobs, timeout, True, sanitizer.run_task)
         with workers.worker_pool(judge, device, jobs, timeout) as case_pool:
             try:
-                case_pool.run(source, on_outcome)
+                case_pool.run(*workers.with_reruns(source, on_outcome, device, jobs))
             except interrupts.Interrupted:
                 for h in open_hunts:
                     on_row(h.finish("unfinished"))
