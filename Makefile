@@ -32,8 +32,8 @@ test:
 test-quick:
 	$(PY) -m pytest -n auto --dist worksteal -q -m "not slow" --junitxml=$(JUNIT) $(ARGS)
 
-# One process, one report: the replay, then the kill matrix (even after replay failures: either
-# half fails the target). A bad argument stops it before anything runs (exit 2).
+# One process, one report: the race hunts, then the replay and the kill matrix on the same workers (the matrix
+# is decided even where the replay fails: either half fails the target). A bad argument stops it before anything runs (exit 2).
 stress:
 	$(PY) -m stress run $(STRESS_ARGS) --kill-matrix$(if $(SANITIZE),; status=$$?; \
 	$(PY) -m stress sanitize $(SANITIZE_ARGS) || status=$$(( status ? status : 1 )); exit $$status)

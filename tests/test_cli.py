@@ -269,7 +269,12 @@ def test_a_signal_stops_the_run_within_seconds_with_a_summary(tmp_path, how):
     summary = (tmp_path / "summary.md").read_text()
     assert f"**Interrupted by {name}**" in summary
     assert f"replay: {len(finished)} of {planned} cases finished" in summary
-    assert ("kill matrix: not started" in summary) == ("--kill-matrix" in args)
+    # the kill matrix hunts on the replay's workers: a signal stops both, its undecided rows left unfinished
+    matrix = re.search(r"kill matrix: (\d+) of (\d+) rows decided", summary)
+    assert (matrix is not None) == ("--kill-matrix" in args)
+    if matrix:
+        kills = [r["kill"] for r in records if "kill" in r]
+        assert len(kills) == int(matrix[2]) and sum(k["status"] != "unfinished" for k in kills) == int(matrix[1])
     assert out.splitlines()[-1].startswith(f"{len(finished)} passed, 0 failed (interrupted by {name}")
 
 
@@ -464,3 +469,24 @@ def test_under_xdist_a_test_past_its_timeout_fails_and_a_fresh_worker_runs_the_r
     assert done.returncode == 1, done.stdout + done.stderr
     assert "1 failed, 1 passed" in done.stdout, done.stdout
     assert "worker 'gw0' crashed while running 'test_hangs.py::test_hangs'" in done.stdout, done.stdout
+
+
+def _kills(report) -> dict:
+    return {k["mutant"]: (k["status"], k["iterations"], k["repro"], k["verdict"])
+            for r in _results(report) if "kill" in r for k in [r["kill"]]}
+
+
+def test_the_kill_matrix_beside_the_replay_decides_every_row_as_it_does_alone(tmp_path):
+    """`run --kill-matrix` hunts on the replay's workers; each row is still its first killing iteration in order,
+    so the rows are those of `mutants` on a pool of its own (block_table.shift's no-barrier takes more than one)."""
+    beside, alone = tmp_path / "beside", tmp_path / "alone"
+    assert main(["run", "--check", "block_table.shift", "--iters", "1", "--jobs", "2", "--kill-matrix",
+                 "--report", str(beside)]) == 0
+    assert main(["mutants", "--check", "block_table.shift", "--jobs", "2", "--report", str(alone)]) == 0
+    rows = _kills(beside)
+    assert rows == _kills(alone) and {status for status, *_ in rows.values()} == {"killed"}
+    assert max(iterations for _, iterations, *_ in rows.values()) > 1
+    line = next(x for x in (beside / "summary.md").read_text().splitlines() if x.startswith("Worker-seconds:"))
+    held, *parts = (float(v) for v in re.findall(r"([\d.]+) (?:held|s)\b", line))
+    assert parts[1] > 0, "the kill matrix's cases are counted among the workers' seconds"
+    assert sum(parts) == pytest.approx(held, abs=0.2), line  # every worker-second has a place, the tail included

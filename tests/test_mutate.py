@@ -684,3 +684,16 @@ def test_run_and_repro_apply_a_generated_mutant_as_mutate_prints_it(capsys, tmp_
     assert "verdict: fail:divergence" in capsys.readouterr().out
     assert main(["run", "--device", "cpu", "--mutant", generated[:-8] + "00000000", "--report", str(tmp_path)]) == 2
     assert "no longer matches a mutant" in capsys.readouterr().err
+
+
+def test_hunts_beside_other_work_keep_one_case_of_each_in_flight_and_run_ahead_only_when_asked():
+    from stress.mutate import kill_matrix as matrix
+
+    planned = matrix.planned([checks.get("block_table.gather")], "cpu", max_iters=4, seed=0)
+    hunting = matrix.Hunting(planned.hunts, "cpu", 0, lambda row: None)
+    first = [hunting.next_task(ahead=False) for _ in planned.hunts]
+    assert None not in first and len({(t.mutant, t.seed) for t in first}) == len(planned.hunts)
+    assert hunting.next_task(ahead=False) is None, "each hunt has one case running"
+    ahead = hunting.next_task(ahead=True)
+    assert ahead is not None and hunting.owns(ahead) and all(hunting.owns(t) for t in first)
+    assert (ahead.mutant, ahead.seed) not in {(t.mutant, t.seed) for t in first}, "a later iteration, not a rerun"

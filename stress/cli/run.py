@@ -50,9 +50,9 @@ def add_parsers(sub) -> None:
                                       "generated id (gen:..., from mutate) in every selected check "
                                       "(default: the production code)")
     run.add_argument("--hunt", action="store_true",
-                     help="then hunt the race-prone checks (those with hunt seconds for this device) back to back on "
+                     help="first hunt the race-prone checks (those with hunt seconds for this device) back to back on "
                           "device-resident cases (see `hunt`), into the same report")
-    run.add_argument("--kill-matrix", action="store_true", help="then run the kill matrix into the same report")
+    run.add_argument("--kill-matrix", action="store_true", help="also run the kill matrix, on the replay's workers beside its cases, into the same report")
     run.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
 
 
@@ -89,22 +89,43 @@ def streamed(report, bar):
     return on_result
 
 
-def run_matrix(report, selected, device: str, args, jobs: int) -> None:
-    """The kill matrix into ``report.kills`` (planned rows first), each decided row streamed and shown."""
-    from stress.mutate import kill_matrix as matrix
-
+def _on_row(report, args, say=log):
+    """A kill-matrix row as it is decided: into ``report.kills``' row, and shown."""
     def on_row(row):
         report.add_kill(row)
         shape = f" {row.launch}" if args.by_shape and row.launch else ""
-        log(f"  {row.check} {row.mutant}{shape}: {row.status}"
-             + (f" after {row.iterations} case(s)" if row.status == "killed" else ""))
+        say(f"  {row.check} {row.mutant}{shape}: {row.status}"
+            + (f" after {row.iterations} case(s)" if row.status == "killed" else ""))
+
+    return on_row
+
+
+def _matrix_options(args) -> dict:
+    return {"max_iters": args.max_iters, "seed": args.seed, "by_shape": args.by_shape,
+            "path_iters": args.path_iters if args.path or getattr(args, "path_only", False) else 0,
+            "path_only": getattr(args, "path_only", False),
+            "only": args.mutant if args.command == "mutants" else None}
+
+
+def run_matrix(report, selected, device: str, args, jobs: int) -> None:
+    """The kill matrix alone, on a pool of its own, into ``report.kills`` (planned rows first), each decided row
+    streamed and shown."""
+    from stress.mutate import kill_matrix as matrix
 
     report.kills = []
-    matrix.kill_matrix(selected, device, max_iters=args.max_iters, seed=args.seed, jobs=jobs, by_shape=args.by_shape,
-                       timeout=args.timeout, on_row=on_row, rows=report.kills,
-                       path_iters=args.path_iters if args.path or getattr(args, "path_only", False) else 0,
-                       path_only=getattr(args, "path_only", False), on_case=report.add_matrix_case,
-                       only=args.mutant if args.command == "mutants" else None)
+    matrix.kill_matrix(selected, device, jobs=jobs, timeout=args.timeout, on_row=_on_row(report, args),
+                       rows=report.kills, on_case=report.add_matrix_case, **_matrix_options(args))
+
+
+def matrix_beside(report, selected, device: str, args, say):
+    """The kill matrix planned into ``report.kills``, to hunt beside the replay's cases on the same workers
+    (``stress.core.workers.execute``'s ``beside``): each decided row streamed and shown with ``say``."""
+    from stress.mutate import kill_matrix as matrix
+
+    report.kills = []
+    planned = matrix.planned(selected, device, on_row=_on_row(report, args, say), rows=report.kills,
+                             **_matrix_options(args))
+    return matrix.Hunting(planned.hunts, device, args.timeout, planned.decided, report.add_matrix_case)
 
 
 def run_into(report, stages) -> interrupts.Interrupted | None:
@@ -132,6 +153,7 @@ def cmd_run(args) -> int:
     device = select_device(args)
     from stress import hunt
     from stress.core import cases, telemetry, workers
+    from stress.sanitize import runner as sanitizer
 
     selected = selected_checks(args)
     tasks = cases.plan(selected, args.family, args.iters, args.seed, args.mutant)
@@ -150,18 +172,20 @@ def cmd_run(args) -> int:
         log(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}"
              + gpu_log(header))
         with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
-            with progress(len(tasks)) as bar:
-                report.workers = workers.execute(tasks, device, jobs, streamed(report, bar), args.timeout,
-                                                 trace=not args.no_trace, on_abandoned=report.abandoned.extend)
             if args.hunt:
                 def on_hunt(result):
                     report.add_hunt(result)
                     log("\n".join(result.lines()))
 
                 hunt.run_hunts(selected, device, args.seed, jobs, args.timeout, on_hunt)
-            if args.kill_matrix:
-                log(f"kill matrix on {device}:")
-                run_matrix(report, selected, device, args, jobs)
+            with progress(len(tasks)) as bar:
+                # the kill matrix hunts on the replay's workers, so neither waits for the other's slowest cases
+                if args.kill_matrix:
+                    bar.write(f"kill matrix on {device}, on the replay's workers:")
+                matrix = matrix_beside(report, selected, device, args, bar.write) if args.kill_matrix else None
+                report.workers = workers.execute(tasks, device, jobs, streamed(report, bar), args.timeout,
+                                                 trace=not args.no_trace, on_abandoned=report.abandoned.extend,
+                                                 judge=sanitizer.run_task, beside=matrix)
 
     stopped = run_into(report, stages)
     failed = report.counts()[1] + sum(h.failed for h in report.hunts)

@@ -20,6 +20,7 @@ class Task(NamedTuple):
     tool: str | None = None  # run under this compute-sanitizer tool (stress.sanitize.runner) instead
     patched: Mutant | None = None  # the mutant named ``mutant``, when a driver resolved it (a generated one)
     alone: str = ""  # why this run of the task holds its GPU alone (a rerun, stress.core.workers); "" shares it
+    trace: bool = True  # False: the CPU tracer skips this case (``run --no-trace``)
 
 
 def case_seed(base: int, check: str, family: str, i: int) -> int:

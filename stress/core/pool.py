@@ -148,9 +148,10 @@ class Pool:
         self._workers: list[_Worker] = []
         self._start_deaths = 0
         # where the workers' seconds went outside their tasks: starting (process start to ready), idle (ready
-        # with no task handed over: the parent busy with other workers' outcomes, or nothing left to start) and
-        # transit (a task's round trip less its time in the worker: pipes, pickling, the parent's turnaround)
-        self.seconds = {"starting": 0.0, "idle": 0.0, "transit": 0.0}
+        # with no task handed over: the parent busy with other workers' outcomes) and transit (a task's round trip
+        # less its time in the worker: pipes, pickling, the parent's turnaround); held: every worker's life, start
+        # to kill, complete once the pool is closed (the rest of it: tasks, and waits with nothing left to start)
+        self.seconds = {"starting": 0.0, "idle": 0.0, "transit": 0.0, "held": 0.0}
 
     def __enter__(self):
         return self
@@ -292,22 +293,23 @@ class Pool:
 
     def _replace(self, w: _Worker) -> None:
         """Kill ``w`` (it is stuck, dead or retired) and start a fresh worker in its slot."""
-        _kill(w)
+        self._kill(w)
         self._start(w.slot)
+
+    def _kill(self, w: _Worker) -> None:
+        if w.process.is_alive():
+            w.process.kill()
+        w.process.join()
+        w.conn.close()
+        self.seconds["held"] += time.monotonic() - w.created
 
     def close(self) -> None:
         """Kill and join every worker, then stop the resource tracker if nothing else needs it."""
         with interrupts.deferred():
             for w in self._workers:
-                _kill(w)
+                self._kill(w)
             self._workers = []
             tracker = resource_tracker._resource_tracker
             if not self._context.active_children() and getattr(tracker, "_pid", None) is not None:
                 tracker._stop()
 
-
-def _kill(w: _Worker) -> None:
-    if w.process.is_alive():
-        w.process.kill()
-    w.process.join()
-    w.conn.close()

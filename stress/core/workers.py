@@ -20,12 +20,13 @@ from stress.core.types import Result, Verdict
 def run_case(task: Task, device: str, timeout: float = 0, trace: bool = True) -> Result:
     """Build, run and judge one case. Never raises: a crash is a verdict.
 
-    On the CPU a case that matches its reference is also traced (``trace=False`` skips it). A task
-    with a ``tool`` is the sanitizer driver's (``stress.sanitize.runner.run_task``). A refusal case
-    (``Case.refused``) is judged by ``stress.core.refusal`` instead of against the reference. A pool worker
-    on a GPU holds its GPU shared while the case runs, and runs a case that ran out of device memory
+    On the CPU a case that matches its reference is also traced (``trace=False`` or the task's own ``trace``
+    False skips it). A task with a ``tool`` is the sanitizer driver's (``stress.sanitize.runner.run_task``). A
+    refusal case (``Case.refused``) is judged by ``stress.core.refusal`` instead of against the reference. A pool
+    worker on a GPU holds its GPU shared while the case runs, and runs a case that ran out of device memory
     again, alone on the GPU (``stress.core.gpu_share``).
     """
+    trace = trace and task.trace
     if _SHARE is None:
         return _judged_and_released(task, device, timeout, trace)[0]
     waited = time.perf_counter()
@@ -113,10 +114,10 @@ def worker_pool(fn, device: str, jobs: int, timeout: float) -> pool.Pool:
                      timeout=timeout if jobs else 0.0, retire=lambda result: result.fatal)
 
 
-def case_runner(device: str, jobs: int, timeout: float, trace: bool, judge: Callable[..., Result] = run_case):
+def case_runner(device: str, jobs: int, timeout: float, judge: Callable[..., Result] = run_case):
     """``judge`` (``run_case``, or a driver's variant of it) for a pool: in this process (jobs == 0) the
     deadline is an alarm signal, in workers the pool's watchdog enforces it."""
-    return partial(judge, device=device, timeout=timeout if jobs == 0 else 0, trace=trace)
+    return partial(judge, device=device, timeout=timeout if jobs == 0 else 0)
 
 
 CAPTURE_INVALIDATED = "operation failed due to a previous error during capture"  # cudaErrorStreamCaptureInvalidated
@@ -214,28 +215,50 @@ def worker_threads(jobs: int) -> int:
     return max(1, gpus.cores() // max(1, jobs))
 
 
-def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Result], None],
+def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Result], None] | None,
             timeout: float = 0, trace: bool = True, on_abandoned: Callable[[list[Task]], None] | None = None,
-            judge: Callable[..., Result] = run_case) -> dict[str, float]:
-    """Run every task, calling ``on_result`` as each finishes (in completion order); returns the seconds the
-    workers spent outside their cases (``stress.core.pool.Pool.seconds``; zeros in this process).
+            judge: Callable[..., Result] = run_case, beside=None) -> dict[str, float]:
+    """Run every task, calling ``on_result`` as each finishes (in completion order); returns where the workers'
+    seconds went outside their cases, and all they held (``stress.core.pool.Pool.seconds``; zeros in this process).
 
     ``jobs == 0`` runs in this process. Otherwise ``stress.core.pool`` workers run the cases: a case
     past ``timeout`` is ``fail:timeout`` and one that kills its worker ``fail:crash``, each
     charged to that case alone while the run goes on. When a signal stops the run
     (``stress.core.interrupts``), ``on_abandoned`` gets the cases that were running. ``judge`` judges
-    one task (``run_case`` by default).
+    one task (``run_case`` by default); ``trace`` False skips the CPU tracer in ``tasks``' cases.
+
+    ``beside``: tasks of another driver sharing the same workers, so that neither waits for the other's slowest
+    cases or starts workers of its own (``stress.mutate.kill_matrix.Hunting``: its ``next_task(ahead)``, ``owns``,
+    ``finished`` and ``stop``). Its tasks that depend on none of its running ones go first, then ``tasks``, then,
+    once those are all handed out, whatever it would run ahead of time; it hears its own outcomes, and ``stop``
+    when a signal stops the run. Its tasks are traced whatever ``trace`` says.
     """
-    pending = iter(tasks)
+    pending = iter(tasks if trace else [task._replace(trace=False) for task in tasks])
+    drained = False
+
+    def source() -> Task | None:
+        nonlocal drained
+        if beside is not None and (task := beside.next_task(ahead=False)) is not None:
+            return task
+        if not drained:
+            if (task := next(pending, None)) is not None:
+                return task
+            drained = True
+        return beside.next_task(ahead=True) if beside is not None else None
 
     def finished(outcome: pool.Outcome) -> None:
-        on_result(result_of(outcome, device, timeout, trace))
+        if beside is not None and beside.owns(outcome.item):
+            beside.finished(outcome)
+        else:
+            on_result(result_of(outcome, device, timeout, trace))
 
-    with worker_pool(case_runner(device, jobs, timeout, trace, judge), device, jobs, timeout) as workers:
+    with worker_pool(case_runner(device, jobs, timeout, judge), device, jobs, timeout) as workers:
         try:
-            workers.run(*with_reruns(lambda: next(pending, None), finished, device, jobs))
-            return workers.seconds
+            workers.run(*with_reruns(source, finished, device, jobs))
         except interrupts.Interrupted:
             if on_abandoned is not None:
-                on_abandoned(workers.abandoned)
+                on_abandoned([task for task in workers.abandoned if beside is None or not beside.owns(task)])
+            if beside is not None:
+                beside.stop()
             raise
+    return workers.seconds  # closed: its workers' lives are complete

@@ -8,9 +8,10 @@ result is still its first killing iteration in order, whatever ran in parallel.
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stress.core import impl, interrupts, workers
+from stress.core import impl, workers
 from stress.core import patches as planted
 from stress.core.cases import Task, case_seed
 from stress.core.types import FAIL, Check, Kill, Mutant, Result, Verdict
@@ -104,47 +105,63 @@ def _new_hunt(check: Check, mutant_name: str, device: str, oracle: str, max_iter
     return _Hunt(kill, families, forced, max_iters, seed, mutant=mutant)
 
 
-def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_row, on_case=None,
-               deadline: float | None = None) -> None:
-    """Run the hunts' cases on one pool; ``on_row`` gets each hunt's row as it is decided, ``on_case``
-    every case's Result. Past ``deadline`` (``time.monotonic()``) no case starts; the running ones finish,
-    and every hunt left undecided gets its row as ``unfinished``."""
-    running: dict[int, tuple[_Hunt, int, Task]] = {}  # id(task) -> its hunt and iteration
-    open_hunts = list(hunts)
+class Hunting:
+    """Hunts' cases as a pool's source, and their outcomes: on a pool of their own (``_run_hunts``) or beside a
+    replay's cases (``stress.core.workers.execute``'s ``beside``). ``on_row`` gets each hunt's row as it is
+    decided, ``on_case`` every case's Result. Past ``deadline`` (``time.monotonic()``) no case starts."""
 
-    def source():
-        if deadline is not None and time.monotonic() >= deadline:
+    def __init__(self, hunts: list[_Hunt], device: str, timeout: float, on_row, on_case=None,
+                 deadline: float | None = None):
+        self.open = list(hunts)
+        self.device, self.timeout, self.on_row, self.on_case, self.deadline = device, timeout, on_row, on_case, deadline
+        self._running: dict[int, tuple[_Hunt, int, Task]] = {}  # id(task) -> its hunt, iteration and the task
+
+    def next_task(self, ahead: bool = True) -> Task | None:
+        """The next case of the open hunt with the fewest cases running (earlier hunts first among equals).
+        ``ahead``: also a later iteration of a hunt that has one running, which a pool with nothing else to do
+        runs ahead of time; without it, only a hunt with none running gets one (a pool with other work keeps one
+        case of each hunt in flight). A hunt's row is its first killing iteration in order either way."""
+        if self.deadline is not None and time.monotonic() >= self.deadline:
             return None
-        for h in sorted(open_hunts, key=lambda h: h.running()):  # stable: earlier hunts first among equals
+        for h in sorted(self.open, key=lambda h: h.running()):
+            if not ahead and h.running():
+                return None
             if (step := h.next_task()) is not None:
                 i, task = step
-                running[id(task)] = (h, i, task)
+                self._running[id(task)] = (h, i, task)
                 return task
         return None
 
-    def on_outcome(outcome):
-        h, i, _ = running.pop(id(outcome.item))
-        result = workers.result_of(outcome, device, timeout, trace=True)
-        if on_case:
-            on_case(result)
-        if h not in open_hunts:
+    def owns(self, task: Task) -> bool:
+        return id(task) in self._running
+
+    def finished(self, outcome) -> None:
+        h, i, _ = self._running.pop(id(outcome.item))
+        result = workers.result_of(outcome, self.device, self.timeout, trace=True)
+        if self.on_case:
+            self.on_case(result)
+        if h not in self.open:
             return  # an iteration run ahead of a kill that was found earlier
         h.record(i, result)
         if h.decided():
-            open_hunts.remove(h)
-            on_row(h.finish())
+            self.open.remove(h)
+            self.on_row(h.finish())
 
+    def stop(self) -> None:
+        """Every hunt still open gets its row as ``unfinished`` (a signal, a deadline)."""
+        for h in self.open:
+            self.on_row(h.finish("unfinished"))
+        self.open = []
+
+
+def _run_hunts(hunts: list[_Hunt], device: str, jobs: int, timeout: float, on_row, on_case=None,
+               deadline: float | None = None) -> None:
+    """Run the hunts' cases on one pool (``Hunting``). Past ``deadline`` no case starts; the running ones finish,
+    and every hunt left undecided gets its row as ``unfinished``."""
+    hunting = Hunting(hunts, device, timeout, on_row, on_case, deadline)
     if deadline is None or time.monotonic() < deadline:  # past it, no pool of workers starts for nothing
-        judge = workers.case_runner(device, jobs, timeout, True, sanitizer.run_task)
-        with workers.worker_pool(judge, device, jobs, timeout) as case_pool:
-            try:
-                case_pool.run(*workers.with_reruns(source, on_outcome, device, jobs))
-            except interrupts.Interrupted:
-                for h in open_hunts:
-                    on_row(h.finish("unfinished"))
-                raise
-    for h in open_hunts:  # only past the deadline
-        on_row(h.finish("unfinished"))
+        workers.execute([], device, jobs, None, timeout, judge=sanitizer.run_task, beside=hunting)
+    hunting.stop()
 
 
 def hunt_mutant(check_name: str, mutant_name: str, device: str, oracle: str, max_iters: int, seed: int,
@@ -181,11 +198,21 @@ def _path_hunts(checks: list[Check], device: str, max_iters: int, seed: int) -> 
     return hunts, known
 
 
+@dataclass
+class Matrix:
+    """A planned kill matrix: every row (undecided ones say ``unfinished``), the hunts that decide them, and
+    ``decided``, which takes each hunt's row as it is decided (a path hunt's fills its bug's path column)."""
+
+    rows: list[Kill]
+    hunts: list[_Hunt]
+    decided: Callable[[Kill], None]
+
+
 def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, jobs: int,
                 by_shape: bool = False, timeout: float = 0, on_row=None, rows: list | None = None,
                 path_iters: int = 40, path_only: bool = False, on_case=None,
                 only: list[str] | None = None) -> list[Kill]:
-    """One row per mutant (per launch shape with ``by_shape``), in registry order.
+    """One row per mutant (per launch shape with ``by_shape``), in registry order, hunted on a pool of its own.
 
     ``on_row`` sees each row as it is decided. ``rows``, when given, is filled with every planned
     row up front (undecided ones say ``unfinished``), so a caller still holds the whole matrix
@@ -195,6 +222,17 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
     say ``not_hunted``). ``on_case`` sees the Result of every case the hunts ran. ``only``: hunt just
     these planted bugs (by name).
     """
+    matrix = planned(checks, device, max_iters=max_iters, seed=seed, by_shape=by_shape, on_row=on_row, rows=rows,
+                     path_iters=path_iters, path_only=path_only, only=only)
+    _run_hunts(matrix.hunts, device, jobs, timeout, matrix.decided, on_case)
+    return matrix.rows
+
+
+def planned(checks: list[Check], device: str, *, max_iters: int, seed: int, by_shape: bool = False, on_row=None,
+            rows: list | None = None, path_iters: int = 40, path_only: bool = False,
+            only: list[str] | None = None) -> Matrix:
+    """``kill_matrix``'s rows and hunts, not run yet (the arguments are ``kill_matrix``'s): rows decided without
+    a hunt (not checked here, stale, not hunted) go to ``on_row`` now."""
     rows = [] if rows is None else rows
     hunts: list[_Hunt] = []
     blind: dict[str, str | None] = {}  # sanitizer tool -> why it cannot judge here (None: its control was caught)
@@ -227,8 +265,7 @@ def kill_matrix(checks: list[Check], device: str, *, max_iters: int, seed: int, 
                 unit.path, unit.path_verdict, unit.path_iterations, unit.path_detail = path_fields[name]
 
     _set_path_column(rows, path_fields, path_hunts)
-    _run_hunts(hunts + list(path_hunts.values()), device, jobs, timeout, decided, on_case)
-    return rows
+    return Matrix(rows, hunts + list(path_hunts.values()), decided)
 
 
 def _set_path_column(rows: list[Kill], path_fields: dict, path_hunts: dict) -> None:

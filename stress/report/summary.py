@@ -51,8 +51,9 @@ class Report:
         self.abandoned: list = []  # tasks that were running when a signal stopped the run
         self.interrupted: str | None = None
         self.telemetry: dict = {}  # GPU envelope (stress.core.telemetry), filled during a GPU run
-        self.workers: dict = {}  # the replay's worker-seconds outside cases (stress.core.pool.Pool.seconds)
+        self.workers: dict = {}  # where the replay's worker-seconds went outside cases (stress.core.pool.Pool.seconds)
         self.matrix_cases: dict[int | None, int] = {}  # kill-matrix cases run, by GPU
+        self.matrix_seconds = 0.0  # their seconds in the workers, waits for the GPU and releases included
         self.untrusted_after: Result | None = None  # in process: the first case that may have damaged the process
         self.stream = None
         if directory:
@@ -85,6 +86,7 @@ class Report:
         """Count one kill-matrix case on the GPU it ran on (its verdicts live in the matrix's rows)."""
         self._watch(result)
         self.matrix_cases[result.gpu] = self.matrix_cases.get(result.gpu, 0) + 1
+        self.matrix_seconds += in_worker(result)
 
     def _watch(self, result: Result) -> None:
         """A run in this process (``jobs`` 0) keeps its process after a fatal case (a memory verdict, a poisoned
@@ -235,7 +237,7 @@ class Report:
             out.append(f"| {check} | {family} | {sum(r.verdict == PASS for r in rs)} | {sum(r.failed for r in rs)} "
                        f"| {sum(r.not_checked for r in rs)} | {sum(r.seconds for r in rs):.2f} |")
         out += acceptance_lines(self.results)
-        out += time_lines(self.results) + worker_lines(self.workers)
+        out += time_lines(self.results) + worker_lines(self.workers, self.results, self.matrix_seconds)
         out += ["", f"![failures by check and family]({FAILURES_PNG})"]
         failures = [r for r in self.results if r.failed]
         if failures:
@@ -308,14 +310,30 @@ def time_lines(results: list[Result]) -> list[str]:
     return out
 
 
-def worker_lines(seconds: dict) -> list[str]:
-    """The workers' seconds outside their cases (``stress.core.pool.Pool.seconds``), summed over the workers: a
-    run whose workers sit idle or in transit is held back by the parent, not by its cases."""
+def in_worker(result: Result) -> float:
+    """A case's seconds in its worker: its own, and its waits for the GPU and release of device memory around it."""
+    return result.seconds + sum(result.phases.get(p, 0.0) for p in OUTSIDE)
+
+
+def worker_lines(seconds: dict, results: list[Result], matrix_seconds: float = 0.0) -> list[str]:
+    """Where the workers' seconds went (``stress.core.pool.Pool.seconds``), summed over the workers: in cases (the
+    replay's, the kill matrix's beside them), waiting for the GPU and releasing its memory around them, starting,
+    idle (held back by the parent), in transit, and the rest: no case left to start (the run's tail)."""
     if not any(seconds.values()):
         return []
-    said = {"starting": "starting (process start to ready)", "idle": "idle before a case (the parent's turnaround)",
-            "transit": "in transit (a case's round trip less its time in the worker)"}
-    return ["", "Worker-seconds outside cases: " + "; ".join(f"{said[k]} {v:.1f} s" for k, v in seconds.items()) + "."]
+    replay = sum(r.seconds for r in results)
+    around = sum(r.phases.get(p, 0.0) for r in results for p in OUTSIDE)
+    parts = {"replay cases": replay, "kill-matrix cases (waits included)": matrix_seconds,
+             "waiting for the GPU and releasing memory around replay cases": around,
+             "starting (process start to ready)": seconds.get("starting", 0.0),
+             "idle before a case (the parent's turnaround)": seconds.get("idle", 0.0),
+             "in transit (a case's round trip less its time in the worker)": seconds.get("transit", 0.0)}
+    held = seconds.get("held", 0.0)
+    if held:
+        parts["nothing left to start (the run's tail)"] = max(0.0, held - sum(parts.values()))
+    lead = f"Worker-seconds: {held:.1f} held; " if held else "Worker-seconds outside cases: "
+    return ["", lead + "; ".join(f"{name} {v:.1f} s" for name, v in parts.items() if v or name == "replay cases")
+            + "."]
 
 
 def acceptance_lines(results: list[Result]) -> list[str]:
