@@ -4,6 +4,7 @@ counts add up to the run and carry each GPU's own telemetry, and TP ranks get NC
 
 import json
 import sys
+import time
 from collections import Counter
 from types import SimpleNamespace
 
@@ -134,3 +135,22 @@ def test_nccl_needs_a_gpu_per_rank(fake_gpus, monkeypatch):
                                          r"are visible; pass --ranks 4 \(or fewer\), or --backend gloo$"):
         tp.choose_backend("nccl", 5)
     assert [gpus.gpu_of(rank, FAKE_GPUS) for rank in range(FAKE_GPUS)] == [0, 1, 2, 3]  # rank_main's placement
+
+
+def test_the_envelope_records_how_busy_the_host_and_each_gpu_were(monkeypatch):
+    """Whether a run waits for its host or for its GPUs: the host's busy core-time over the run (/proc/stat) and
+    each GPU's sampled utilization (NVML), both read while the run works."""
+    busy = {0: 40, 1: 0, 2: 100, 3: 0}
+    nvml = fake_nvml({"c": 30}, [])
+    nvml.nvmlDeviceGetUtilizationRates = lambda h: SimpleNamespace(gpu=busy[h])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(telemetry, "SAMPLE_SECONDS", 0.01)
+    record = {}
+    with telemetry.envelope(record):
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:  # the host's own work during the run
+            pass
+    assert record["load"]["gpu_busy"] == {0: 0.4, 1: 0.0, 2: 1.0, 3: 0.0}
+    assert 0 < record["load"]["host_busy"] <= 1
+    line = telemetry.lines(record)[-1]
+    assert "GPU 0 running a kernel 40% of the time" in line and "of the host's core-time busy" in line

@@ -52,7 +52,8 @@ def add_parsers(sub) -> None:
     run.add_argument("--hunt", action="store_true",
                      help="first hunt the race-prone checks (those with hunt seconds for this device) back to back on "
                           "device-resident cases (see `hunt`), into the same report")
-    run.add_argument("--kill-matrix", action="store_true", help="also run the kill matrix, on the replay's workers beside its cases, into the same report")
+    run.add_argument("--kill-matrix", action="store_true",
+                     help="also run the kill matrix, on the replay's workers beside its cases, into the same report")
     run.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
 
 

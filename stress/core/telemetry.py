@@ -3,9 +3,12 @@ reasons, temperature, power, ECC counters, remapped rows and Xid events. A diver
 throttling or faulting GPU reads differently from one on a healthy GPU, so the run records
 the envelope. A query the GPU or driver does not support is recorded as "not supported"."""
 
+import threading
 from contextlib import contextmanager
 
 from stress.core import gpus
+
+SAMPLE_SECONDS = 0.5  # how often the GPUs' utilization is read during a run
 
 
 def _query(fn, *args):
@@ -69,13 +72,62 @@ def envelope(record: dict):
     except Exception as exc:  # noqa: BLE001
         record["xid"] = f"not supported ({type(exc).__name__})"
         event_set = None
+    host = _cpu_times()
+    sampler = _Sampler(nv) if nv is not None else None
     try:
         yield record
     finally:
         if event_set is not None:
             record["xid"] = _xid_events(event_set, nv)
             _query(nv.nvmlEventSetFree, event_set)
+        record["load"] = {"host_busy": _busy_since(host), "gpu_busy": sampler.stop() if sampler else "not sampled"}
         record["after"] = snapshot()
+
+
+def _cpu_times() -> tuple[float, float] | None:
+    """(busy, all) jiffies summed over the host's cores since boot (Linux ``/proc/stat``); None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(v) for v in f.readline().split()[1:8]]  # user nice system idle iowait irq softirq
+    except (OSError, ValueError):
+        return None
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+def _busy_since(start: tuple[float, float] | None) -> float | str:
+    """The share of the host's core-time busy since ``start`` (every process's, not only the run's)."""
+    end = _cpu_times()
+    if start is None or end is None or end[1] <= start[1]:
+        return "not measured (no /proc/stat)"
+    return round((end[0] - start[0]) / (end[1] - start[1]), 3)
+
+
+class _Sampler:
+    """Reads each GPU's utilization (NVML: the share of the last sample period in which a kernel ran) every
+    ``SAMPLE_SECONDS`` in a thread of its own; ``stop`` gives each GPU's mean, by NVML index."""
+
+    def __init__(self, nv):
+        self.nv, self.sums, self.samples = nv, {}, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="specsan-gpu-load", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            handles = [self.nv.nvmlDeviceGetHandleByIndex(i) for i in range(self.nv.nvmlDeviceGetCount())]
+            while not self._stop.wait(SAMPLE_SECONDS):
+                for i, h in enumerate(handles):
+                    self.sums[i] = self.sums.get(i, 0) + self.nv.nvmlDeviceGetUtilizationRates(h).gpu
+                self.samples += 1
+        except Exception as exc:  # noqa: BLE001 - NVMLError_NotSupported and friends: record, never crash
+            self.sums = f"not supported ({type(exc).__name__})"
+
+    def stop(self) -> dict | str:
+        self._stop.set()
+        self._thread.join()
+        if isinstance(self.sums, str):
+            return self.sums
+        return {i: round(total / self.samples / 100, 3) for i, total in self.sums.items()} if self.samples else {}
 
 
 def lines(record: dict) -> list[str]:
@@ -91,6 +143,14 @@ def lines(record: dict) -> list[str]:
                        f"{g['temperature_c']} C, {g['power_w']} W, ECC uncorrected {g['ecc_uncorrected']}, "
                        f"remapped rows {g['remapped_rows']}")
     out.append(f"Xid events during the run: {record.get('xid', 'not recorded')}")
+    load = record.get("load", {})
+    if load:
+        host, gpu_busy = load["host_busy"], load["gpu_busy"]
+        host = f"{100 * host:.0f}% of the host's core-time busy" if isinstance(host, float) else f"host {host}"
+        gpu_busy = ("; ".join(f"GPU {i} running a kernel {100 * v:.0f}% of the time" for i, v in gpu_busy.items())
+                    if isinstance(gpu_busy, dict) else f"GPU utilization {gpu_busy}")
+        out.append(f"Load during the run: {host}; {gpu_busy or 'no GPU sample'} (NVML, read every "
+                   f"{SAMPLE_SECONDS:g} s)")
     return out
 
 
