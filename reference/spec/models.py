@@ -53,22 +53,23 @@ class Model:
         """Softmax attention of query rows ``[N, Hq, D]``, row i over the positions ``spans[i]`` of
         ``keys`` / ``values`` ``[L, Hkv, D]`` (GQA: head h reads kv head h // (Hq / Hkv)). A NaN that a
         row sees (never-written KV) makes its output NaN; one it does not see has no effect."""
-        lo, hi = min(s.start for s in spans), max(s.stop for s in spans)
         c = self.c
         group = c["heads"] // c["kv_heads"]
-        k, v = keys[lo:hi], values[lo:hi]
-        nan_v = torch.isnan(v).any(-1).T  # [Hkv, L]
-        starts = torch.tensor([s.start for s in spans])[:, None]
-        stops = torch.tensor([s.stop for s in spans])[:, None]
-        at = torch.arange(lo, hi)[None, :]
         out = []
         for first in range(0, len(spans), ROWS_PER_CHUNK):  # bounded memory (ROWS_PER_CHUNK)
             rows = slice(first, first + ROWS_PER_CHUNK)
-            seen = (at >= starts[rows]) & (at < stops[rows])  # [n, L]
+            chunk = spans[rows]
+            lo, hi = min(s.start for s in chunk), max(s.stop for s in chunk)  # the positions these rows see
+            k, v = keys[lo:hi], values[lo:hi]
+            at = torch.arange(lo, hi)[None, :]
+            starts = torch.tensor([s.start for s in chunk])[:, None]
+            stops = torch.tensor([s.stop for s in chunk])[:, None]
+            seen = (at >= starts) & (at < stops)  # [n, L]
             qg = q[rows].view(-1, c["kv_heads"], group, c["head_dim"])
             scores = torch.einsum("nhgd,lhd->nhgl", qg, k) / math.sqrt(c["head_dim"])
             weights = torch.softmax(scores.masked_fill(~seen[:, None, None, :], float("-inf")), dim=-1)
             o = torch.einsum("nhgl,lhd->nhgd", weights, v.nan_to_num(0.0))
+            nan_v = torch.isnan(v).any(-1).T  # [Hkv, L]
             poisoned = (seen[:, None, :] & nan_v[None]).any(-1)  # [n, Hkv]
             out.append(o.masked_fill(poisoned[:, :, None, None], float("nan")).reshape(-1, c["heads"], c["head_dim"]))
         return torch.cat(out)
