@@ -124,9 +124,12 @@ class LogitError:
             self._bound = self.raw_scale @ self.head_raw.abs() + self.norm_scale @ self.head_norm.abs() + 1e-9
         return self._bound
 
-    def pairs(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
-        """[m, m]: bound on the error of ``logit[a] - logit[b]`` for tokens a, b of ``tokens`` in ``row``."""
-        raw, norm = self.head_raw[:, tokens], self.head_norm[:, tokens]
-        return (torch.einsum("h,hab->ab", self.raw_scale[row], (raw[:, :, None] - raw[:, None, :]).abs())
-                + torch.einsum("h,hab->ab", self.norm_scale[row], (norm[:, :, None] - norm[:, None, :]).abs()) + 1e-9)
+    def pairs(self, row: int, tokens: torch.Tensor, of: torch.Tensor | None = None) -> torch.Tensor:
+        """[m, m]: bound on the error of ``logit[a] - logit[b]`` for tokens a, b of ``tokens`` in ``row``;
+        ``[len(of), m]`` for tokens a of ``of`` only, when given."""
+        of = tokens if of is None else of
 
+        def spread(head, scale):  # [len(of), m]: sum over h of scale[h] * |head[h, a] - head[h, b]|
+            return torch.einsum("h,hab->ab", scale, (head[:, of][:, :, None] - head[:, tokens][:, None, :]).abs())
+
+        return spread(self.head_raw, self.raw_scale[row]) + spread(self.head_norm, self.norm_scale[row]) + 1e-9
