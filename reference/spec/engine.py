@@ -53,8 +53,8 @@ class Row(NamedTuple):
     index: int  # the row of ``error``
 
 
-def _pairs(row: Row, tokens: torch.Tensor) -> torch.Tensor:
-    return row.error.pairs(row.index, tokens)
+def _pairs(row: Row, tokens: torch.Tensor, of: torch.Tensor | None = None) -> torch.Tensor:
+    return row.error.pairs(row.index, tokens, of)
 
 
 def _decided(scores: torch.Tensor, row: Row, scale: float, slack: torch.Tensor | float = 0.0) -> tuple[int, bool]:
@@ -68,8 +68,9 @@ def _decided(scores: torch.Tensor, row: Row, scale: float, slack: torch.Tensor |
     near = torch.nonzero(values >= values[best] - spread).flatten()
     if near.numel() == 1:
         return best, False
-    at = int((near == best).nonzero()[0])
-    allowed = _pairs(row, near)[at] * scale + (slack[near] if isinstance(slack, torch.Tensor) else slack)
+    slack_near = slack[near] if isinstance(slack, torch.Tensor) else slack
+    # the error of values[best] - values[t] for each near t: best's row of the pairs, not all of them
+    allowed = _pairs(row, near, of=torch.tensor([best]))[0] * scale + slack_near
     rivals = (values[best] - values[near] <= allowed) & (near != best)
     return best, bool(rivals.any())
 

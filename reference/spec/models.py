@@ -11,7 +11,11 @@ import math
 import torch
 
 EPS = 1e-6
-ROWS_PER_CHUNK = 512
+# Query rows per attention chunk. Rows are independent: the chunking bounds memory and changes no value beyond
+# BLAS rounding (a chunk of a few rows may take another MKL path). A chunk's [rows, heads, positions] float64
+# temporaries (scores, masked scores, weights) stay a few MB at 64 rows, where at 512 rows of a GPU-sized prefill
+# (~2000 positions) each was 60 MB and freshly mapped every time: its page faults cost more than the arithmetic.
+ROWS_PER_CHUNK = 64
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
@@ -49,22 +53,23 @@ class Model:
         """Softmax attention of query rows ``[N, Hq, D]``, row i over the positions ``spans[i]`` of
         ``keys`` / ``values`` ``[L, Hkv, D]`` (GQA: head h reads kv head h // (Hq / Hkv)). A NaN that a
         row sees (never-written KV) makes its output NaN; one it does not see has no effect."""
-        lo, hi = min(s.start for s in spans), max(s.stop for s in spans)
         c = self.c
         group = c["heads"] // c["kv_heads"]
-        k, v = keys[lo:hi], values[lo:hi]
-        nan_v = torch.isnan(v).any(-1).T  # [Hkv, L]
-        starts = torch.tensor([s.start for s in spans])[:, None]
-        stops = torch.tensor([s.stop for s in spans])[:, None]
-        at = torch.arange(lo, hi)[None, :]
         out = []
-        for first in range(0, len(spans), ROWS_PER_CHUNK):  # bounded memory for long contexts
+        for first in range(0, len(spans), ROWS_PER_CHUNK):  # bounded memory (ROWS_PER_CHUNK)
             rows = slice(first, first + ROWS_PER_CHUNK)
-            seen = (at >= starts[rows]) & (at < stops[rows])  # [n, L]
+            chunk = spans[rows]
+            lo, hi = min(s.start for s in chunk), max(s.stop for s in chunk)  # the positions these rows see
+            k, v = keys[lo:hi], values[lo:hi]
+            at = torch.arange(lo, hi)[None, :]
+            starts = torch.tensor([s.start for s in chunk])[:, None]
+            stops = torch.tensor([s.stop for s in chunk])[:, None]
+            seen = (at >= starts) & (at < stops)  # [n, L]
             qg = q[rows].view(-1, c["kv_heads"], group, c["head_dim"])
             scores = torch.einsum("nhgd,lhd->nhgl", qg, k) / math.sqrt(c["head_dim"])
             weights = torch.softmax(scores.masked_fill(~seen[:, None, None, :], float("-inf")), dim=-1)
             o = torch.einsum("nhgl,lhd->nhgd", weights, v.nan_to_num(0.0))
+            nan_v = torch.isnan(v).any(-1).T  # [Hkv, L]
             poisoned = (seen[:, None, :] & nan_v[None]).any(-1)  # [n, Hkv]
             out.append(o.masked_fill(poisoned[:, :, None, None], float("nan")).reshape(-1, c["heads"], c["head_dim"]))
         return torch.cat(out)
@@ -119,9 +124,12 @@ class LogitError:
             self._bound = self.raw_scale @ self.head_raw.abs() + self.norm_scale @ self.head_norm.abs() + 1e-9
         return self._bound
 
-    def pairs(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
-        """[m, m]: bound on the error of ``logit[a] - logit[b]`` for tokens a, b of ``tokens`` in ``row``."""
-        raw, norm = self.head_raw[:, tokens], self.head_norm[:, tokens]
-        return (torch.einsum("h,hab->ab", self.raw_scale[row], (raw[:, :, None] - raw[:, None, :]).abs())
-                + torch.einsum("h,hab->ab", self.norm_scale[row], (norm[:, :, None] - norm[:, None, :]).abs()) + 1e-9)
+    def pairs(self, row: int, tokens: torch.Tensor, of: torch.Tensor | None = None) -> torch.Tensor:
+        """[m, m]: bound on the error of ``logit[a] - logit[b]`` for tokens a, b of ``tokens`` in ``row``;
+        ``[len(of), m]`` for tokens a of ``of`` only, when given."""
+        of = tokens if of is None else of
 
+        def spread(head, scale):  # [len(of), m]: sum over h of scale[h] * |head[h, a] - head[h, b]|
+            return torch.einsum("h,hab->ab", scale, (head[:, of][:, :, None] - head[:, tokens][:, None, :]).abs())
+
+        return spread(self.head_raw, self.raw_scale[row]) + spread(self.head_norm, self.norm_scale[row]) + 1e-9
