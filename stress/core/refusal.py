@@ -13,7 +13,17 @@ included) sits in guard zones and must come back unchanged.
 
 import traceback
 
-from stress.core.guards import guarded, settle, shared_inputs, snapshot, torch_device, written_in_place
+from stress.core.guards import (
+    TOGETHER_BYTES,
+    guarded,
+    settle,
+    shared_inputs,
+    snapshot,
+    together,
+    together_bytes,
+    torch_device,
+    written_in_place,
+)
 from stress.core.types import PASS, Case, Check, Family, Verdict, not_checked
 
 VERDICTS = (Verdict.ACCEPTED, Verdict.REFUSAL)  # the verdicts only refusal cases give
@@ -85,26 +95,58 @@ def judge_all(check: Check, case: Case, device: str, kernel) -> tuple[str, list[
 
 def judge_one(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
     """Call ``kernel`` once on guarded copies of the case's inputs and judge the refusal."""
-    from stress.core import compare
+    return _Call(case, torch_device(device), kernel).verdict()
 
-    placed, args = guarded(case.inputs, torch_device(device))
-    before = snapshot({name: g.view for name, g in placed.items()})
-    raised = None
-    try:
-        kernel(**args, **case.launch)
-    except Exception as exc:  # noqa: BLE001 - which exception it is, is the verdict
-        raised = exc
-    damage, _, after = settle(placed, {}, {name: (g.view, before[name]) for name, g in placed.items()})
-    want = f"a ValueError naming {case.refused!r} ({case.note or 'bad input'})"
-    if raised is None:
-        return Verdict.ACCEPTED, [f"expected {want}; the call returned without raising"]
-    said = traceback.format_exception_only(raised)[-1].strip()
-    if damage:
-        return Verdict.OOB, [f"written past a tensor before raising {said}", *damage]
-    changed = [line for name, values in after.items()
-               if (found := compare.unchanged(name, case.inputs[name], values)) for line in found.lines()]
-    if changed:
-        return Verdict.DIVERGENCE, [f"written before raising {said}", *changed]
-    if not isinstance(raised, ValueError) or not names(str(raised), case.refused):
-        return Verdict.REFUSAL, [f"expected {want}; raised {said}"]
-    return PASS, [f"refused: {raised}"]
+
+class _Call:
+    """``kernel`` called once on guarded copies of ``case``'s inputs, judged by ``verdict``. Copies up to
+    TOGETHER_BYTES share one allocation (``stress.core.guards.together``): one comparison with a copy of it, on
+    the device, tells whether the call wrote anything. Larger ones are placed and compared tensor by tensor
+    (``guarded``, ``snapshot``): no copy of more than their elements (a case of no tensors has nothing to place)."""
+
+    def __init__(self, case: Case, dev, kernel):
+        self.case, self.flag = case, None
+        if 0 < together_bytes(case.inputs) <= TOGETHER_BYTES:
+            self.together, args = together(case.inputs, dev)
+            self.placed = self.together.placed
+        else:
+            self.together, (self.placed, args) = None, guarded(case.inputs, dev)
+        self.before = (self.together.snapshot() if self.together is not None
+                       else snapshot({name: g.view for name, g in self.placed.items()}))
+        self.raised = None
+        try:
+            kernel(**args, **case.launch)
+        except Exception as exc:  # noqa: BLE001 - which exception it is, is the verdict
+            self.raised = exc
+        if self.together is not None:
+            self.flag = self.together.changed(self.before)
+
+    def _settled(self) -> tuple[list[str], dict]:
+        """Guard-zone damage in words and the inputs that changed (host values), after one wait for the device."""
+        if self.together is None:
+            damage, _, after = settle(self.placed, {}, {name: (g.view, self.before[name])
+                                                         for name, g in self.placed.items()})
+            return damage, after
+        if not self.flag.value():
+            return [], {}
+        damage, _, after = settle(self.placed, {}, self.together.kept(self.before))
+        return damage + self.together.stray(self.before), after
+
+    def verdict(self) -> tuple[str, list[str]]:
+        from stress.core import compare
+
+        case, raised = self.case, self.raised
+        damage, after = self._settled()
+        want = f"a ValueError naming {case.refused!r} ({case.note or 'bad input'})"
+        if raised is None:
+            return Verdict.ACCEPTED, [f"expected {want}; the call returned without raising"]
+        said = traceback.format_exception_only(raised)[-1].strip()
+        if damage:
+            return Verdict.OOB, [f"written past a tensor before raising {said}", *damage]
+        changed = [line for name, values in after.items()
+                   if (found := compare.unchanged(name, case.inputs[name], values)) for line in found.lines()]
+        if changed:
+            return Verdict.DIVERGENCE, [f"written before raising {said}", *changed]
+        if not isinstance(raised, ValueError) or not names(str(raised), case.refused):
+            return Verdict.REFUSAL, [f"expected {want}; raised {said}"]
+        return PASS, [f"refused: {raised}"]
