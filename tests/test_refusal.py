@@ -169,6 +169,61 @@ def test_copies_past_the_bound_are_placed_tensor_by_tensor(monkeypatch):
     assert refusal._Call(case, torch.device("cpu"), _guarded).together is None
 
 
+def _three_refusals(log, kernel_writes_first=False, reference_disagrees_at=None):
+    """A check whose case holds three refusals (``tag`` 0, 1, 2) of ``n`` < 0, logging each reference check and
+    kernel call: the kernel writes before refusing the first one when asked, the reference refuses naming ``out``
+    at ``reference_disagrees_at``."""
+    def family(rng, device, launch):
+        first, *more = [Case(inputs={"out": torch.zeros(4, dtype=torch.int32), "n": -1, "tag": tag}, refused="n",
+                             note=f"refusal {tag}") for tag in range(3)]
+        first.more_refusals = more
+        return first
+
+    def reference(out, n, tag):
+        log.append(f"reference {tag}")
+        if tag == reference_disagrees_at:
+            raise ValueError("out: the reference's own refusal")
+
+    def kernel(out, n, tag):
+        log.append(f"call {tag}")
+        if kernel_writes_first and tag == 0:
+            out[0] = 1
+        _guarded(out, n)
+
+    return Check(name="fake", kernel=kernel, reference=reference, families={"f": family}, outputs=("out",))
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle-device", "busy-device"])
+def test_references_checked_while_the_device_is_busy_keep_the_order_of_verdicts(busy, monkeypatch):
+    """On a GPU the next refusals' references are checked while the device compares a call's copies
+    (``guards.Flag.ready`` False): each reference once, each before its call, no call before the calls ahead
+    of it are judged; a disagreement found early is raised in its turn, after an earlier refusal that fails."""
+    if busy:
+        monkeypatch.setattr(guards.Flag, "ready", lambda self: False)
+    log = []
+    check = _three_refusals(log)
+    verdict, details = refusal.judge_all(check, cases.build_case(check, "f", 1, "cpu"), "cpu", check.kernel)
+    assert verdict == "pass" and len(details) == 3
+    assert sorted(log) == ["call 0", "call 1", "call 2", "reference 0", "reference 1", "reference 2"]
+    assert all(log.index(f"reference {tag}") < log.index(f"call {tag}") for tag in range(3))
+    if busy:
+        assert log[:3] == ["reference 0", "call 0", "reference 1"]  # the next reference, during call 0's wait
+    else:
+        assert log == ["reference 0", "call 0", "reference 1", "call 1", "reference 2", "call 2"]
+
+    log.clear()
+    check = _three_refusals(log, kernel_writes_first=True, reference_disagrees_at=1)
+    verdict, details = refusal.judge_all(check, cases.build_case(check, "f", 1, "cpu"), "cpu", check.kernel)
+    assert verdict == "fail:divergence" and details[0] == "refusal case: refusal 0"
+    assert "call 1" not in log and ("reference 1" in log) == busy and "reference 2" not in log
+
+    log.clear()
+    check = _three_refusals(log, reference_disagrees_at=1)
+    with pytest.raises(RuntimeError, match="expects a refusal naming 'n'.*out: the reference's own refusal"):
+        refusal.judge_all(check, cases.build_case(check, "f", 1, "cpu"), "cpu", check.kernel)
+    assert log == ["reference 0", "call 0", "reference 1"]
+
+
 def test_a_refusal_of_a_knob_the_implementation_does_not_take_is_not_asked_and_says_so():
     """A registered implementation is not handed the suite's launch knobs it lacks, so a knob's refusal cannot be
     asked of it: that sub-case is named, not passed; a case of nothing else is not_checked. The production launcher,

@@ -277,8 +277,8 @@ def together(inputs: dict, dev: torch.device) -> tuple[Together, dict]:
 
 
 class Flag:
-    """A one-element device tensor on its way to the host (or a host bool): ``value`` waits for the device (one
-    synchronization, as ``settle``'s) and reads it."""
+    """A one-element device tensor on its way to the host (or a host bool): ``ready`` asks without waiting whether
+    the device is done with it, ``value`` waits for the device (one synchronization, as ``settle``'s) and reads it."""
 
     def __init__(self, t: torch.Tensor | bool):
         self.host = _to_host(t)
@@ -286,6 +286,9 @@ class Flag:
         if isinstance(t, torch.Tensor) and t.is_cuda:
             self.event = torch.cuda.Event()
             self.event.record()
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
 
     def value(self) -> bool:
         if self.event is not None:

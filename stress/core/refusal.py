@@ -72,25 +72,60 @@ def judge_all(check: Check, case: Case, device: str, kernel) -> tuple[str, list[
     """``case`` and its ``more_refusals`` in turn (each checked against the reference first): the first that
     fails decides, its details led by the corruption it was. A refusal of an argument the kernel does not take is
     not asked, and says so, as is a limit of the suite's own kernel (``Case.own_limit``) of a registered
-    implementation; a case none of whose refusals can be asked is not_checked."""
-    passed, unasked = [], []
+    implementation; a case none of whose refusals can be asked is not_checked.
+
+    On a GPU, while the device checks one call's copies, the host checks the next refusals' references
+    (``_References.ahead``); no call is made before every call ahead of it is judged."""
+    passed, unasked, asked = [], [], []
     for refusal in (case, *case.more_refusals):
         if not asks(kernel, refusal.refused):
             unasked.append(f"not asked: {refusal.note}: the implementation takes no {refusal.refused!r} (a launch "
                            "knob of the suite's launcher)")
-            continue
-        if refusal.own_limit and getattr(kernel, "takes", None) is not None:
+        elif refusal.own_limit and getattr(kernel, "takes", None) is not None:
             unasked.append(f"not asked: {refusal.note}: a limit of the suite's own kernel on this GPU (its tiles' "
                            "shared memory), not a clause of the contract")
-            continue
-        check_reference(check, refusal)
-        verdict, details = judge_one(check, refusal, device, kernel)
+        else:
+            asked.append(refusal)
+    references, dev = _References(check, asked), torch_device(device)
+    for i, refusal in enumerate(asked):
+        references.check(i)
+        verdict, details = _Call(refusal, dev, kernel).verdict(idle=references.ahead)
         if verdict != PASS:
             return verdict, [f"refusal case: {refusal.note}", *details]
         passed += details
     if unasked and not passed:
         return not_checked("none of its refusals can be asked of this implementation"), unasked
     return PASS, passed + unasked
+
+
+class _References:
+    """``check_reference`` of each of a case's refusals, once, in order: the next ones may run early, while the
+    device is busy (``ahead``); a disagreement found early is raised in its turn (``check``), so a refusal before
+    it that fails still decides the case."""
+
+    def __init__(self, check: Check, refusals: list[Case]):
+        self.check_, self.refusals = check, refusals
+        self.done: list[RuntimeError | None] = []
+
+    def ahead(self) -> bool:
+        """Check the next refusal's reference, if any is left and none found so far disagrees; whether it did."""
+        if len(self.done) == len(self.refusals) or any(self.done):
+            return False
+        try:
+            check_reference(self.check_, self.refusals[len(self.done)])
+        except RuntimeError as exc:
+            self.done.append(exc)
+        else:
+            self.done.append(None)
+        return True
+
+    def check(self, i: int) -> None:
+        """Refusal ``i``'s reference checked (now, unless it was ahead): raises its disagreement."""
+        if i == len(self.done):
+            check_reference(self.check_, self.refusals[i])
+            self.done.append(None)
+        elif self.done[i] is not None:
+            raise self.done[i]
 
 
 def judge_one(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
@@ -101,8 +136,9 @@ def judge_one(check: Check, case: Case, device: str, kernel) -> tuple[str, list[
 class _Call:
     """``kernel`` called once on guarded copies of ``case``'s inputs, judged by ``verdict``. Copies up to
     TOGETHER_BYTES share one allocation (``stress.core.guards.together``): one comparison with a copy of it, on
-    the device, tells whether the call wrote anything. Larger ones are placed and compared tensor by tensor
-    (``guarded``, ``snapshot``): no copy of more than their elements (a case of no tensors has nothing to place)."""
+    the device, tells whether the call wrote anything, and on a GPU its flag comes back while the host does other
+    work. Larger ones are placed and compared tensor by tensor (``guarded``, ``snapshot``): no copy of more than
+    their elements (a case of no tensors has nothing to place)."""
 
     def __init__(self, case: Case, dev, kernel):
         self.case, self.flag = case, None
@@ -121,22 +157,25 @@ class _Call:
         if self.together is not None:
             self.flag = self.together.changed(self.before)
 
-    def _settled(self) -> tuple[list[str], dict]:
-        """Guard-zone damage in words and the inputs that changed (host values), after one wait for the device."""
+    def _settled(self, idle) -> tuple[list[str], dict]:
+        """Guard-zone damage in words and the inputs that changed (host values), after one wait for the device,
+        which ``idle()`` fills with host work while it is busy (until it returns False)."""
         if self.together is None:
             damage, _, after = settle(self.placed, {}, {name: (g.view, self.before[name])
                                                          for name, g in self.placed.items()})
             return damage, after
+        while not self.flag.ready() and idle():
+            pass
         if not self.flag.value():
             return [], {}
         damage, _, after = settle(self.placed, {}, self.together.kept(self.before))
         return damage + self.together.stray(self.before), after
 
-    def verdict(self) -> tuple[str, list[str]]:
+    def verdict(self, idle=lambda: False) -> tuple[str, list[str]]:
         from stress.core import compare
 
         case, raised = self.case, self.raised
-        damage, after = self._settled()
+        damage, after = self._settled(idle)
         want = f"a ValueError naming {case.refused!r} ({case.note or 'bad input'})"
         if raised is None:
             return Verdict.ACCEPTED, [f"expected {want}; the call returned without raising"]
