@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from stress import checks
-from stress.core import cases, refusal, workers
+from stress.core import cases, guards, refusal, workers
 from stress.core.types import Case, Check
 from stress.families import refusals
 
@@ -16,6 +16,15 @@ def _refusing(kernel, reference=lambda out, n: None):
         return Case(inputs={"out": torch.full((8,), 7, dtype=torch.int32), "n": -1}, refused="n", note="n < 0")
 
     return Check(name="fake", kernel=kernel, reference=reference, families={"f": family}, outputs=("out",))
+
+
+@pytest.fixture(params=["together", "tensor-by-tensor"])
+def placement(request, monkeypatch):
+    """Each refusal verdict both ways a call's copies are placed: in one allocation, judged by one comparison
+    (``guards.together``), and each tensor in its own (``guards.guarded``, the way of copies past TOGETHER_BYTES)."""
+    if request.param == "tensor-by-tensor":
+        monkeypatch.setattr(refusal, "TOGETHER_BYTES", -1)
+    return request.param
 
 
 def _judge(kernel):
@@ -29,12 +38,12 @@ def _guarded(out, n):
     out[:n] = 0
 
 
-def test_a_refusal_naming_the_argument_before_any_write_passes():
+def test_a_refusal_naming_the_argument_before_any_write_passes(placement):
     verdict, details = _judge(_guarded)
     assert verdict == "pass" and details == ["refused: n: expected an int >= 0, got -1"]
 
 
-def test_bad_input_that_goes_through_is_accepted():
+def test_bad_input_that_goes_through_is_accepted(placement):
     def unguarded(out, n):
         out[:n] = 0  # n = -1 clears all but the last entry, silently
 
@@ -44,7 +53,7 @@ def test_bad_input_that_goes_through_is_accepted():
 
 @pytest.mark.parametrize("raised", [IndexError("n: out of range"), ValueError("out: too short"),
                                     ValueError("expected n >= 0")], ids=["wrong-type", "wrong-name", "name-not-first"])
-def test_another_exception_or_another_name_is_a_bad_refusal(raised):
+def test_another_exception_or_another_name_is_a_bad_refusal(raised, placement):
     def kernel(out, n):
         raise raised
 
@@ -52,7 +61,7 @@ def test_another_exception_or_another_name_is_a_bad_refusal(raised):
     assert verdict == "fail:refusal" and str(raised) in details[0] and "naming 'n'" in details[0]
 
 
-def test_a_write_before_the_raise_is_a_divergence():
+def test_a_write_before_the_raise_is_a_divergence(placement):
     def late(out, n):
         out[0] = 0
         _guarded(out, n)
@@ -62,13 +71,157 @@ def test_a_write_before_the_raise_is_a_divergence():
     assert any("out (read-only input)" in line for line in details[1:])
 
 
-def test_a_write_past_a_tensor_before_the_raise_is_oob():
+def test_a_write_past_a_tensor_before_the_raise_is_oob(placement):
     def overrun(out, n):
         torch.as_strided(out, (9,), (1,))[8] = 0
         _guarded(out, n)
 
     verdict, details = _judge(overrun)
     assert verdict == "fail:oob" and "guard zone" in details[1]
+
+
+def test_a_write_of_an_equal_value_of_other_bits_before_the_raise_is_a_divergence(placement):
+    """-0.0 for 0.0: equal as floats, not as bits; the refusal's inputs must come back bit for bit."""
+    def family(rng, device, launch):
+        return Case(inputs={"x": torch.zeros(4), "n": -1}, refused="n", note="n < 0")
+
+    def signed(x, n):
+        x[1] = -0.0
+        raise ValueError("n: must be >= 0")
+
+    check = Check(name="fake", kernel=signed, reference=lambda x, n: None, families={"f": family}, outputs=("x",))
+    verdict, details = refusal.judge_one(check, cases.build_case(check, "f", 1, "cpu"), "cpu", signed)
+    assert verdict == "fail:divergence"
+    assert details[-1].endswith("[1]: expected 0.0 (bits 0x00000000), got -0.0 (bits 0x80000000)")
+
+
+def test_a_write_past_a_guard_zone_of_copies_placed_together_is_oob_and_names_the_tensor():
+    """Copies placed together (``guards.together``) leave slack between a tensor's guard zone and the next buffer,
+    and the next tensor's buffer after it: a write that runs past the guard zone lands in one or the other, and is
+    caught (tensor by tensor, it would land outside every buffer)."""
+    def family(rng, device, launch):
+        return Case(inputs={"out": torch.zeros(8, dtype=torch.int32), "other": torch.zeros(8, dtype=torch.int32),
+                            "n": -1}, refused="n", note="n < 0")
+
+    def far(offset):
+        def kernel(out, other, n):
+            torch.as_strided(out, (offset + 1,), (1,))[offset] = 1
+            raise ValueError("n: must be >= 0")
+        return kernel
+
+    check = Check(name="fake", kernel=far(0), reference=lambda out, other, n: None, families={"f": family},
+                  outputs=("out",))
+    case = cases.build_case(check, "f", 1, "cpu")
+    pad = guards.GUARD_BYTES // 4  # int32 elements of canary on each side of out
+    end = (8 + 2 * pad) * 4  # bytes: out's buffer ends here, the next one begins at the ALIGN boundary after it
+    following = -(-end // guards.ALIGN) * guards.ALIGN
+    into_slack, into_next = end // 4 - pad + 1, following // 4 - pad + 1  # int32 elements from out's first
+    assert end < (pad + into_slack) * 4 < following < (pad + into_next) * 4 < following + guards.GUARD_BYTES
+    verdict, details = refusal.judge_one(check, case, "cpu", far(into_slack))  # an int32 1 over 4 canary bytes
+    assert verdict == "fail:oob" and details[1:] == ["out: 4 byte(s) overwritten past the guard zone after the tensor"]
+    verdict, details = refusal.judge_one(check, case, "cpu", far(into_next))
+    assert verdict == "fail:oob" and details[1].startswith("other: guard zone overwritten (4 byte(s) before")
+
+
+LAYOUTS = {
+    "contiguous": torch.arange(12, dtype=torch.int32).view(3, 4),
+    "row-padded": torch.arange(40, dtype=torch.float16).view(5, 8)[:, :6],
+    "every-other": torch.arange(10.0)[::2],
+    "broadcast": torch.arange(3.0).view(1, 3).expand(4, 3),
+    "empty": torch.zeros(0, 5),
+    "bool": torch.tensor([True, False, True]),
+    "complex": torch.arange(6.0, dtype=torch.float64).to(torch.complex128),
+    "scalar": torch.tensor(7, dtype=torch.int64),
+}
+
+
+def test_copies_placed_together_are_laid_out_as_each_on_its_own():
+    """``guards.together`` puts each tensor in its own slice of one allocation, in ``guards.place``'s layout
+    (shape, strides, values, canaries), each buffer ALIGN bytes from the last; one comparison of the whole
+    allocation sees any byte that changed, in a view, a guard zone or the slack between buffers."""
+    dev = torch.device("cpu")
+    placed, args = guards.together({**LAYOUTS, "n": 3, "meta": torch.zeros(2, device="meta")}, dev)
+    assert args["n"] == 3 and args["meta"].is_meta and "meta" not in placed.placed
+    assert placed.memory.numel() == guards.together_bytes(LAYOUTS) and placed.memory.numel() % guards.ALIGN == 0
+    for name, t in LAYOUTS.items():
+        alone, g = guards.place(name, t, dev), placed.placed[name]
+        assert args[name] is g.view and (g.view.shape, g.view.stride(), g.view.dtype) == (t.shape, t.stride(), t.dtype)
+        assert torch.equal(g.view, t) and g.pad == alone.pad and g.buffer.numel() == alone.buffer.numel()
+        assert (g.buffer.data_ptr() - placed.memory.data_ptr()) % guards.ALIGN == 0
+        assert g.view.storage_offset() - g.buffer.storage_offset() == alone.view.storage_offset()
+        assert guards.settle({name: g}, {})[0] == []
+    before = placed.snapshot()
+    assert not placed.changed(before).value()
+    for at in (placed.placed["every-other"].view.data_ptr() - placed.memory.data_ptr() + 4,  # the gap after [0]
+               placed.placed["bool"].buffer.data_ptr() - placed.memory.data_ptr() - 1,  # slack before a buffer
+               placed.placed["broadcast"].view.data_ptr() - placed.memory.data_ptr(),  # a view's own bytes
+               0, placed.memory.numel() - 1):  # the first and the last byte
+        placed.memory[at] ^= 1
+        assert placed.changed(before).value()
+        placed.memory[at] ^= 1
+    assert not placed.changed(before).value()
+
+
+def test_copies_past_the_bound_are_placed_tensor_by_tensor(monkeypatch):
+    case = Case(inputs={"out": torch.zeros(8, dtype=torch.int32), "n": -1}, refused="n", note="n < 0")
+    assert refusal._Call(case, torch.device("cpu"), _guarded).together is not None
+    monkeypatch.setattr(refusal, "TOGETHER_BYTES", guards.together_bytes(case.inputs) - 1)
+    assert refusal._Call(case, torch.device("cpu"), _guarded).together is None
+
+
+def _three_refusals(log, kernel_writes_first=False, reference_disagrees_at=None):
+    """A check whose case holds three refusals (``tag`` 0, 1, 2) of ``n`` < 0, logging each reference check and
+    kernel call: the kernel writes before refusing the first one when asked, the reference refuses naming ``out``
+    at ``reference_disagrees_at``."""
+    def family(rng, device, launch):
+        first, *more = [Case(inputs={"out": torch.zeros(4, dtype=torch.int32), "n": -1, "tag": tag}, refused="n",
+                             note=f"refusal {tag}") for tag in range(3)]
+        first.more_refusals = more
+        return first
+
+    def reference(out, n, tag):
+        log.append(f"reference {tag}")
+        if tag == reference_disagrees_at:
+            raise ValueError("out: the reference's own refusal")
+
+    def kernel(out, n, tag):
+        log.append(f"call {tag}")
+        if kernel_writes_first and tag == 0:
+            out[0] = 1
+        _guarded(out, n)
+
+    return Check(name="fake", kernel=kernel, reference=reference, families={"f": family}, outputs=("out",))
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle-device", "busy-device"])
+def test_references_checked_while_the_device_is_busy_keep_the_order_of_verdicts(busy, monkeypatch):
+    """On a GPU the next refusals' references are checked while the device compares a call's copies
+    (``guards.Flag.ready`` False): each reference once, each before its call, no call before the calls ahead
+    of it are judged; a disagreement found early is raised in its turn, after an earlier refusal that fails."""
+    if busy:
+        monkeypatch.setattr(guards.Flag, "ready", lambda self: False)
+    log = []
+    check = _three_refusals(log)
+    verdict, details = refusal.judge_all(check, cases.build_case(check, "f", 1, "cpu"), "cpu", check.kernel)
+    assert verdict == "pass" and len(details) == 3
+    assert sorted(log) == ["call 0", "call 1", "call 2", "reference 0", "reference 1", "reference 2"]
+    assert all(log.index(f"reference {tag}") < log.index(f"call {tag}") for tag in range(3))
+    if busy:
+        assert log[:3] == ["reference 0", "call 0", "reference 1"]  # the next reference, during call 0's wait
+    else:
+        assert log == ["reference 0", "call 0", "reference 1", "call 1", "reference 2", "call 2"]
+
+    log.clear()
+    check = _three_refusals(log, kernel_writes_first=True, reference_disagrees_at=1)
+    verdict, details = refusal.judge_all(check, cases.build_case(check, "f", 1, "cpu"), "cpu", check.kernel)
+    assert verdict == "fail:divergence" and details[0] == "refusal case: refusal 0"
+    assert "call 1" not in log and ("reference 1" in log) == busy and "reference 2" not in log
+
+    log.clear()
+    check = _three_refusals(log, reference_disagrees_at=1)
+    with pytest.raises(RuntimeError, match="expects a refusal naming 'n'.*out: the reference's own refusal"):
+        refusal.judge_all(check, cases.build_case(check, "f", 1, "cpu"), "cpu", check.kernel)
+    assert log == ["reference 0", "call 0", "reference 1"]
 
 
 def test_a_refusal_of_a_knob_the_implementation_does_not_take_is_not_asked_and_says_so():

@@ -13,6 +13,7 @@ import contextlib
 import copy
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 CANARY = 0xA5
@@ -135,13 +136,26 @@ def place(name: str, t: torch.Tensor, device: torch.device) -> Guarded:
     """A copy of ``t`` on ``device`` between two canary zones, in ``t``'s layout: a contiguous tensor
     stays contiguous, a strided view (row-padded, every other row) keeps its strides, and the bytes
     its rows skip hold canaries too. Launchers accept such views, so the runner must not hide them."""
-    pad = _pad(t)
-    dense = t.is_contiguous()
-    extent = t.numel() if dense else span(t)
-    buffer = torch.empty(extent + 2 * pad, dtype=t.dtype, device=device)
+    buffer = torch.empty(_buffer_elements(t), dtype=t.dtype, device=device)
     buffer.view(torch.uint8).fill_(CANARY)
-    view = buffer[pad:pad + t.numel()].view(t.shape) if dense else buffer.as_strided(t.shape, t.stride(), pad)
-    fill(view, t)
+    guarded = _laid_out(name, t, buffer)
+    fill(guarded.view, t)
+    return guarded
+
+
+def _buffer_elements(t: torch.Tensor) -> int:
+    """Elements of the buffer ``place`` puts ``t`` in: its extent and the canaries on each side."""
+    return (t.numel() if t.is_contiguous() else span(t)) + 2 * _pad(t)
+
+
+def _laid_out(name: str, t: torch.Tensor, buffer: torch.Tensor) -> Guarded:
+    """``t``'s place in ``buffer`` (``_buffer_elements(t)`` of its dtype, 1-D): the view between the canaries, in
+    ``t``'s layout."""
+    pad = _pad(t)
+    if t.is_contiguous():
+        view = buffer[pad:pad + t.numel()].view(t.shape)
+    else:
+        view = buffer.as_strided(t.shape, t.stride(), buffer.storage_offset() + pad)
     return Guarded(name, buffer, view, pad)
 
 
@@ -166,9 +180,120 @@ def guarded(inputs: dict, dev: torch.device) -> tuple[dict, dict]:
     """Guarded copies of the tensor ``inputs`` on ``dev``, and the call's arguments: those copies' views,
     and fresh copies of every other input. A tensor on the meta device (a refusal case's tensor on another
     device, ``stress.families.refusals.moved``) is handed over as it is: it has no data to guard."""
-    placed = {k: place(k, v, dev) for k, v in inputs.items() if isinstance(v, torch.Tensor) and not v.is_meta}
+    placed = {k: place(k, v, dev) for k, v in _placeable(inputs).items()}
     return placed, {**copy.deepcopy({k: v for k, v in inputs.items() if k not in placed}),
                     **{k: g.view for k, g in placed.items()}}
+
+
+ALIGN = 512  # bytes: where each buffer of a shared allocation begins (a CUDA allocation's own alignment)
+TOGETHER_BYTES = 64 << 20  # a call's guarded copies up to this size share one allocation (``together``)
+
+
+def together_bytes(inputs: dict) -> int:
+    """Bytes of the one allocation ``together`` lays ``inputs``' tensors out in."""
+    return sum(_aligned(_buffer_elements(t) * t.element_size()) for t in _placeable(inputs).values())
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def _placeable(inputs: dict) -> dict[str, torch.Tensor]:
+    """The tensors of ``inputs`` that get guarded copies (not those on the meta device: no data to guard)."""
+    return {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and not v.is_meta}
+
+
+@dataclass
+class Together:
+    """Guarded copies of one call's tensors in one allocation (``together``): each in a buffer laid out as ``place``
+    lays it, the buffers ALIGN bytes apart, every byte outside the views canary. A call that must write nothing (a
+    refusal) is judged by one comparison of the whole allocation with a copy taken before it (``snapshot``,
+    ``changed``); only a call that did write pays for the per-tensor account (``settle`` with ``kept``, ``stray``)."""
+
+    memory: torch.Tensor  # uint8, every buffer and the canary between them
+    placed: dict[str, Guarded]
+    tensors: dict[str, torch.Tensor]  # what was placed, for the layout
+    offsets: dict[str, int]  # where each buffer begins in ``memory``
+
+    def snapshot(self) -> torch.Tensor:
+        if self.memory.is_cuda:
+            return self.memory.clone()
+        return torch.from_numpy(self.memory.numpy().copy())  # one thread: see ``together``
+
+    def changed(self, before: torch.Tensor) -> "Flag":
+        """Whether any byte differs from ``before`` (``snapshot``), on its way to the host (no synchronization)."""
+        if self.memory.is_cuda:
+            return Flag((self.memory.view(torch.int64) != before.view(torch.int64)).any())
+        return Flag(not np.array_equal(self.memory.numpy().view(np.int64), before.numpy().view(np.int64)))
+
+    def kept(self, before: torch.Tensor) -> dict:
+        """``settle``'s ``kept`` for the views: each with its values in ``before``."""
+        then = _lay_out(before, self.tensors, self.offsets)
+        return {name: (g.view, distinct(then[name].view)) for name, g in self.placed.items()}
+
+    def stray(self, before: torch.Tensor) -> list[str]:
+        """Bytes changed between the buffers (the slack to the next ALIGN boundary, past a tensor's guard zone), in
+        words, by the buffer they follow (waits for the device)."""
+        differ = (self.memory != before).cpu()
+        lines = []
+        for name, g in self.placed.items():
+            end = self.offsets[name] + g.buffer.numel() * g.buffer.element_size()
+            if n := int(differ[end:_aligned(end)].sum()):
+                lines.append(f"{name}: {n} byte(s) overwritten past the guard zone after the tensor")
+        return lines
+
+
+def _lay_out(memory: torch.Tensor, tensors: dict[str, torch.Tensor], offsets: dict[str, int]) -> dict[str, Guarded]:
+    """Each of ``tensors`` laid out in ``memory`` (uint8) from its offset on, as ``place`` lays it out."""
+    placed = {}
+    for name, t in tensors.items():
+        nbytes = _buffer_elements(t) * t.element_size()
+        placed[name] = _laid_out(name, t, memory[offsets[name]:offsets[name] + nbytes].view(t.dtype))
+    return placed
+
+
+def together(inputs: dict, dev: torch.device) -> tuple[Together, dict]:
+    """``guarded``'s copies and call arguments, the copies in one allocation (``Together``). For a GPU, the host
+    tensors are laid out, canaries and all, in pinned host memory and go up in one copy without waiting; a tensor
+    already on the device is copied there."""
+    tensors = _placeable(inputs)
+    offsets, total = {}, 0
+    for name, t in tensors.items():
+        offsets[name], total = total, total + _aligned(_buffer_elements(t) * t.element_size())
+    image = torch.empty(total, dtype=torch.uint8, pin_memory=dev.type == "cuda")
+    image.numpy().fill(CANARY)  # numpy's one thread: torch would split a buffer past 32 KiB over the worker's threads
+    on_host = {name: t for name, t in tensors.items() if t.device.type == "cpu"}
+    for name, g in _lay_out(image, on_host, offsets).items():
+        fill(g.view, on_host[name])
+    memory = image if dev.type == "cpu" else torch.empty(total, dtype=torch.uint8, device=dev).copy_(image,
+                                                                                                     non_blocking=True)
+    placed = _lay_out(memory, tensors, offsets)
+    for name, t in tensors.items():
+        if name not in on_host:
+            fill(placed[name].view, t)
+    args = {**copy.deepcopy({k: v for k, v in inputs.items() if k not in placed}),
+            **{k: g.view for k, g in placed.items()}}
+    return Together(memory, placed, tensors, offsets), args
+
+
+class Flag:
+    """A one-element device tensor on its way to the host (or a host bool): ``ready`` asks without waiting whether
+    the device is done with it, ``value`` waits for the device (one synchronization, as ``settle``'s) and reads it."""
+
+    def __init__(self, t: torch.Tensor | bool):
+        self.host = _to_host(t)
+        self.event = None
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def value(self) -> bool:
+        if self.event is not None:
+            torch.cuda.synchronize()
+        return bool(self.host)
 
 
 def _to_host(value):

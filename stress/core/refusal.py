@@ -13,7 +13,17 @@ included) sits in guard zones and must come back unchanged.
 
 import traceback
 
-from stress.core.guards import guarded, settle, shared_inputs, snapshot, torch_device, written_in_place
+from stress.core.guards import (
+    TOGETHER_BYTES,
+    guarded,
+    settle,
+    shared_inputs,
+    snapshot,
+    together,
+    together_bytes,
+    torch_device,
+    written_in_place,
+)
 from stress.core.types import PASS, Case, Check, Family, Verdict, not_checked
 
 VERDICTS = (Verdict.ACCEPTED, Verdict.REFUSAL)  # the verdicts only refusal cases give
@@ -62,19 +72,24 @@ def judge_all(check: Check, case: Case, device: str, kernel) -> tuple[str, list[
     """``case`` and its ``more_refusals`` in turn (each checked against the reference first): the first that
     fails decides, its details led by the corruption it was. A refusal of an argument the kernel does not take is
     not asked, and says so, as is a limit of the suite's own kernel (``Case.own_limit``) of a registered
-    implementation; a case none of whose refusals can be asked is not_checked."""
-    passed, unasked = [], []
+    implementation; a case none of whose refusals can be asked is not_checked.
+
+    On a GPU, while the device checks one call's copies, the host checks the next refusals' references
+    (``_References.ahead``); no call is made before every call ahead of it is judged."""
+    passed, unasked, asked = [], [], []
     for refusal in (case, *case.more_refusals):
         if not asks(kernel, refusal.refused):
             unasked.append(f"not asked: {refusal.note}: the implementation takes no {refusal.refused!r} (a launch "
                            "knob of the suite's launcher)")
-            continue
-        if refusal.own_limit and getattr(kernel, "takes", None) is not None:
+        elif refusal.own_limit and getattr(kernel, "takes", None) is not None:
             unasked.append(f"not asked: {refusal.note}: a limit of the suite's own kernel on this GPU (its tiles' "
                            "shared memory), not a clause of the contract")
-            continue
-        check_reference(check, refusal)
-        verdict, details = judge_one(check, refusal, device, kernel)
+        else:
+            asked.append(refusal)
+    references, dev = _References(check, asked), torch_device(device)
+    for i, refusal in enumerate(asked):
+        references.check(i)
+        verdict, details = _Call(refusal, dev, kernel).verdict(idle=references.ahead)
         if verdict != PASS:
             return verdict, [f"refusal case: {refusal.note}", *details]
         passed += details
@@ -83,28 +98,94 @@ def judge_all(check: Check, case: Case, device: str, kernel) -> tuple[str, list[
     return PASS, passed + unasked
 
 
+class _References:
+    """``check_reference`` of each of a case's refusals, once, in order: the next ones may run early, while the
+    device is busy (``ahead``); a disagreement found early is raised in its turn (``check``), so a refusal before
+    it that fails still decides the case."""
+
+    def __init__(self, check: Check, refusals: list[Case]):
+        self.check_, self.refusals = check, refusals
+        self.done: list[RuntimeError | None] = []
+
+    def ahead(self) -> bool:
+        """Check the next refusal's reference, if any is left and none found so far disagrees; whether it did."""
+        if len(self.done) == len(self.refusals) or any(self.done):
+            return False
+        try:
+            check_reference(self.check_, self.refusals[len(self.done)])
+        except RuntimeError as exc:
+            self.done.append(exc)
+        else:
+            self.done.append(None)
+        return True
+
+    def check(self, i: int) -> None:
+        """Refusal ``i``'s reference checked (now, unless it was ahead): raises its disagreement."""
+        if i == len(self.done):
+            check_reference(self.check_, self.refusals[i])
+            self.done.append(None)
+        elif self.done[i] is not None:
+            raise self.done[i]
+
+
 def judge_one(check: Check, case: Case, device: str, kernel) -> tuple[str, list[str]]:
     """Call ``kernel`` once on guarded copies of the case's inputs and judge the refusal."""
-    from stress.core import compare
+    return _Call(case, torch_device(device), kernel).verdict()
 
-    placed, args = guarded(case.inputs, torch_device(device))
-    before = snapshot({name: g.view for name, g in placed.items()})
-    raised = None
-    try:
-        kernel(**args, **case.launch)
-    except Exception as exc:  # noqa: BLE001 - which exception it is, is the verdict
-        raised = exc
-    damage, _, after = settle(placed, {}, {name: (g.view, before[name]) for name, g in placed.items()})
-    want = f"a ValueError naming {case.refused!r} ({case.note or 'bad input'})"
-    if raised is None:
-        return Verdict.ACCEPTED, [f"expected {want}; the call returned without raising"]
-    said = traceback.format_exception_only(raised)[-1].strip()
-    if damage:
-        return Verdict.OOB, [f"written past a tensor before raising {said}", *damage]
-    changed = [line for name, values in after.items()
-               if (found := compare.unchanged(name, case.inputs[name], values)) for line in found.lines()]
-    if changed:
-        return Verdict.DIVERGENCE, [f"written before raising {said}", *changed]
-    if not isinstance(raised, ValueError) or not names(str(raised), case.refused):
-        return Verdict.REFUSAL, [f"expected {want}; raised {said}"]
-    return PASS, [f"refused: {raised}"]
+
+class _Call:
+    """``kernel`` called once on guarded copies of ``case``'s inputs, judged by ``verdict``. Copies up to
+    TOGETHER_BYTES share one allocation (``stress.core.guards.together``): one comparison with a copy of it, on
+    the device, tells whether the call wrote anything, and on a GPU its flag comes back while the host does other
+    work. Larger ones are placed and compared tensor by tensor (``guarded``, ``snapshot``): no copy of more than
+    their elements (a case of no tensors has nothing to place)."""
+
+    def __init__(self, case: Case, dev, kernel):
+        self.case, self.flag = case, None
+        if 0 < together_bytes(case.inputs) <= TOGETHER_BYTES:
+            self.together, args = together(case.inputs, dev)
+            self.placed = self.together.placed
+        else:
+            self.together, (self.placed, args) = None, guarded(case.inputs, dev)
+        self.before = (self.together.snapshot() if self.together is not None
+                       else snapshot({name: g.view for name, g in self.placed.items()}))
+        self.raised = None
+        try:
+            kernel(**args, **case.launch)
+        except Exception as exc:  # noqa: BLE001 - which exception it is, is the verdict
+            self.raised = exc
+        if self.together is not None:
+            self.flag = self.together.changed(self.before)
+
+    def _settled(self, idle) -> tuple[list[str], dict]:
+        """Guard-zone damage in words and the inputs that changed (host values), after one wait for the device,
+        which ``idle()`` fills with host work while it is busy (until it returns False)."""
+        if self.together is None:
+            damage, _, after = settle(self.placed, {}, {name: (g.view, self.before[name])
+                                                         for name, g in self.placed.items()})
+            return damage, after
+        while not self.flag.ready() and idle():
+            pass
+        if not self.flag.value():
+            return [], {}
+        damage, _, after = settle(self.placed, {}, self.together.kept(self.before))
+        return damage + self.together.stray(self.before), after
+
+    def verdict(self, idle=lambda: False) -> tuple[str, list[str]]:
+        from stress.core import compare
+
+        case, raised = self.case, self.raised
+        damage, after = self._settled(idle)
+        want = f"a ValueError naming {case.refused!r} ({case.note or 'bad input'})"
+        if raised is None:
+            return Verdict.ACCEPTED, [f"expected {want}; the call returned without raising"]
+        said = traceback.format_exception_only(raised)[-1].strip()
+        if damage:
+            return Verdict.OOB, [f"written past a tensor before raising {said}", *damage]
+        changed = [line for name, values in after.items()
+                   if (found := compare.unchanged(name, case.inputs[name], values)) for line in found.lines()]
+        if changed:
+            return Verdict.DIVERGENCE, [f"written before raising {said}", *changed]
+        if not isinstance(raised, ValueError) or not names(str(raised), case.refused):
+            return Verdict.REFUSAL, [f"expected {want}; raised {said}"]
+        return PASS, [f"refused: {raised}"]
