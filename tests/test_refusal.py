@@ -429,3 +429,19 @@ def test_a_gpu_case_leaves_out_index_refusals_unless_indices_are_checked_there(m
     assert any("a slot past persistent's rows" in n for n in notes("cpu"))
     monkeypatch.setattr(validate, "CHECK_INDICES_ON_GPU", True)
     assert len(notes("cuda")) == len(family.corruptions)
+
+
+def test_the_case_deadline_inside_a_refusal_is_not_taken_for_the_refusal():
+    """A refusal judges whatever its reference and its call raise; the case's deadline, an alarm that may fire
+    in either, must still end the case as fail:timeout (``oracle.CaseTimeout`` is no ``Exception``)."""
+    from stress.core.oracle import CaseTimeout
+
+    def deadline(out, n):
+        raise CaseTimeout()
+
+    check = _refusing(deadline, deadline)
+    case = cases.build_case(check, "f", 1, "cpu")
+    with pytest.raises(CaseTimeout):
+        refusal.check_reference(check, case)
+    with pytest.raises(CaseTimeout):
+        refusal.judge_one(check, case, "cpu", deadline)

@@ -15,8 +15,9 @@ from stress.core.guards import device_bytes, fresh_inputs, guarded, settle, snap
 from stress.core.types import PASS, RETURN, Case, Check, Result, Verdict, not_checked
 
 
-class CaseTimeout(Exception):
-    pass
+class CaseTimeout(BaseException):
+    """The case's deadline (an alarm in this process). Not an ``Exception``: code that judges whatever a reference
+    or a kernel raises (a refusal's, a crash's) must not take the deadline for the case's own failure."""
 
 
 SUITE_ERROR = Verdict.SUITE_ERROR
@@ -32,8 +33,6 @@ class SuiteError(Exception):
 def own_code(what: str):
     try:
         yield
-    except CaseTimeout:
-        raise
     except Exception as exc:
         raise SuiteError(f"{what} raised {type(exc).__name__}: {exc}") from exc
 
