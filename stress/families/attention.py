@@ -90,9 +90,7 @@ def judged(reference_fn, value_inputs: tuple[str, ...], rounding=None):
         baseline = reference_fn(**inputs, precision=torch.float32)
         outputs = exact if isinstance(exact, tuple) else (exact,)
         given = inputs["out"]
-        values = torch.cat([inputs[name].flatten().to(torch.float64) for name in value_inputs])
-        values = values[torch.isfinite(values)]
-        scale = float(values.abs().max()) if values.numel() else 0.0
+        scale = max(_largest_finite(inputs[name]) for name in value_inputs)
         first = Float64Expected(value=outputs[0], computed=outputs[0] != given.to(torch.float64),
                                 baseline=(baseline[0] if isinstance(baseline, tuple) else baseline).to(given.dtype),
                                 floor=FLOOR_ULPS.get(given.dtype, 1) * torch.finfo(given.dtype).eps * scale,
@@ -100,6 +98,14 @@ def judged(reference_fn, value_inputs: tuple[str, ...], rounding=None):
         return (first, *outputs[1:]) if isinstance(exact, tuple) else first
     reference.bare = reference_fn  # refusal cases only ask whether it validates: no float32 baseline for them
     return reference
+
+
+def _largest_finite(values: torch.Tensor) -> float:
+    """The largest absolute finite element of ``values`` (0.0 if none), in their own dtype (abs and max round
+    nothing): no float64 copy of a whole cache."""
+    if values.numel() == 0:
+        return 0.0
+    return float(values.abs().nan_to_num_(nan=0.0, posinf=0.0).max())  # abs made -inf +inf: every non-finite 0
 
 
 def _randn(rng, shape, dtype) -> torch.Tensor:
