@@ -10,6 +10,16 @@ from reference.block_table import PAD, kv_slot, shift_block_table_rows
 from reference.kv_cache import write_kv
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
+# Queries attended at a time: a prefill-sized row's scores and weights take tens of MB, not hundreds freshly
+# mapped (page faults cost more than the arithmetic there). Rows of up to 64 queries run whole, as before.
+QUERIES_PER_CHUNK = 64
+
+
+def visible_keys(num_queries: int, length: int, causal: bool) -> torch.Tensor:
+    """[Q, L] bool: the keys each of the last Q of L positions sees (causal: query i sees ``j <= L - Q + i``)."""
+    if causal:
+        return torch.arange(length)[None, :] <= (length - num_queries + torch.arange(num_queries))[:, None]
+    return torch.ones(num_queries, length, dtype=torch.bool)
 
 
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, scale: float, causal: bool,
@@ -21,24 +31,36 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, sca
     weight (FlashAttention's convention; the softmax of an all -inf row is 0/0). A visible NaN or +inf
     score makes the query's row NaN (softmax's NaN, and +inf - +inf). Scores are float32 quantities: a
     query-key product past float32's range is infinite, as a float32 accumulator makes it; keys out of
-    sight carry no weight whatever they score. Returns ``[Q, H_q, D]`` in ``precision``.
+    sight carry no weight whatever they score. Returns ``[Q, H_q, D]`` in ``precision``, computed
+    QUERIES_PER_CHUNK queries at a time (a query's output depends on its own scores alone).
     """
-    num_queries, num_q_heads, dim = query.shape
-    length, num_kv_heads, _ = keys.shape
-    group = num_q_heads // num_kv_heads
-    # Rows of KV head k: its `group` query heads times the queries, (head, query) order.
-    q = query.to(precision).permute(1, 0, 2).reshape(num_kv_heads, group * num_queries, dim)
+    q = query.to(precision)
     k = keys.to(precision).transpose(0, 1)  # [H_kv, L, D]
     v = values.to(precision).transpose(0, 1)
-    visible = torch.ones(num_queries, length, dtype=torch.bool)
-    if causal:
-        visible = torch.arange(length)[None, :] <= (length - num_queries + torch.arange(num_queries))[:, None]
+    visible = visible_keys(query.shape[0], keys.shape[0], causal)
+    out = torch.empty(query.shape, dtype=precision)
+    for first in range(0, query.shape[0], QUERIES_PER_CHUNK):
+        rows = slice(first, first + QUERIES_PER_CHUNK)
+        out[rows] = _attend_rows(q[rows], k, v, visible[rows], scale)
+    return out
+
+
+def _attend_rows(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
+                 scale: float) -> torch.Tensor:
+    """``attend`` of ``query [Q, H_q, D]`` over ``k / v [H_kv, L, D]`` (in the precision of all three), query i
+    over the keys that ``visible [Q, L]`` marks."""
+    num_queries, num_q_heads, dim = query.shape
+    num_kv_heads = k.shape[0]
+    group = num_q_heads // num_kv_heads
+    # Rows of KV head k: its `group` query heads times the queries, (head, query) order.
+    q = query.permute(1, 0, 2).reshape(num_kv_heads, group * num_queries, dim)
     visible = visible.repeat(group, 1)  # row g * Q + i is query i
     products = q @ k.transpose(1, 2)
-    products = torch.where(products.abs() > FLOAT32_MAX, products.sign() * float("inf"), products)
-    scores = (products * scale).masked_fill(~visible, float("-inf"))
+    # past float32's range: infinite, as a float32 accumulator makes it (NaN stays NaN)
+    products.masked_fill_(products > FLOAT32_MAX, float("inf")).masked_fill_(products < -FLOAT32_MAX, float("-inf"))
+    scores = (products * scale).masked_fill_(~visible, float("-inf"))
     weightless = (scores == float("-inf")).all(-1, keepdim=True)  # no visible key, or -inf scores only
-    weights = torch.softmax(scores, dim=-1).masked_fill(weightless, 0.0)
+    weights = torch.softmax(scores, dim=-1).masked_fill_(weightless, 0.0)
     out = weights @ v  # [H_kv, group * Q, D]
     return out.view(num_q_heads, num_queries, dim).transpose(0, 1)
 

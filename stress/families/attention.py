@@ -13,7 +13,7 @@ from kernels.attention import launch_shape, paged_attention
 from kernels.block_table import shift_block_table_rows
 from kernels.draft_inputs import prepare_draft_inputs
 from kernels.kv_cache import write_kv
-from reference.attention import FLOAT32_MAX, gather_kv
+from reference.attention import FLOAT32_MAX, QUERIES_PER_CHUNK, gather_kv, visible_keys
 from stress.core.compare import Float64Expected
 from stress.core.types import Case
 from stress.families.common import (
@@ -53,7 +53,7 @@ def score_rounding(inputs: dict, value_scale: float) -> float:
     thousands, where this is the largest error any float32 computation makes; the baseline's own error
     there depends on its summation order, and the kernel's order can land above twice it.
     """
-    query, k_cache = inputs["query"].to(torch.float64), inputs["k_cache"]
+    query, k_cache = inputs["query"], inputs["k_cache"]
     starts, scale = inputs["query_start_loc"].tolist(), inputs["scale"]
     largest = 0.0
     for batch_row in range(len(starts) - 1):
@@ -61,17 +61,21 @@ def score_rounding(inputs: dict, value_scale: float) -> float:
         length = int(inputs["seq_lens"][batch_row])
         if last == first or length == 0:
             continue
-        keys = gather_kv(k_cache, inputs["block_table"][batch_row], length).to(torch.float64)
-        group = query.shape[1] // keys.shape[1]
-        q = query[first:last].unflatten(1, (keys.shape[1], group))  # [Q, H_kv, G, D]: head h reads KV h // G
-        scores = torch.einsum("qhgd,lhd->qhgl", q, keys) * scale
-        spans = torch.einsum("qhgd,lhd->qhgl", q.abs(), keys.abs()) * scale
-        visible = torch.ones(last - first, length, dtype=torch.bool)
-        if inputs["causal"]:
-            visible = torch.arange(length)[None, :] <= (length - (last - first) + torch.arange(last - first))[:, None]
-        weighted = visible[:, None, None, :] & torch.isfinite(scores) & (scores.abs() <= FLOAT32_MAX * scale)
-        if weighted.any():
-            largest = max(largest, float(spans[weighted].max()))
+        keys = gather_kv(k_cache, inputs["block_table"][batch_row], length).to(torch.float64).transpose(0, 1)
+        keys_abs = keys.abs()  # [H_kv, L, D]
+        num_kv_heads, _, dim = keys.shape
+        group = query.shape[1] // num_kv_heads
+        queries, visible = query[first:last], visible_keys(last - first, length, inputs["causal"])
+        for chunk in range(0, last - first, QUERIES_PER_CHUNK):  # as the reference: its chunks, its row order
+            rows = slice(chunk, chunk + QUERIES_PER_CHUNK)
+            # Rows of KV head k: its `group` query heads times the chunk's queries, (head, query) order.
+            q = queries[rows].to(torch.float64)
+            q = q.permute(1, 0, 2).reshape(num_kv_heads, group * q.shape[0], dim)
+            scores = (q @ keys.transpose(1, 2)) * scale
+            spans = (q.abs() @ keys_abs.transpose(1, 2)) * scale  # [H_kv, group * Q, L], none negative
+            # weighted: visible, and a score within float32 (so finite: NaN and inf compare false)
+            weighted = visible[rows].repeat(group, 1) & (scores.abs() <= FLOAT32_MAX * scale)
+            largest = max(largest, float(spans.masked_fill_(~weighted, 0.0).max()))
     return largest * torch.finfo(torch.float32).eps * value_scale
 
 
@@ -90,9 +94,7 @@ def judged(reference_fn, value_inputs: tuple[str, ...], rounding=None):
         baseline = reference_fn(**inputs, precision=torch.float32)
         outputs = exact if isinstance(exact, tuple) else (exact,)
         given = inputs["out"]
-        values = torch.cat([inputs[name].flatten().to(torch.float64) for name in value_inputs])
-        values = values[torch.isfinite(values)]
-        scale = float(values.abs().max()) if values.numel() else 0.0
+        scale = max(_largest_finite(inputs[name]) for name in value_inputs)
         first = Float64Expected(value=outputs[0], computed=outputs[0] != given.to(torch.float64),
                                 baseline=(baseline[0] if isinstance(baseline, tuple) else baseline).to(given.dtype),
                                 floor=FLOOR_ULPS.get(given.dtype, 1) * torch.finfo(given.dtype).eps * scale,
@@ -100,6 +102,14 @@ def judged(reference_fn, value_inputs: tuple[str, ...], rounding=None):
         return (first, *outputs[1:]) if isinstance(exact, tuple) else first
     reference.bare = reference_fn  # refusal cases only ask whether it validates: no float32 baseline for them
     return reference
+
+
+def _largest_finite(values: torch.Tensor) -> float:
+    """The largest absolute finite element of ``values`` (0.0 if none), in their own dtype (abs and max round
+    nothing): no float64 copy of a whole cache."""
+    if values.numel() == 0:
+        return 0.0
+    return float(values.abs().nan_to_num_(nan=0.0, posinf=0.0).max())  # abs made -inf +inf: every non-finite 0
 
 
 def _randn(rng, shape, dtype) -> torch.Tensor:
