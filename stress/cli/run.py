@@ -181,9 +181,10 @@ def cmd_run(args) -> int:
                 hunt.run_hunts(selected, device, args.seed, jobs, args.timeout, on_hunt)
             with progress(len(tasks)) as bar:
                 # the kill matrix hunts on the replay's workers, so neither waits for the other's slowest cases
+                matrix = None
                 if args.kill_matrix:
                     bar.write(f"kill matrix on {device}, on the replay's workers:")
-                matrix = matrix_beside(report, selected, device, args, bar.write) if args.kill_matrix else None
+                    matrix = matrix_beside(report, selected, device, args, bar.write)
                 report.workers = workers.execute(tasks, device, jobs, streamed(report, bar), args.timeout,
                                                  trace=not args.no_trace, on_abandoned=report.abandoned.extend,
                                                  judge=sanitizer.run_task, beside=matrix)

@@ -181,8 +181,13 @@ def guarded(inputs: dict, dev: torch.device) -> tuple[dict, dict]:
     and fresh copies of every other input. A tensor on the meta device (a refusal case's tensor on another
     device, ``stress.families.refusals.moved``) is handed over as it is: it has no data to guard."""
     placed = {k: place(k, v, dev) for k, v in _placeable(inputs).items()}
-    return placed, {**copy.deepcopy({k: v for k, v in inputs.items() if k not in placed}),
-                    **{k: g.view for k, g in placed.items()}}
+    return placed, _call_args(inputs, placed)
+
+
+def _call_args(inputs: dict, placed: dict) -> dict:
+    """A call's arguments: the views of the ``placed`` guarded copies, and fresh copies of every other input."""
+    return {**copy.deepcopy({k: v for k, v in inputs.items() if k not in placed}),
+            **{k: g.view for k, g in placed.items()}}
 
 
 ALIGN = 512  # bytes: where each buffer of a shared allocation begins (a CUDA allocation's own alignment)
@@ -271,9 +276,7 @@ def together(inputs: dict, dev: torch.device) -> tuple[Together, dict]:
     for name, t in tensors.items():
         if name not in on_host:
             fill(placed[name].view, t)
-    args = {**copy.deepcopy({k: v for k, v in inputs.items() if k not in placed}),
-            **{k: g.view for k, g in placed.items()}}
-    return Together(memory, placed, tensors, offsets), args
+    return Together(memory, placed, tensors, offsets), _call_args(inputs, placed)
 
 
 class Flag:

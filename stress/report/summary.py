@@ -51,7 +51,7 @@ class Report:
         self.abandoned: list = []  # tasks that were running when a signal stopped the run
         self.interrupted: str | None = None
         self.telemetry: dict = {}  # GPU envelope (stress.core.telemetry), filled during a GPU run
-        self.workers: dict = {}  # where the replay's worker-seconds went outside cases (stress.core.pool.Pool.seconds)
+        self.workers: dict = {}  # the replay pool's worker-seconds, held and outside cases (pool.Pool.seconds)
         self.matrix_cases: dict[int | None, int] = {}  # kill-matrix cases run, by GPU
         self.matrix_seconds = 0.0  # their seconds in the workers, waits for the GPU and releases included
         self.untrusted_after: Result | None = None  # in process: the first case that may have damaged the process
@@ -172,7 +172,7 @@ class Report:
         return {"status": f"interrupted by {self.interrupted}" if self.interrupted else "complete",
                 "cases_finished": len(self.results),
                 "abandoned": [{**t._asdict(), "repro": self.repro(t)} for t in self.abandoned],
-                "progress": self.progress(), "worker_seconds_outside_cases": self.workers}
+                "progress": self.progress(), "worker_seconds": self.workers}
 
     def close(self) -> None:
         """The closing record, then summary.md, mutants.json and the heat maps beside them."""
@@ -325,15 +325,12 @@ def worker_lines(seconds: dict, results: list[Result], matrix_seconds: float = 0
     around = sum(r.phases.get(p, 0.0) for r in results for p in OUTSIDE)
     parts = {"replay cases": replay, "kill-matrix cases (waits included)": matrix_seconds,
              "waiting for the GPU and releasing memory around replay cases": around,
-             "starting (process start to ready)": seconds.get("starting", 0.0),
-             "idle before a case (the parent's turnaround)": seconds.get("idle", 0.0),
-             "in transit (a case's round trip less its time in the worker)": seconds.get("transit", 0.0)}
-    held = seconds.get("held", 0.0)
-    if held:
-        parts["nothing left to start (the run's tail)"] = max(0.0, held - sum(parts.values()))
-    lead = f"Worker-seconds: {held:.1f} held; " if held else "Worker-seconds outside cases: "
-    return ["", lead + "; ".join(f"{name} {v:.1f} s" for name, v in parts.items() if v or name == "replay cases")
-            + "."]
+             "starting (process start to ready)": seconds["starting"],
+             "idle before a case (the parent's turnaround)": seconds["idle"],
+             "in transit (a case's round trip less its time in the worker)": seconds["transit"]}
+    parts["nothing left to start (the run's tail)"] = max(0.0, seconds["held"] - sum(parts.values()))
+    return ["", f"Worker-seconds: {seconds['held']:.1f} held; "
+            + "; ".join(f"{name} {v:.1f} s" for name, v in parts.items() if v or name == "replay cases") + "."]
 
 
 def acceptance_lines(results: list[Result]) -> list[str]:
