@@ -47,6 +47,15 @@ def test_stress_workers_default_to_an_even_share_of_every_gpu(fake_gpus, monkeyp
     assert [g["workers"] for g in gpus.describe(jobs)] == [per_gpu] * FAKE_GPUS
 
 
+def test_a_gpu_worker_that_sees_no_gpu_says_so(monkeypatch, device):
+    """Where a worker's CUDA runtime finds no device (a driver or MPS server its parent could use but it cannot),
+    its start fails naming the cause, not with arithmetic on a count of zero."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("SPECSAN_DEVICE", device.type)  # _init_worker sets it; restored after the test
+    with pytest.raises(RuntimeError, match="sees no CUDA device.*--device cpu"):
+        workers._init_worker(0, "cuda", torch.get_num_threads())
+
+
 def test_xdist_workers_take_one_gpu_each_and_auto_fills_the_cores_evenly(fake_gpus, monkeypatch):
     monkeypatch.setattr(runtime, "DEVICE", "cuda")
     for n in range(2 * FAKE_GPUS):

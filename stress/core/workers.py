@@ -83,6 +83,9 @@ def _init_worker(slot: int, device: str, threads: int, locks: str = "", jobs: in
     torch.set_num_threads(threads)  # workers split the cores instead of each taking them all
     if device == "cuda":
         count = gpus.count()
+        if not count:
+            raise RuntimeError("a GPU worker sees no CUDA device (torch.cuda.is_available() is False in it); "
+                               "check CUDA_VISIBLE_DEVICES and the driver, or run with --device cpu")
         gpu = gpus.gpu_of(slot, count)
         torch.cuda.set_device(gpu)
         sharing = -(-jobs // max(1, count))
