@@ -82,6 +82,18 @@ def test_guard_zone_catches_a_write_past_the_end():
     assert "(0 byte(s) before, 4 after the tensor)" in _damage(g)
 
 
+def test_scratch_the_code_allocates_on_the_cpu_comes_poisoned_and_the_setting_is_restored():
+    """Inside ``scratch_poisoned`` an uninitialized allocation on the CPU holds NaN (floats) or the largest value
+    (integers), so a read of scratch no program wrote shows in the outputs; after it, torch is as it was."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory)
+    with guards.scratch_poisoned(torch.device("cpu")):
+        assert torch.empty(64).isnan().all()
+        assert (torch.empty(8, dtype=torch.int32) == torch.iinfo(torch.int32).max).all()
+    assert (torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory) == before
+    with guards.scratch_poisoned(torch.device("meta")):  # off on any other device
+        assert torch.are_deterministic_algorithms_enabled() == before[0]
+
+
 def test_guard_zone_keeps_a_strided_view_and_watches_its_row_padding():
     rows = torch.arange(12, dtype=torch.int32).view(3, 4)[:, :3]  # row-padded: stride 4, width 3
     g = guards.place("t", rows, torch.device("cpu"))

@@ -267,6 +267,14 @@ CHECKS = (
                    (Patch("kernels.attention:_combine_splits_kernel", "seen = live & (l_s != 0)",
                           "seen = live & (l_s > 0)"),),
                    oracles=EVERYWHERE, families=("nonfinite_keys_split",), path=_FINITE_IN_THE_ENGINE),
+            Mutant("combine-reads-unseen-splits", "the combine loads every live row's partial output, also of a "
+                   "split that saw no key and so never wrote it: its weight is 0, but 0 times the NaN the CPU run "
+                   "leaves in unwritten scratch is NaN",
+                   (Patch("kernels.attention:_combine_splits_kernel", "mask=seen[:, None], other=0.0)",
+                          "mask=live[:, None], other=0.0)"),),
+                   oracles={"cpu": "divergence"}, families=("two_splits", "wide_table"),
+                   why_not="the GPU run does not fill unwritten scratch (stress.core.guards.scratch_poisoned): what "
+                           "the allocator left in the partials decides, and that has not been measured there"),
             Mutant("indices-checked-past-batch", "the launcher's index check reads every block-table and seq_lens "
                    "row, also those past the batch (it forgets the [:B] slices): what a larger batch left there "
                    "refuses a valid call",

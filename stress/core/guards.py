@@ -24,6 +24,30 @@ STAGED_BYTES = 64 << 20  # larger host tensors are copied to the GPU directly (n
 HOST_COPY_BYTES = 256 << 20  # larger device tensors stay on the device for comparison (compare.exact_chunked)
 
 
+@contextlib.contextmanager
+def scratch_poisoned(dev: torch.device):
+    """While the block runs on the CPU, memory the code under test allocates uninitialized (``torch.empty``
+    scratch: attention's split partials, a launcher's work buffers) comes filled with NaN, or an integer
+    type's largest value. A read of scratch that no program wrote then shows as NaN or a wild index in the
+    outputs, every time, instead of as whatever the allocator happened to leave there. (torch fills such
+    memory only under its deterministic-algorithms mode, set here with warnings instead of errors.) On a GPU
+    it stays off: the fill is one more launch per allocation, inside captured graphs too, and has not been
+    measured there."""
+    if dev.type != "cpu":
+        yield
+        return
+    deterministic = torch.utils.deterministic
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        deterministic.fill_uninitialized_memory = before[2]
+
+
 @dataclass
 class Guarded:
     name: str

@@ -11,7 +11,7 @@ import torch
 
 from stress.core import impl, refusal
 from stress.core.cases import Task, build_case, expected_outputs
-from stress.core.guards import device_bytes, fresh_inputs, guarded, settle, snapshot, torch_device
+from stress.core.guards import device_bytes, fresh_inputs, guarded, scratch_poisoned, settle, snapshot, torch_device
 from stress.core.types import PASS, RETURN, Case, Check, Result, Verdict, not_checked
 
 
@@ -116,7 +116,7 @@ def differential(check: Check, case: Case, expected: dict, device: str, load=Non
             before = snapshot(read_only)
         if load is not None:
             load.kick()
-        with _phase_less_compiles(phases, "launch"):
+        with _phase_less_compiles(phases, "launch"), scratch_poisoned(dev):
             returned = _current(check.kernel)(**args, **case.launch)
         tag = f"repeat {repeat}: " if repeat else ""
         # an optional output the case leaves out (None) is neither written nor compared
