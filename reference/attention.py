@@ -45,6 +45,13 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, sca
     return out
 
 
+def by_kv_head(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``query [Q, H_q, D]`` as ``[H_kv, group * Q, D]``: KV head k's rows are its ``group`` query heads times the
+    queries, in (head, query) order (GQA: query head h reads KV head h // group)."""
+    num_queries, num_q_heads, dim = query.shape
+    return query.permute(1, 0, 2).reshape(num_kv_heads, (num_q_heads // num_kv_heads) * num_queries, dim)
+
+
 def _attend_rows(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
                  scale: float) -> torch.Tensor:
     """``attend`` of ``query [Q, H_q, D]`` over ``k / v [H_kv, L, D]`` (in the precision of all three), query i
@@ -52,8 +59,7 @@ def _attend_rows(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     num_queries, num_q_heads, dim = query.shape
     num_kv_heads = k.shape[0]
     group = num_q_heads // num_kv_heads
-    # Rows of KV head k: its `group` query heads times the queries, (head, query) order.
-    q = query.permute(1, 0, 2).reshape(num_kv_heads, group * num_queries, dim)
+    q = by_kv_head(query, num_kv_heads)
     visible = visible.repeat(group, 1)  # row g * Q + i is query i
     products = q @ k.transpose(1, 2)
     # past float32's range: infinite, as a float32 accumulator makes it (NaN stays NaN)

@@ -88,7 +88,7 @@ def _init_worker(slot: int, device: str, threads: int, locks: str = "", jobs: in
                                "check CUDA_VISIBLE_DEVICES and the driver, or run with --device cpu")
         gpu = gpus.gpu_of(slot, count)
         torch.cuda.set_device(gpu)
-        sharing = -(-jobs // max(1, count))
+        sharing = -(-jobs // count)
         memory = torch.cuda.get_device_properties(gpu).total_memory
         _SHARE = GpuShare(locks, gpu, memory, sharing) if locks else None
         if locks:

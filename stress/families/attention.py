@@ -13,7 +13,7 @@ from kernels.attention import launch_shape, paged_attention
 from kernels.block_table import shift_block_table_rows
 from kernels.draft_inputs import prepare_draft_inputs
 from kernels.kv_cache import write_kv
-from reference.attention import FLOAT32_MAX, QUERIES_PER_CHUNK, gather_kv, visible_keys
+from reference.attention import FLOAT32_MAX, QUERIES_PER_CHUNK, by_kv_head, gather_kv, visible_keys
 from stress.core.compare import Float64Expected
 from stress.core.types import Case
 from stress.families.common import (
@@ -63,14 +63,12 @@ def score_rounding(inputs: dict, value_scale: float) -> float:
             continue
         keys = gather_kv(k_cache, inputs["block_table"][batch_row], length).to(torch.float64).transpose(0, 1)
         keys_abs = keys.abs()  # [H_kv, L, D]
-        num_kv_heads, _, dim = keys.shape
+        num_kv_heads = keys.shape[0]
         group = query.shape[1] // num_kv_heads
         queries, visible = query[first:last], visible_keys(last - first, length, inputs["causal"])
         for chunk in range(0, last - first, QUERIES_PER_CHUNK):  # as the reference: its chunks, its row order
             rows = slice(chunk, chunk + QUERIES_PER_CHUNK)
-            # Rows of KV head k: its `group` query heads times the chunk's queries, (head, query) order.
-            q = queries[rows].to(torch.float64)
-            q = q.permute(1, 0, 2).reshape(num_kv_heads, group * q.shape[0], dim)
+            q = by_kv_head(queries[rows].to(torch.float64), num_kv_heads)
             scores = (q @ keys.transpose(1, 2)) * scale
             spans = (q.abs() @ keys_abs.transpose(1, 2)) * scale  # [H_kv, group * Q, L], none negative
             # weighted: visible, and a score within float32 (so finite: NaN and inf compare false)
