@@ -138,6 +138,19 @@ def generated_mutant(name: str | None):
         raise UsageError("--mutant", str(exc).removeprefix("--mutant: "), "rerun `mutate` for current ids") from None
 
 
+def mutants_named(selected, names) -> None:
+    """Each of ``names`` (``--mutant``) is a generated id or a planted bug of a selected check (a whole-path check
+    takes any check's): a misspelt name is a usage error, not a run that judges nothing."""
+    from stress import checks
+
+    owners = checks.REGISTRY if any(c.whole_path for c in selected) else selected
+    known = {m.name for c in owners for m in c.mutants}
+    for name in names or ():
+        if not generated_mutant(name) and name not in known:
+            raise UsageError("--mutant", f"{name!r} is not a planted bug of the selected checks",
+                             "`./specsan list` shows each check's")
+
+
 def planted_mutant(check, name: str | None):
     if name is None:
         return None

@@ -18,6 +18,7 @@ from stress.cli.common import (
     gpu_log,
     impl_header,
     log,
+    mutants_named,
     not_judged,
     open_report,
     percentage,
@@ -87,6 +88,7 @@ def cmd_mutants(args) -> int:
     from stress.mutate import kill_matrix as matrix
 
     selected = checks_named(args.check)
+    mutants_named(selected, args.mutant)
     jobs = workers.default_jobs(device) if args.jobs is None else args.jobs
     header = {**impl_header(), "device": device,
               "max_iters": args.max_iters, "seed": args.seed, "jobs": jobs, "timeout": args.timeout,

@@ -22,6 +22,7 @@ from stress.cli.common import (
     launch_in_sweep,
     launch_shape,
     log,
+    mutants_named,
     not_judged,
     open_report,
     planted_mutant,
@@ -157,6 +158,7 @@ def cmd_run(args) -> int:
     from stress.sanitize import runner as sanitizer
 
     selected = selected_checks(args)
+    mutants_named(selected, [args.mutant] if args.mutant else ())
     tasks = cases.plan(selected, args.family, args.iters, args.seed, args.mutant)
     if patched := generated_mutant(args.mutant):
         tasks = [task._replace(patched=patched) for task in tasks]
