@@ -3,6 +3,7 @@
 import pytest
 import slow_cases
 import torch
+from same_values import same
 
 from kernels import runtime
 from stress import checks
@@ -70,19 +71,6 @@ def test_a_mutant_name_means_one_bug():
             assert seen == mutant.patches, f"{mutant.name} names two different bugs ({check.name})"
 
 
-def _same(a, b) -> bool:
-    """Equal all the way down; tensors bitwise (NaN logits equal NaN)."""
-    from stress.core.compare import exact
-
-    if isinstance(a, torch.Tensor):  # the layout too: a strided view must come back with the same strides
-        return isinstance(b, torch.Tensor) and a.stride() == b.stride() and exact("", a, b) is None
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
-
-
 def test_families_are_deterministic():
     """(check, family, seed) fully determines the case, which is what makes repro lines work."""
     for check in checks.REGISTRY:
@@ -91,7 +79,7 @@ def test_families_are_deterministic():
             b = cases.build_case(check, family, 12345, "cpu")
             assert a.launch == b.launch and a.note == b.note
             for name, value in a.inputs.items():
-                assert _same(value, b.inputs[name]), name
+                assert same(value, b.inputs[name]), name
 
 
 def test_layout_families_give_the_kernel_strided_views():

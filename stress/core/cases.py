@@ -21,6 +21,7 @@ class Task(NamedTuple):
     patched: Mutant | None = None  # the mutant named ``mutant``, when a driver resolved it (a generated one)
     alone: str = ""  # why this run of the task holds its GPU alone (a rerun, stress.core.workers); "" shares it
     trace: bool = True  # False: the CPU tracer skips this case (``run --no-trace``)
+    prebuilt: str = ""  # the file its case was built into ahead of its turn (stress.core.prebuild); "": build it
 
 
 def case_seed(base: int, check: str, family: str, i: int) -> int:

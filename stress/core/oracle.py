@@ -9,8 +9,8 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from stress.core import impl, refusal
-from stress.core.cases import Task, build_case, expected_outputs
+from stress.core import impl, prebuild, refusal
+from stress.core.cases import Task, expected_outputs
 from stress.core.guards import device_bytes, fresh_inputs, guarded, scratch_poisoned, settle, snapshot, torch_device
 from stress.core.types import PASS, RETURN, Case, Check, Result, Verdict, not_checked
 
@@ -266,7 +266,7 @@ def judge_task(task: Task, device: str, timeout: float, trace: bool, room=None) 
         registered = impl.judged_by(check, checks.BY_NAME)
         result.impl = impl.specs(registered)
         with _phase(result.phases, "build"):
-            case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
+            case = prebuild.case_of(check, task, device)
         result.launch, result.note = case.launch, case.note
         foreign_triton = any(impl.written_in_triton(implementation) for _, implementation in registered)
         if why := interpreter_gap(check, case, device, foreign_triton) or impl.outside_profile(check, case, registered):

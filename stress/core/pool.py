@@ -106,6 +106,23 @@ def _serve(conn, fn, initializer, initargs, slot: int, parent: int) -> None:
 # ---------------------------------------------------------------- the parent side
 
 
+def serving(context, fn: Callable, initializer: Callable | None, initargs: tuple, slot: int, role: str):
+    """A started process serving ``fn`` over a pipe (``_serve``), and the parent's end of that pipe. Its first
+    message is ``("ready", pid)`` or ``("failed", traceback)``; each item sent gets ``("done", value, seconds)``
+    or ``("raised", traceback, seconds)`` back."""
+    parent_end, child_end = context.Pipe()
+    process = context.Process(target=_serve, name=f"specsan-{role}-{slot}", daemon=True,
+                              args=(child_end, fn, initializer, initargs, slot, os.getpid()))
+    # Blocked here, the signals stay blocked in the child until _serve has set them to SIG_IGN.
+    signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.SIGNALS)
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, interrupts.SIGNALS)
+    child_end.close()
+    return process, parent_end
+
+
 class _Worker:
     def __init__(self, slot: int, process, conn):
         self.slot, self.process, self.conn = slot, process, conn
@@ -275,16 +292,7 @@ class Pool:
     # ------------------------------------------------------------ processes
 
     def _start(self, slot: int) -> None:
-        parent_end, child_end = self._context.Pipe()
-        process = self._context.Process(target=_serve, name=f"specsan-worker-{slot}", daemon=True,
-                                        args=(child_end, self.fn, self.initializer, self.initargs, slot, os.getpid()))
-        # Blocked here, the signals stay blocked in the child until _serve has set them to SIG_IGN.
-        signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.SIGNALS)
-        try:
-            process.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, interrupts.SIGNALS)
-        child_end.close()
+        process, parent_end = serving(self._context, self.fn, self.initializer, self.initargs, slot, "worker")
         worker = _Worker(slot, process, parent_end)
         if slot < len(self._workers):
             self._workers[slot] = worker

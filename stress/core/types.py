@@ -290,14 +290,16 @@ class Check:
 
 
 PHASES = ("build", "reference", "place", "launch", "compile", "settle", "compare", "trace", "refusal", "gpu_wait",
-          "release")
+          "release", "built_ahead")
 """Where a case's seconds go (``Result.phases``): building its inputs, the reference, placing guarded copies on
 the device, launching the kernel (host side; on a GPU it runs while the next step waits), compiling launch shapes
 this process had not compiled, settling (the one wait for the device, guard zones and outputs read back),
 comparing, the CPU tracer, judging refusals; and around the case (``OUTSIDE``), waiting for a share of the GPU and
-releasing what the case left (the device memory its worker should not keep cached, its compile locks)."""
+releasing what the case left (the device memory its worker should not keep cached, its compile locks); and
+``BESIDE`` it, building it ahead in a builder process (``stress.core.prebuild``; its worker then only maps it)."""
 
 OUTSIDE = ("gpu_wait", "release")  # phases timed before or after a case, not within its seconds
+BESIDE = ("built_ahead",)  # phases timed in another process: neither the case's seconds nor its worker's
 
 
 @dataclass

@@ -10,7 +10,7 @@ from functools import partial
 
 import torch
 
-from stress.core import compiles, gpus, impl, interrupts, pool
+from stress.core import compiles, gpus, impl, interrupts, pool, prebuild
 from stress.core.cases import Task
 from stress.core.gpu_share import GpuShare, worker_share
 from stress.core.oracle import judge_task
@@ -236,7 +236,8 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
     once those are all handed out, whatever it would run ahead of time; it hears its own outcomes, and ``stop``
     when a signal stops the run. Its tasks are traced whatever ``trace`` says.
     """
-    pending = iter(tasks if trace else [task._replace(trace=False) for task in tasks])
+    pending = prebuild.Ahead(tasks if trace else [task._replace(trace=False) for task in tasks], device,
+                             prebuild.builders_for(device, jobs))
     drained = False
 
     def source() -> Task | None:
@@ -244,7 +245,7 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
         if beside is not None and (task := beside.next_task(ahead=False)) is not None:
             return task
         if not drained:
-            if (task := next(pending, None)) is not None:
+            if (task := pending.next()) is not None:
                 return task
             drained = True
         return beside.next_task(ahead=True) if beside is not None else None
@@ -252,16 +253,24 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
     def finished(outcome: pool.Outcome) -> None:
         if beside is not None and beside.owns(outcome.item):
             beside.finished(outcome)
-        else:
-            on_result(result_of(outcome, device, timeout, trace))
+            return
+        built = pending.finished(outcome.item)
+        result = result_of(outcome, device, timeout, trace)
+        if built:  # not the case's own seconds: a builder's, beside the workers
+            result.phases["built_ahead"] = round(built, 4)
+        on_result(result)
 
-    with worker_pool(case_runner(device, jobs, timeout, judge), device, jobs, timeout) as workers:
-        try:
-            workers.run(*with_reruns(source, finished, device, jobs))
-        except interrupts.Interrupted:
-            if on_abandoned is not None:
-                on_abandoned([task for task in workers.abandoned if beside is None or not beside.owns(task)])
-            if beside is not None:
-                beside.stop()
-            raise
-    return workers.seconds  # closed: its workers' lives are complete
+    try:
+        with worker_pool(case_runner(device, jobs, timeout, judge), device, jobs, timeout) as workers:
+            try:
+                workers.run(*with_reruns(source, finished, device, jobs))
+            except interrupts.Interrupted:
+                if on_abandoned is not None:
+                    on_abandoned([task._replace(prebuilt="") for task in workers.abandoned
+                                  if beside is None or not beside.owns(task)])
+                if beside is not None:
+                    beside.stop()
+                raise
+    finally:
+        pending.close()
+    return {**workers.seconds, "built_ahead": round(pending.seconds, 4)}  # closed: its workers' lives are complete

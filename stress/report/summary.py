@@ -9,7 +9,16 @@ import json
 import os
 from dataclasses import asdict
 
-from stress.core.types import DEFAULT_TIMEOUT, NOT_CHECKED, OUTSIDE, PASS, PHASES, Result, kill_matrix_verdict
+from stress.core.types import (
+    BESIDE,
+    DEFAULT_TIMEOUT,
+    NOT_CHECKED,
+    OUTSIDE,
+    PASS,
+    PHASES,
+    Result,
+    kill_matrix_verdict,
+)
 
 UNJUDGED_KILLS = ("not_checked", "not_hunted")  # kill-matrix statuses that hunted nothing here
 RESULTS, SUMMARY, MATRIX = "results.jsonl", "summary.md", "mutants.json"
@@ -301,7 +310,7 @@ def time_lines(results: list[Result]) -> list[str]:
     for check, rs in sorted(by_check.items()):
         seconds = sum(r.seconds for r in rs)
         phases = {p: sum(r.phases.get(p, 0.0) for r in rs) for p in seen}
-        timed = sum(v for p, v in phases.items() if p not in OUTSIDE)  # not within a case's seconds
+        timed = sum(v for p, v in phases.items() if p not in OUTSIDE + BESIDE)  # not within a case's seconds
         share = [f"{100 * phases[p] / seconds:.0f}%" if seconds else "-" for p in seen]
         other = f"{100 * max(0.0, seconds - timed) / seconds:.0f}%" if seconds else "-"
         slowest = max(rs, key=lambda r: r.seconds)
@@ -329,8 +338,11 @@ def worker_lines(seconds: dict, results: list[Result], matrix_seconds: float = 0
              "idle before a case (the parent's turnaround)": seconds["idle"],
              "in transit (a case's round trip less its time in the worker)": seconds["transit"]}
     parts["nothing left to start (the run's tail)"] = max(0.0, seconds["held"] - sum(parts.values()))
+    beside = (f" Builder processes built cases ahead for {seconds['built_ahead']:.1f} s beside them."
+              if seconds.get("built_ahead") else "")
     return ["", f"Worker-seconds: {seconds['held']:.1f} held; "
-            + "; ".join(f"{name} {v:.1f} s" for name, v in parts.items() if v or name == "replay cases") + "."]
+            + "; ".join(f"{name} {v:.1f} s" for name, v in parts.items() if v or name == "replay cases") + "."
+            + beside]
 
 
 def acceptance_lines(results: list[Result]) -> list[str]:

@@ -1,0 +1,112 @@
+"""Cases built ahead by builder processes (stress.core.prebuild): the same cases, the same verdicts, and a build
+that fails or a builder that dies leaves the case to its worker."""
+
+import os
+
+import pytest
+from same_values import same
+
+from stress import checks
+from stress.core import cases, prebuild, workers
+from stress.core.types import PASS
+
+REFUSING = [c for c in checks.REGISTRY if "refused" in c.families]
+
+
+@pytest.mark.parametrize("check", REFUSING, ids=lambda c: c.name)
+def test_a_case_mapped_from_its_file_is_the_case_built_in_place(check, tmp_path):
+    """Saved and mapped back (``case_of``), every refusal of the case keeps its inputs bitwise, in their layout,
+    and its note, argument and limit: the worker judges the case it would have built."""
+    task = cases.Task(check.name, "refused", cases.case_seed(0, check.name, "refused", 3))
+    built = cases.build_case(check, task.family, task.seed, "cpu")
+    path = str(tmp_path / "case.pt")
+    prebuild._build((task, "cpu", path))
+    mapped = prebuild.case_of(check, task._replace(prebuilt=path), "cpu")
+    assert built.more_refusals, "a refusal case holds one refusal per corruption"
+    for a, b in zip([built, *built.more_refusals], [mapped, *mapped.more_refusals], strict=True):
+        assert (a.note, a.refused, a.own_limit, a.launch) == (b.note, b.refused, b.own_limit, b.launch)
+        assert same(a.inputs, b.inputs) and same(a.unwritten, b.unwritten), a.note
+
+
+def test_only_the_plans_own_refusal_cases_are_built_ahead():
+    check = checks.get("attention.paged")
+    seed = cases.case_seed(0, check.name, "refused", 0)
+    assert prebuild.built_ahead(check, cases.Task(check.name, "refused", seed))
+    assert not prebuild.built_ahead(check, cases.Task(check.name, "decode", seed))
+    assert not prebuild.built_ahead(check, cases.Task(check.name, "refused", seed, mutant=check.mutants[0].name))
+    assert prebuild.builders_for("cpu", 2) == 0 and prebuild.builders_for("cuda", 0) == 0
+    assert prebuild.builders_for("cuda", 8) >= 1
+
+
+def _plan():
+    chosen = [checks.get("block_table.gather"), checks.get("sampling.gumbel")]
+    return cases.plan(chosen, ["refused", "padded", "layouts"], 2, 0)
+
+
+def _verdicts(results):
+    return {(r.check, r.family, r.seed): (r.verdict, r.note, r.launch) for r in results}
+
+
+def test_a_run_with_builders_reaches_the_verdicts_of_one_without(monkeypatch):
+    """The same plan with two builders and with none: the same cases (notes, launch shapes) and verdicts; each
+    refusal case says its builder's seconds, and the builders' folder is gone after the run."""
+    tasks = _plan()
+    built = [t for t in tasks if t.family == "refused"]
+    assert built and len(built) < len(tasks)
+    without: list = []
+    workers.execute(tasks, "cpu", 1, without.append, timeout=300)
+    monkeypatch.setattr(prebuild, "builders_for", lambda device, jobs: 2)
+    folders = []
+    made = prebuild.Ahead.__init__
+
+    def noting(self, *args):
+        made(self, *args)
+        folders.append(self.folder)
+
+    monkeypatch.setattr(prebuild.Ahead, "__init__", noting)
+    ahead: list = []
+    seconds = workers.execute(tasks, "cpu", 1, ahead.append, timeout=300)
+    assert _verdicts(ahead) == _verdicts(without)
+    assert all(r.verdict == PASS for r in ahead)
+    assert {(r.check, r.seed) for r in ahead if r.phases.get("built_ahead")} == {(t.check, t.seed) for t in built}
+    assert seconds["built_ahead"] > 0
+    assert folders and not os.path.exists(folders[0])
+
+
+def _handed_out(ahead: prebuild.Ahead) -> list:
+    out = []
+    try:
+        while (task := ahead.next()) is not None:
+            out.append(task)
+            ahead.finished(task)
+    finally:
+        ahead.close()
+    return out
+
+
+def test_a_build_that_fails_leaves_its_case_to_its_worker():
+    """A builder that cannot write its file (the folder is gone) fails the build: the task is still handed out,
+    once, with no file, and its worker builds it as without builders."""
+    tasks = _plan()
+    ahead = prebuild.Ahead(tasks, "cpu", 1)
+    os.rmdir(ahead.folder)
+    handed = _handed_out(ahead)
+    assert sorted(handed) == sorted(tasks)
+    assert not any(t.prebuilt for t in handed)
+
+
+def test_dead_builders_leave_every_case_to_the_workers():
+    tasks = _plan()
+    ahead = prebuild.Ahead(tasks, "cpu", 2)
+    for builder in ahead.builders:
+        builder.process.kill()
+    handed = _handed_out(ahead)
+    assert sorted(handed) == sorted(tasks)
+    assert not any(t.prebuilt for t in handed) and not ahead.builders
+
+
+def test_every_task_is_handed_out_once_built_where_picked():
+    tasks = _plan()
+    handed = _handed_out(prebuild.Ahead(tasks, "cpu", 2))
+    assert sorted(t._replace(prebuilt="") for t in handed) == sorted(tasks)
+    assert all(bool(t.prebuilt) == (t.family == "refused") for t in handed)
