@@ -1,9 +1,11 @@
 """Cases built ahead by builder processes (stress.core.prebuild): the same cases, the same verdicts, and a build
 that fails or a builder that dies leaves the case to its worker."""
 
+import dataclasses
 import os
 
 import pytest
+import torch
 from same_values import same
 
 from stress import checks
@@ -21,26 +23,64 @@ def test_a_case_mapped_from_its_file_is_the_case_built_in_place(check, tmp_path)
     built = cases.build_case(check, task.family, task.seed, "cpu")
     path = str(tmp_path / "case.pt")
     prebuild._build((task, "cpu", path))
-    mapped = prebuild.case_of(check, task._replace(prebuilt=path), "cpu")
+    mapped, expected = prebuild.case_of(check, task._replace(prebuilt=path), "cpu")
+    assert expected is None, "a refusal case has no reference outputs"
     assert built.more_refusals, "a refusal case holds one refusal per corruption"
     for a, b in zip([built, *built.more_refusals], [mapped, *mapped.more_refusals], strict=True):
         assert (a.note, a.refused, a.own_limit, a.launch) == (b.note, b.refused, b.own_limit, b.launch)
         assert same(a.inputs, b.inputs) and same(a.unwritten, b.unwritten), a.note
 
 
-def test_only_the_plans_own_refusal_cases_are_built_ahead():
-    check = checks.get("attention.paged")
-    seed = cases.case_seed(0, check.name, "refused", 0)
-    assert prebuild.built_ahead(check, cases.Task(check.name, "refused", seed))
-    assert not prebuild.built_ahead(check, cases.Task(check.name, "decode", seed))
-    assert not prebuild.built_ahead(check, cases.Task(check.name, "refused", seed, mutant=check.mutants[0].name))
+def test_only_the_plans_own_refusal_and_host_heavy_cases_are_built_ahead():
+    gather, attention = checks.get("block_table.gather"), checks.get("attention.paged")
+    assert attention.host_heavy and not gather.host_heavy
+    seed = cases.case_seed(0, gather.name, "refused", 0)
+    assert prebuild.built_ahead(gather, cases.Task(gather.name, "refused", seed))
+    assert not prebuild.built_ahead(gather, cases.Task(gather.name, "basic", seed))
+    assert prebuild.built_ahead(attention, cases.Task(attention.name, "decode", seed))
+    for check, family in ((gather, "refused"), (attention, "decode")):
+        assert not prebuild.built_ahead(check, cases.Task(check.name, family, seed, mutant=check.mutants[0].name))
+        assert not prebuild.built_ahead(check, cases.Task(check.name, family, seed, tool="memcheck"))
     assert prebuild.builders_for("cpu", 2) == 0 and prebuild.builders_for("cuda", 0) == 0
     assert prebuild.builders_for("cuda", 8) >= 1
 
 
+def test_a_reference_computed_ahead_is_the_one_computed_in_place(tmp_path):
+    """A host-heavy check's file holds its reference's outputs, the ones the worker would compute; a lazy bound
+    (attention's score rounding) keeps working on the mapped case."""
+    check = checks.get("attention.paged")
+    task = cases.Task(check.name, "decode", cases.case_seed(0, check.name, "decode", 1))
+    built = cases.build_case(check, task.family, task.seed, "cpu")
+    path = str(tmp_path / "case.pt")
+    prebuild._build((task, "cpu", path))
+    mapped, expected = prebuild.case_of(check, task._replace(prebuilt=path), "cpu")
+    assert same(built.inputs, mapped.inputs)
+    here = cases.expected_outputs(check, built)["out"]
+    assert same(here.value, expected["out"].value) and same(here.baseline, expected["out"].baseline)
+    assert here.rounding() == expected["out"].rounding()
+
+
+def test_a_reference_that_fails_or_writes_its_inputs_is_left_to_the_worker():
+    """Positive controls of ``_reference``: a reference that raises, or writes an input in place, gives None (the
+    worker then computes it on its own copies and judges that as without builders)."""
+    check = checks.get("block_table.gather")
+    case = cases.build_case(check, "basic", 3, "cpu")
+    assert prebuild._reference(check, case) is not None
+
+    def writes(**inputs):
+        next(v for v in inputs.values() if isinstance(v, torch.Tensor)).add_(1)
+        return check.reference(**inputs)
+
+    def raises(**inputs):
+        raise RuntimeError("no reference")
+
+    assert prebuild._reference(dataclasses.replace(check, reference=writes), case) is None
+    assert prebuild._reference(dataclasses.replace(check, reference=raises), case) is None
+
+
 def _plan():
-    chosen = [checks.get("block_table.gather"), checks.get("sampling.gumbel")]
-    return cases.plan(chosen, ["refused", "padded", "layouts"], 2, 0)
+    chosen = [checks.get("block_table.gather"), checks.get("sampling.gumbel"), checks.get("attention.paged")]
+    return cases.plan(chosen, ["refused", "padded", "decode"], 2, 0)
 
 
 def _verdicts(results):
@@ -51,8 +91,8 @@ def test_a_run_with_builders_reaches_the_verdicts_of_one_without(monkeypatch):
     """The same plan with two builders and with none: the same cases (notes, launch shapes) and verdicts; each
     refusal case says its builder's seconds, and the builders' folder is gone after the run."""
     tasks = _plan()
-    built = [t for t in tasks if t.family == "refused"]
-    assert built and len(built) < len(tasks)
+    built = [t for t in tasks if prebuild.built_ahead(checks.get(t.check), t)]
+    assert {t.family for t in built} == {"refused", "decode"} and len(built) < len(tasks)
     without: list = []
     workers.execute(tasks, "cpu", 1, without.append, timeout=300)
     monkeypatch.setattr(prebuild, "builders_for", lambda device, jobs: 2)
@@ -109,4 +149,4 @@ def test_every_task_is_handed_out_once_built_where_picked():
     tasks = _plan()
     handed = _handed_out(prebuild.Ahead(tasks, "cpu", 2))
     assert sorted(t._replace(prebuilt="") for t in handed) == sorted(tasks)
-    assert all(bool(t.prebuilt) == (t.family == "refused") for t in handed)
+    assert all(bool(t.prebuilt) == prebuild.built_ahead(checks.get(t.check), t) for t in handed)

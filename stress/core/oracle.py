@@ -76,9 +76,10 @@ def interpreter_gap(check: Check, case: Case, device: str, foreign_triton: bool 
 
 
 def _judged_case(check: Check, case: Case, seed: int, device: str, trace: bool, result: Result,
-                 mutant) -> tuple[str, list[str]]:
-    """A built case judged: its refusals, or the kernel (under ``mutant``) against the reference, then traced on
-    the CPU. A registered implementation (``stress.core.impl``) stands in for the launcher throughout."""
+                 mutant, expected: dict | None = None) -> tuple[str, list[str]]:
+    """A built case judged: its refusals, or the kernel (under ``mutant``) against the reference (``expected``:
+    its outputs where a builder computed them, ``stress.core.prebuild``), then traced on the CPU. A registered
+    implementation (``stress.core.impl``) stands in for the launcher throughout."""
     from stress import checks
     from stress.core import patches
 
@@ -87,7 +88,8 @@ def _judged_case(check: Check, case: Case, seed: int, device: str, trace: bool, 
         with impl.installed(checks.BY_NAME), patches.applied(mutant), _phase_less_compiles(result.phases, "refusal"):
             return refusal.judge_all(check, case, device, _current(check.kernel))
     with own_code("the reference"), _phase(result.phases, "reference"), impl.reference_stream(check):
-        expected = impl.expected_under_profile(check, case, expected_outputs(check, case))
+        expected = impl.expected_under_profile(check, case, expected_outputs(check, case) if expected is None
+                                               else expected)
     with impl.installed(checks.BY_NAME), patches.applied(mutant):
         verdict, details = differential(check, case, expected, device, _background_load(device), result.metrics,
                                         result.phases)
@@ -266,7 +268,7 @@ def judge_task(task: Task, device: str, timeout: float, trace: bool, room=None) 
         registered = impl.judged_by(check, checks.BY_NAME)
         result.impl = impl.specs(registered)
         with _phase(result.phases, "build"):
-            case = prebuild.case_of(check, task, device)
+            case, expected = prebuild.case_of(check, task, device)
         result.launch, result.note = case.launch, case.note
         foreign_triton = any(impl.written_in_triton(implementation) for _, implementation in registered)
         if why := interpreter_gap(check, case, device, foreign_triton) or impl.outside_profile(check, case, registered):
@@ -275,7 +277,8 @@ def judge_task(task: Task, device: str, timeout: float, trace: bool, room=None) 
         with room(device_bytes(case.inputs)) if room else nullcontext(0.0) as waited_for_room:
             if waited_for_room:
                 result.phases["gpu_wait"] = round(waited_for_room, 4)
-            result.verdict, result.details = _judged_case(check, case, task.seed, device, trace, result, mutant)
+            result.verdict, result.details = _judged_case(check, case, task.seed, device, trace, result, mutant,
+                                                          expected)
     except CaseTimeout:
         result.verdict, result.details = Verdict.TIMEOUT, [f"case ran past {timeout:g} s"]
     except SuiteError as exc:

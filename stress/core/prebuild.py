@@ -1,15 +1,19 @@
-"""Refusal cases built ahead of their turn, in processes of their own, while a GPU run's workers judge others.
+"""Cases built ahead of their turn, in processes of their own, while a GPU run's workers judge others.
 
 A refusal family's case holds one valid case per corruption (``stress.families.refusals``). On a GPU those are
 model-sized: attention's 33 take seconds of host random draws, a sixth of a whole gate's worker time, while
-judging their refusals takes a fraction of a second. Builders (processes that launch nothing, on the cores
-the GPU workers leave) build them ahead of the plan and write each into a file that its worker maps
-(``torch.load(mmap=True)``) instead of building it. A case follows from (check, family, seed, device, launch)
-alone wherever it is built, so the cases and verdicts are the ones the worker would have built; a build that
-fails, or whose builder dies, leaves its case to its worker, as without builders.
+judging their refusals takes a fraction of a second. A ``Check.host_heavy`` check's cases cost tens of
+milliseconds of host work or more to build and to compute the reference of (the engine's reference replays
+every step). Builders (processes that launch nothing, on the cores the GPU workers leave) do that work ahead
+of the plan and write each case, with its reference's outputs, into a file that its worker maps
+(``torch.load(mmap=True)``) instead. A case follows from (check, family, seed, device, launch) alone wherever
+it is built, and the reference from the case, so the cases and verdicts are the ones the worker would have
+reached; a build that fails, or whose builder dies, leaves its case to its worker, and a reference that fails
+or writes its inputs leaves the reference to it, as without builders.
 
 Only cases of the plan's own (no planted bug, no sanitizer tool) are built ahead: a mutant may patch what a
-family calls, and it is planted in the worker only.
+family or a reference calls, and it is planted in the worker only. A reference is computed ahead only for the
+suite's own kernels (an implementation's contract profile may change what it expects).
 """
 
 import os
@@ -22,8 +26,9 @@ from multiprocessing.connection import wait
 
 import torch
 
-from stress.core import gpus, interrupts, pool, refusal
+from stress.core import gpus, impl, interrupts, pool, refusal
 from stress.core.cases import Task, build_case
+from stress.core.guards import shared_inputs, written_in_place
 from stress.core.types import Case, Check
 
 BUILDERS = 8  # at most, per run
@@ -40,16 +45,19 @@ def builders_for(device: str, jobs: int) -> int:
 
 
 def built_ahead(check: Check, task: Task) -> bool:
-    """Whether ``task``'s case is one a builder builds: a refusal family's, with no planted bug or tool."""
-    return task.mutant is None and task.patched is None and task.tool is None and refusal.is_family(
-        check.families[task.family])
+    """Whether ``task``'s case is one a builder builds: a refusal family's or a host-heavy check's, with no
+    planted bug or tool."""
+    plain = task.mutant is None and task.patched is None and task.tool is None
+    return plain and (check.host_heavy or refusal.is_family(check.families[task.family]))
 
 
-def case_of(check: Check, task: Task, device: str) -> Case:
-    """The task's case: mapped from its builder's file where it was built ahead, else built here."""
+def case_of(check: Check, task: Task, device: str) -> tuple[Case, dict | None]:
+    """The task's case, and its reference's outputs where a builder computed them (else None): mapped from its
+    builder's file where it was built ahead, else built here."""
     if task.prebuilt:
-        return torch.load(task.prebuilt, mmap=True, weights_only=False)
-    return build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
+        built = torch.load(task.prebuilt, mmap=True, weights_only=False)
+        return built["case"], built["expected"]
+    return build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None), None
 
 
 # ---------------------------------------------------------------- the builder side
@@ -62,15 +70,32 @@ def _init_builder(slot: int, device: str) -> None:
 
 
 def _build(item: tuple[Task, str, str]) -> str:
-    """Build the task's case into ``path`` (whole or not at all: written beside it, then renamed)."""
+    """Build the task's case, and a host-heavy check's reference, into ``path`` (whole or not at all: written
+    beside it, then renamed)."""
     from stress import checks
 
     task, device, path = item
     check = checks.get(task.check)
     case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
-    torch.save(case, path + ".part")
+    expected = None
+    if check.host_heavy and not case.refused and not impl.judged_by(check, checks.BY_NAME):
+        expected = _reference(check, case)
+    torch.save({"case": case, "expected": expected}, path + ".part")
     os.replace(path + ".part", path)
     return path
+
+
+def _reference(check: Check, case: Case) -> dict | None:
+    """The reference's outputs on the case's own tensors (no copies: what the reference keeps of them, such as a
+    lazy bound's arguments, is then saved once with the case), or None where it raises or writes one of them."""
+    inputs, versions = shared_inputs(case)
+    try:
+        values = check.reference(**inputs)
+    except Exception:  # noqa: BLE001 - its worker computes it again, and reports the failure as its own
+        return None
+    if written_in_place(inputs, versions):
+        return None
+    return dict(zip(check.outputs, (values,) if len(check.outputs) == 1 else tuple(values), strict=True))
 
 
 # ---------------------------------------------------------------- the parent side

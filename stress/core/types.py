@@ -267,6 +267,9 @@ class Check:
     # its kernel computes tl.dot on bfloat16 operands, which the Triton interpreter multiplies as raw bit patterns:
     # on the CPU its cases with a bfloat16 input are not_checked (the suite's own kernels upcast, and leave it False)
     bf16_dot: bool = False
+    # building its GPU-sized cases and their reference takes tens of milliseconds of host time or more: a GPU run
+    # has builder processes do both ahead of the case's turn (``stress.core.prebuild``), off its workers' path
+    host_heavy: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "families", {name: Family.of(f) for name, f in self.families.items()})
