@@ -316,3 +316,17 @@ def test_a_kill_matrix_case_whose_capture_was_invalidated_runs_again_alone_and_o
     assert len(ran) == 2 and not ran[0] and "invalidated" in ran[1]
     assert [r.verdict for r in seen] == ["pass"], "the invalidated capture is not a kill; the rerun alone decides"
     assert rows[0].status != "killed"
+
+
+def test_a_device_error_surfacing_at_release_is_the_cases_crash_and_retires_its_worker(monkeypatch):
+    """A kernel's illegal address reported only at the next CUDA call, trimming the cache after the verdict: the
+    case is ``fail:crash`` and fatal (its worker is replaced), and its earlier verdict stays in the details, not a
+    raise that would leave the poisoned worker failing every later case."""
+    def late_error(device):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(workers, "_release_device_memory", late_error)
+    result = workers.run_case(cases.Task("block_table.gather", "basic", 1), "cpu", trace=False)
+    assert result.verdict == "fail:crash" and result.fatal
+    assert "illegal memory access" in result.details[0] and "the verdict before it: pass" in result.details[1]
+    assert "release" in result.phases

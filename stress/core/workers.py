@@ -5,6 +5,7 @@ import dataclasses
 import os
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from functools import partial
 
@@ -57,15 +58,33 @@ _keep_cached = KEEP_CACHED_BYTES
 
 def _judged_and_released(task: Task, device: str, timeout: float, trace: bool) -> tuple[Result, bool]:
     """``judge_task``, then the device memory this worker keeps cached trimmed (the case's tensors are gone), the
-    seconds that took counted as the result's ``release``."""
+    seconds that took counted as the result's ``release``.
+
+    A device error can surface there, after the verdict: a kernel's illegal address is reported at the next
+    CUDA call, and one launched late in the case (or freeing its memory) may leave that call to the release.
+    It is the case's: ``fail:crash``, and fatal, so the worker with the poisoned context is replaced instead of
+    failing every case after it."""
     try:
         result, out_of_memory = judge_task(task, device, timeout, trace, _SHARE.room if _SHARE else None)
     finally:
         start = time.perf_counter()
-        compiles.release()
-        _release_device_memory(device)
+        failed = _released(device)
+    if failed is not None:
+        before = f"the verdict before it: {result.verdict}" + (f" ({result.details[0]})" if result.details else "")
+        result.verdict, result.fatal = Verdict.CRASH, True
+        result.details = [f"releasing the case's device memory raised: {failed}", before]
     result.phases["release"] = round(time.perf_counter() - start, 4)
     return result, out_of_memory
+
+
+def _released(device: str) -> str | None:
+    """Release the case's compile locks and trim the worker's cached device memory; what that raised, if it did."""
+    try:
+        compiles.release()
+        _release_device_memory(device)
+    except Exception as exc:  # noqa: BLE001 - a late device error: the case's verdict, not the worker's end
+        return "".join(traceback.format_exception_only(exc)).strip()
+    return None
 
 
 def _release_device_memory(device: str) -> None:
