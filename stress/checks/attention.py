@@ -192,7 +192,6 @@ CHECKS = (
                                             rounding=attention_families.score_rounding),
         families={**attention_families.FAMILIES, "refused": PAGED_ATTENTION_REFUSALS,
                   "ignored_poisoned": poisoned(attention_families.edges, paged_ignored)},
-        host_heavy=True,  # model-sized caches of random keys and values, and a float64 reference over them
         outputs=("out",),
         compare=within_float32_baseline,
         sweep=attention_families.sweep,

@@ -32,7 +32,7 @@ from stress.core.guards import shared_inputs, written_in_place
 from stress.core.types import Case, Check
 
 BUILDERS = 8  # at most, per run
-AHEAD = 2  # cases built or building per builder, at most, before their turn (each up to about 1 GB of file)
+AHEAD = 4  # cases built or building per builder, at most, before their turn (each up to about 1 GB of file)
 SHM = "/dev/shm"
 
 
@@ -147,8 +147,8 @@ class Ahead:
     def next(self) -> Task | None:
         """The next task to hand out, ``prebuilt`` set where its case was built; None when none is left."""
         self._poll(0)
-        if self.waiting and self.builds[self.waiting[0]].state in ("ready", "failed"):
-            return self._handed(self.waiting.popleft())
+        if (position := self._done()) is not None:
+            return self._handed(position)
         while self.pending:
             task, position = self.pending.popleft(), self.position
             self.position += 1
@@ -158,9 +158,17 @@ class Ahead:
             self.waiting.append(position)
         if not self.waiting:
             return None
-        while self.builds[self.waiting[0]].state not in ("ready", "failed"):
+        while (position := self._done()) is None:
             self._poll(None)  # a builder that dies fails its build, and the last one every build (``_lost``)
-        return self._handed(self.waiting.popleft())
+        return self._handed(position)
+
+    def _done(self) -> int | None:
+        """The first waiting task whose build is over (built or failed), taken off the waiting list; None if none."""
+        for i, position in enumerate(self.waiting):
+            if self.builds[position].state in ("ready", "failed"):
+                del self.waiting[i]
+                return position
+        return None
 
     def finished(self, task: Task) -> float:
         """``task`` has its final outcome: its file is removed. Returns the seconds its builder took (0.0: its

@@ -6,8 +6,6 @@ tables are random permutations of a shared block pool; block 0 (the null block) 
 only by the one-element cache, whose only block it is.
 """
 
-from functools import partial
-
 import numpy as np
 import torch
 
@@ -98,7 +96,7 @@ def judged(reference_fn, value_inputs: tuple[str, ...], rounding=None):
         first = Float64Expected(value=outputs[0], computed=outputs[0] != given.to(torch.float64),
                                 baseline=(baseline[0] if isinstance(baseline, tuple) else baseline).to(given.dtype),
                                 floor=FLOOR_ULPS.get(given.dtype, 1) * torch.finfo(given.dtype).eps * scale,
-                                rounding=partial(rounding, inputs, scale) if rounding else None)
+                                rounding=(lambda: rounding(inputs, scale)) if rounding else None)
         return (first, *outputs[1:]) if isinstance(exact, tuple) else first
     reference.bare = reference_fn  # refusal cases only ask whether it validates: no float32 baseline for them
     return reference
