@@ -4,11 +4,12 @@ PY := $(shell bash tools/ensure_env.sh)
 ITER ?= 100
 SEED ?= 0
 JOBS ?=
+BUILDERS ?=
 REPORT ?= reports/stress
 JUNIT ?= reports/junit.xml
 SELECT = $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE))
 STRESS_ARGS = $(if $(PATH_COLUMN),--path) --hunt --iters $(ITER) --seed $(SEED) --report $(REPORT) $(SELECT) $(if $(FAMILY),--family $(FAMILY)) \
-	$(if $(JOBS),--jobs $(JOBS))
+	$(if $(JOBS),--jobs $(JOBS)) $(if $(BUILDERS),--builders $(BUILDERS))
 
 # SANITIZE=1: then a sampled compute-sanitizer memcheck pass, a few cases per check and family.
 SANITIZE_ITERS ?= 2

@@ -493,3 +493,14 @@ def test_the_kill_matrix_beside_the_replay_decides_every_row_as_it_does_alone(tm
     held, *parts = (float(v) for v in re.findall(r"([\d.]+) (?:held|s)\b", line))
     assert parts[1] > 0, "the kill matrix's cases are counted among the workers' seconds"
     assert sum(parts) == pytest.approx(held, abs=0.2), line  # every worker-second has a place, the tail included
+
+
+def test_builders_take_a_count_or_auto_and_name_the_fix_otherwise():
+    import argparse
+
+    from stress.cli.common import builder_count
+
+    assert builder_count("auto") == "auto" and builder_count("3") == 3 and builder_count("0") == 0
+    for bad in ("-1", "many"):
+        with pytest.raises(argparse.ArgumentTypeError, match="or auto"):
+            builder_count(bad)

@@ -92,7 +92,6 @@ def test_a_run_with_builders_reaches_the_verdicts_of_one_without(monkeypatch):
     assert {t.family for t in built} == {"refused", "combined"} and len(built) < len(tasks)
     without: list = []
     workers.execute(tasks, "cpu", 1, without.append, timeout=300)
-    monkeypatch.setattr(prebuild, "builders_for", lambda device, jobs: 2)
     folders = []
     made = prebuild.Ahead.__init__
 
@@ -102,7 +101,7 @@ def test_a_run_with_builders_reaches_the_verdicts_of_one_without(monkeypatch):
 
     monkeypatch.setattr(prebuild.Ahead, "__init__", noting)
     ahead: list = []
-    seconds = workers.execute(tasks, "cpu", 1, ahead.append, timeout=300)
+    seconds = workers.execute(tasks, "cpu", 1, ahead.append, timeout=300, builders=2)
     assert _verdicts(ahead) == _verdicts(without)
     assert all(r.verdict == PASS for r in ahead)
     assert {(r.check, r.seed) for r in ahead if r.phases.get("built_ahead")} == {(t.check, t.seed) for t in built}

@@ -58,6 +58,16 @@ def percentage(text: str) -> float:
     return value
 
 
+def builder_count(text: str) -> int | str:
+    """``--builders``: ``auto`` or a whole number >= 0."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return count(0)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; or auto (one per core the workers leave)") from None
+
+
 def seconds(text: str) -> float:
     try:
         value = float(text)

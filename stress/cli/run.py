@@ -11,6 +11,7 @@ from stress.cli.common import (
     IMPLEMENTATIONS,
     MATRIX,
     UsageError,
+    builder_count,
     checks_named,
     count,
     device_and_seed,
@@ -55,6 +56,11 @@ def add_parsers(sub) -> None:
                           "device-resident cases (see `hunt`), into the same report")
     run.add_argument("--kill-matrix", action="store_true",
                      help="also run the kill matrix, on the replay's workers beside its cases, into the same report")
+    run.add_argument("--builders", type=builder_count, default=0,
+                     help="processes that build refusal cases and host-heavy checks' cases, references included, "
+                          "ahead of their turn, beside the workers (stress.core.prebuild); auto: on a GPU one per "
+                          "core the workers leave, 8 at most, none on the CPU (default: 0, the workers build every "
+                          "case)")
     run.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
 
 
@@ -154,7 +160,7 @@ def run_into(report, stages) -> interrupts.Interrupted | None:
 def cmd_run(args) -> int:
     device = select_device(args)
     from stress import hunt
-    from stress.core import cases, telemetry, workers
+    from stress.core import cases, prebuild, telemetry, workers
     from stress.sanitize import runner as sanitizer
 
     selected = selected_checks(args)
@@ -163,8 +169,9 @@ def cmd_run(args) -> int:
     if patched := generated_mutant(args.mutant):
         tasks = [task._replace(patched=patched) for task in tasks]
     jobs = workers.default_jobs(device) if args.jobs is None else args.jobs
+    builders = prebuild.builders_for(device, jobs) if args.builders == "auto" else args.builders
     header = {**impl_header(), "device": device,
-              "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs,
+              "iters": args.iters, "seed": args.seed, "cases": len(tasks), "jobs": jobs, "builders": builders,
               "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix, "hunt": args.hunt,
               **({"hunts": len(hunt.planned(selected, device))} if args.hunt else {}),
               **({"mutant": args.mutant} if args.mutant else {}),
@@ -189,7 +196,7 @@ def cmd_run(args) -> int:
                     matrix = matrix_beside(report, selected, device, args, bar.write)
                 report.workers = workers.execute(tasks, device, jobs, streamed(report, bar), args.timeout,
                                                  trace=not args.no_trace, on_abandoned=report.abandoned.extend,
-                                                 judge=sanitizer.run_task, beside=matrix)
+                                                 judge=sanitizer.run_task, beside=matrix, builders=builders)
 
     stopped = run_into(report, stages)
     failed = report.counts()[1] + sum(h.failed for h in report.hunts)

@@ -37,8 +37,8 @@ SHM = "/dev/shm"
 
 
 def builders_for(device: str, jobs: int) -> int:
-    """Builders for a run: on a GPU with pool workers, one per core the workers leave (at least one, at most
-    ``BUILDERS``); none on the CPU, where the workers take every core and the cases are small."""
+    """Builders for a run that asks for ``auto``: on a GPU with pool workers, one per core the workers leave (at
+    least one, at most ``BUILDERS``); none on the CPU, where the workers take every core and the cases are small."""
     if device != "cuda" or jobs == 0:
         return 0
     return max(1, min(BUILDERS, gpus.cores() - jobs))

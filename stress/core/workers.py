@@ -239,7 +239,7 @@ def worker_threads(jobs: int) -> int:
 
 def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Result], None] | None,
             timeout: float = 0, trace: bool = True, on_abandoned: Callable[[list[Task]], None] | None = None,
-            judge: Callable[..., Result] = run_case, beside=None) -> dict[str, float]:
+            judge: Callable[..., Result] = run_case, beside=None, builders: int = 0) -> dict[str, float]:
     """Run every task, calling ``on_result`` as each finishes (in completion order); returns where the workers'
     seconds went outside their cases, and all they held (``stress.core.pool.Pool.seconds``; zeros in this process).
 
@@ -249,14 +249,16 @@ def execute(tasks: list[Task], device: str, jobs: int, on_result: Callable[[Resu
     (``stress.core.interrupts``), ``on_abandoned`` gets the cases that were running. ``judge`` judges
     one task (``run_case`` by default); ``trace`` False skips the CPU tracer in ``tasks``' cases.
 
+    ``builders``: processes that build the cases ``stress.core.prebuild.built_ahead`` picks ahead of their turn
+    (0: every case is built by its worker).
+
     ``beside``: tasks of another driver sharing the same workers, so that neither waits for the other's slowest
     cases or starts workers of its own (``stress.mutate.kill_matrix.Hunting``: its ``next_task(ahead)``, ``owns``,
     ``finished`` and ``stop``). Its tasks that depend on none of its running ones go first, then ``tasks``, then,
     once those are all handed out, whatever it would run ahead of time; it hears its own outcomes, and ``stop``
     when a signal stops the run. Its tasks are traced whatever ``trace`` says.
     """
-    pending = prebuild.Ahead(tasks if trace else [task._replace(trace=False) for task in tasks], device,
-                             prebuild.builders_for(device, jobs))
+    pending = prebuild.Ahead(tasks if trace else [task._replace(trace=False) for task in tasks], device, builders)
     drained = False
 
     def source() -> Task | None:
