@@ -86,8 +86,8 @@ def _build(item: tuple[Task, str, str]) -> str:
 
 
 def _reference(check: Check, case: Case) -> dict | None:
-    """The reference's outputs on the case's own tensors (no copies: what the reference keeps of them, such as a
-    lazy bound's arguments, is then saved once with the case), or None where it raises or writes one of them."""
+    """The reference's outputs on the case's own tensors (no copies of a GPU-sized case; an output that keeps one
+    of them is saved once with the case), or None where it raises or writes one of them."""
     inputs, versions = shared_inputs(case)
     try:
         values = check.reference(**inputs)
@@ -119,9 +119,10 @@ class _Builder:
 class Ahead:
     """The plan's tasks in order, those that ``built_ahead`` picks handed out once built (``next``).
 
-    A task whose build is not ready yet waits, and later tasks go first; once nothing else is left, the next
-    one is waited for. ``finished(task)`` removes its file (after its final outcome: a task run again reads
-    it again); ``close`` stops the builders and removes every file.
+    A task whose build is not done yet waits, and later tasks go first; a waiting task goes out as soon as its
+    build is done, the earliest such first, and once nothing else is left the first build to finish is waited
+    for. ``finished(task)`` removes its file (after its final outcome: a task run again reads it again);
+    ``close`` stops the builders and removes every file.
     """
 
     def __init__(self, tasks: list[Task], device: str, builders: int):
