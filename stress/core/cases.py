@@ -60,10 +60,19 @@ def draw_launch(shapes: list[dict], seed: int) -> dict:
     return shapes[index]
 
 
+def task_case(check: Check, task: Task, device: str) -> Case:
+    """``task``'s case, built from its (family, seed, forced launch shape)."""
+    return build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
+
+
 def expected_outputs(check: Check, case: Case) -> dict:
     """The reference's outputs by name, computed on CPU copies (the reference must not mutate)."""
-    ref = check.reference(**fresh_inputs(case))
-    values = (ref,) if len(check.outputs) == 1 else tuple(ref)
+    return by_output(check, check.reference(**fresh_inputs(case)))
+
+
+def by_output(check: Check, returned) -> dict:
+    """What ``check``'s reference returned (one value, or a tuple in ``outputs`` order), by output name."""
+    values = (returned,) if len(check.outputs) == 1 else tuple(returned)
     return dict(zip(check.outputs, values, strict=True))
 
 

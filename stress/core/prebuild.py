@@ -27,7 +27,7 @@ from multiprocessing.connection import wait
 import torch
 
 from stress.core import gpus, impl, interrupts, pool, refusal
-from stress.core.cases import Task, build_case
+from stress.core.cases import Task, by_output, task_case
 from stress.core.guards import shared_inputs, written_in_place
 from stress.core.types import Case, Check
 
@@ -57,7 +57,7 @@ def case_of(check: Check, task: Task, device: str) -> tuple[Case, dict | None]:
     if task.prebuilt:
         built = torch.load(task.prebuilt, mmap=True, weights_only=False)
         return built["case"], built["expected"]
-    return build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None), None
+    return task_case(check, task, device), None
 
 
 # ---------------------------------------------------------------- the builder side
@@ -76,7 +76,7 @@ def _build(item: tuple[Task, str, str]) -> str:
 
     task, device, path = item
     check = checks.get(task.check)
-    case = build_case(check, task.family, task.seed, device, dict(task.launch) if task.launch else None)
+    case = task_case(check, task, device)
     expected = None
     if check.host_heavy and not case.refused and not impl.judged_by(check, checks.BY_NAME):
         expected = _reference(check, case)
@@ -95,7 +95,7 @@ def _reference(check: Check, case: Case) -> dict | None:
         return None
     if written_in_place(inputs, versions):
         return None
-    return dict(zip(check.outputs, (values,) if len(check.outputs) == 1 else tuple(values), strict=True))
+    return by_output(check, values)
 
 
 # ---------------------------------------------------------------- the parent side
@@ -234,10 +234,13 @@ class Ahead:
             self.queued.clear()
 
     def _dispatch(self) -> None:
+        """Hand queued builds to idle builders, while fewer than ``window`` are building or built and not handed
+        out. Called at every hand-out: it counts them only when a builder is idle and a build is queued."""
+        idle = [b for b in self.builders if b.ready and b.build is None]
+        if not idle or not self.queued:
+            return
         ahead = sum(1 for b in self.builds.values() if b.state in ("building", "ready"))
-        for builder in self.builders:
-            if not builder.ready or builder.build is not None:
-                continue
+        for builder in idle:
             while self.queued and self.queued[0] not in self.builds:  # handed out before a builder got to it
                 self.queued.popleft()
             if not self.queued or ahead >= self.window:
