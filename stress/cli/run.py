@@ -56,11 +56,11 @@ def add_parsers(sub) -> None:
                           "device-resident cases (see `hunt`), into the same report")
     run.add_argument("--kill-matrix", action="store_true",
                      help="also run the kill matrix, on the replay's workers beside its cases, into the same report")
-    run.add_argument("--builders", type=builder_count, default=0,
+    run.add_argument("--builders", type=builder_count, default="auto",
                      help="processes that build refusal cases and host-heavy checks' cases, references included, "
                           "ahead of their turn, beside the workers (stress.core.prebuild); auto: on a GPU one per "
-                          "core the workers leave, 8 at most, none on the CPU (default: 0, the workers build every "
-                          "case)")
+                          "core the workers leave, 8 at most, none on the CPU (the default); 0: the workers build "
+                          "every case")
     run.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
 
 
