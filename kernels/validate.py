@@ -12,7 +12,9 @@ CHECK_INDICES_ON_GPU = os.environ.get("SPECSAN_CHECK_INDICES", "") == "1"
 
 
 def tensor(name: str, t, *, dtype=None, ndim=None, device=None, min_numel=0, unit_stride=True):
-    """Check one tensor argument; ``unit_stride`` asks for a stride-1 innermost dimension."""
+    """Check one tensor argument; ``unit_stride`` asks for a stride-1 innermost dimension where it holds more than
+    one element (one of size 1 is read at index 0 alone, whatever its stride: torch calls such a tensor
+    contiguous, and ``.contiguous()`` hands it back as it is)."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if dtype is not None:
@@ -27,7 +29,7 @@ def tensor(name: str, t, *, dtype=None, ndim=None, device=None, min_numel=0, uni
         raise ValueError(f"{name}: on {t.device}, expected {device}; move it with .to('{device}')")
     if t.numel() < min_numel:
         raise ValueError(f"{name}: has {t.numel()} elements, needs at least {min_numel}")
-    if unit_stride and t.dim() > 0 and t.numel() > 1 and t.stride(-1) != 1:
+    if unit_stride and t.dim() > 0 and t.numel() > 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name}: innermost stride {t.stride(-1)}, expected 1; pass .contiguous()")
     if t.dim() > 1 and t.numel() > 0 and any(s < 0 for s in t.stride()):
         raise ValueError(f"{name}: negative strides are not supported; pass .contiguous()")

@@ -93,3 +93,30 @@ def test_the_dtype_check_names_the_tensor_unlike_the_others():
     with pytest.raises(ValueError, match="^k_cache: dtype torch.float16, but key is torch.float32"):
         validate.same_dtype("fix it", key=full, value=full, k_cache=half, v_cache=half)
     assert validate.same_dtype("fix it", key=half, value=half) == torch.float16
+
+
+def test_a_size_one_innermost_dimension_takes_any_stride_and_a_wider_one_only_one():
+    """An innermost dimension of one element is read at index 0 alone, so its stride cannot mislead a kernel: a
+    ``[N, 1]`` transposed view is accepted (torch calls it contiguous, and ``.contiguous()`` would hand it back
+    unchanged, so refusing it would give advice that cannot be followed); a wider one of stride 2 is refused."""
+    column = torch.arange(3, dtype=torch.int32).view(1, 3).t()  # [3, 1], strides (1, 3)
+    assert column.stride(-1) == 3 and column.is_contiguous() and column.contiguous().stride() == column.stride()
+    assert validate.tensor("persistent", column, dtype=torch.int32, ndim=2) is column
+    with pytest.raises(ValueError, match=r"^persistent: innermost stride 2, expected 1; pass \.contiguous\(\)$"):
+        validate.tensor("persistent", torch.zeros(3, 4, dtype=torch.int32)[:, ::2])
+
+
+def test_a_launcher_reads_a_one_wide_table_of_any_innermost_stride(device):
+    """``gather_block_tables`` on one-block-wide tables laid out as transposed ``[S, 1]`` and ``[R, 1]`` views:
+    the same rows as with contiguous ones, and the reference's."""
+    from kernels.block_table import gather_block_tables
+    from reference.block_table import gather_block_tables as reference
+
+    persistent = torch.tensor([[7, 8, 9, 10]], dtype=torch.int32, device=device).t()  # [4, 1], strides (1, 4)
+    idx_mapping = torch.tensor([2, -1, 0], dtype=torch.int32, device=device)
+    out = torch.full((1, 4), -5, dtype=torch.int32, device=device).t()
+    gather_block_tables(persistent, idx_mapping, out)
+    expected = reference(persistent.cpu().contiguous(), idx_mapping.cpu(), torch.full((4, 1), -5, dtype=torch.int32))
+    assert out.stride() == (1, 4)
+    torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)
+    assert out.cpu().flatten().tolist() == [9, 0, 7, -5]

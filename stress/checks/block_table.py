@@ -203,6 +203,9 @@ CHECKS = (
                   "ignored_poisoned": poisoned(bt_families.gather_negative_slot, gather_ignored)},
         outputs=("out",),
         provenance={"out": "persistent"},
+        # the runner places a view that torch calls contiguous as a contiguous copy, so no family can hand a
+        # launcher a one-wide table of innermost stride past 1: the argument check that must accept it is pinned here
+        unit_tests=("tests/test_validate.py::test_a_launcher_reads_a_one_wide_table_of_any_innermost_stride",),
         mutants=(
             Mutant("gather-by-batch-row", "reads the persistent row of batch row b instead of its slot",
                    (Patch(f"{_BT}:_gather_rows_kernel", "slot = tl.load(idx_mapping_ptr + batch_row).to(tl.int64)",

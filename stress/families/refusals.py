@@ -129,9 +129,11 @@ def moved(*names: str, refused: str | None = None) -> tuple[Corruption, ...]:
 def strided(*names: str, refused: str | None = None) -> tuple[Corruption, ...]:
     """One corruption per name: that tensor as a view whose innermost stride is 2 (every other element of a
     buffer twice as wide), which the kernels' unit-stride loads would misread: the launcher must refuse it
-    by name (``refused``, as in ``moved``). A tensor of fewer than two elements is left alone."""
+    by name (``refused``, as in ``moved``). A tensor of fewer than two elements, or whose innermost dimension
+    holds one (read at index 0 alone, whatever its stride), is left alone."""
     return _each(names, "{name} of innermost stride 2",
-                 lambda t: torch.stack([t, t], -1)[..., 0] if t.dim() and t.numel() >= 2 else None, refused)
+                 lambda t: torch.stack([t, t], -1)[..., 0] if t.numel() >= 2 and t.shape[-1] >= 2 else None,
+                 refused)
 
 
 def emptied(dims: dict[str, int], what: str, refused: str, on_gpu: bool = True) -> Corruption:
