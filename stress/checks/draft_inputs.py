@@ -181,6 +181,13 @@ CHECKS = (
                    (Patch(_DI, "tl.minimum(query_pos, max_model_len - 1)", "query_pos + max_model_len * 0"),),
                    oracles=EVERYWHERE, families=("max_model_len",),
                    path=Reach(families=("long_context",))),
+            Mutant("context-pad-to-target", "the inert context tail ends where the target positions end, not where "
+                   "the context buffers do: an engine's static buffers past a step of fewer tokens keep stale rows",
+                   (Patch("kernels.draft_inputs:prepare_draft_inputs",
+                          "context_positions, context_slot_mapping, context_positions.numel(),",
+                          "context_positions, context_slot_mapping, target_positions.numel(),"),),
+                   oracles=EVERYWHERE, families=("longer_context",),
+                   path=Reach(families=("shared_prefix", "mixed_prefill_decode"))),
             Mutant("sample-slot-is-batch-row", "sampling rows record the batch row instead of the request slot",
                    (Patch(_DI, "(lanes * 0 + slot).to(tl.int32)", "(lanes * 0 + batch_row).to(tl.int32)"),),
                    oracles=EVERYWHERE),

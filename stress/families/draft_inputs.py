@@ -44,9 +44,10 @@ def _cached_count(rng, first_pos, block_size, unaligned):
 
 def draft_case(rng, *, batch_rows, k=None, anchor_first=None, block_size=None, pad_rows=0, pad_tokens=0,
                prefill=0.2, reject=0.3, chunk=10, null_frac=0.0, unaligned=False, near_max=False,
-               past_row=False, note="") -> Case:
+               past_row=False, context_pad=0, note="") -> Case:
     """A batch of ``batch_rows`` requests; ``unaligned`` gives one live slot a partial cached block; ``past_row``
-    moves each request's last target row past its table row (its block index the row's width)."""
+    moves each request's last target row past its table row (its block index the row's width); ``context_pad``
+    makes the context buffers that many entries longer than the target positions (padding included)."""
     anchor_first = bool(rng.integers(2)) if anchor_first is None else anchor_first
     k = int(rng.integers(1, 5)) if k is None else k
     q = k if anchor_first else 1 + k
@@ -94,8 +95,8 @@ def draft_case(rng, *, batch_rows, k=None, anchor_first=None, block_size=None, p
         "anchor_first": anchor_first,
         "mask_token_id": int(rng.integers(100_000, 200_000)),
         "max_model_len": max_model_len,
-        "context_positions": sentinel(num_target_rows + pad_tokens, torch.int64),
-        "context_slot_mapping": sentinel(num_target_rows + pad_tokens, torch.int64),
+        "context_positions": sentinel(num_target_rows + pad_tokens + context_pad, torch.int64),
+        "context_slot_mapping": sentinel(num_target_rows + pad_tokens + context_pad, torch.int64),
         "input_ids": sentinel(num_query_rows, torch.int32),
         "positions": sentinel(num_query_rows, torch.int64),
         "query_slot_mapping": sentinel(num_query_rows, torch.int64),
@@ -117,6 +118,14 @@ def _batch(rng, device, cpu_max):
 
 def _padding(rng):
     return {"pad_rows": int(rng.integers(0, 2)), "pad_tokens": int(rng.integers(0, 3))}
+
+
+def longer_context(rng, device, launch):
+    """Context buffers longer than the target positions, as an engine's static ones are past a step of fewer
+    tokens: every context entry past the live rows must become inert, to the buffers' end, not to the end of
+    the target positions."""
+    return draft_case(rng, batch_rows=_batch(rng, device, 2), **_padding(rng), context_pad=int(rng.integers(1, 40)),
+                      note="longer context buffers")
 
 
 def decode(rng, device, launch):
@@ -266,4 +275,5 @@ FAMILIES = {"decode": decode, "padded": padded, "prefix_cache": prefix_cache, "r
             "layouts": common.laid_out(prefix_cache, "block_table", "draft_tokens"),
             # positions whose block index is the row's width, in tables whose rows are padded: only the width, not
             # the row stride, says where a row ends
-            "layouts_past_row": common.laid_out(_past_row, "block_table"), "no_requests": no_requests}
+            "layouts_past_row": common.laid_out(_past_row, "block_table"), "no_requests": no_requests,
+            "longer_context": longer_context}
