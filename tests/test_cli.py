@@ -504,3 +504,13 @@ def test_builders_take_a_count_or_auto_and_name_the_fix_otherwise():
     for bad in ("-1", "many"):
         with pytest.raises(argparse.ArgumentTypeError, match="or auto"):
             builder_count(bad)
+
+
+def test_builders_are_on_by_default_and_none_run_on_the_cpu():
+    """``run`` asks for ``auto`` unless told otherwise; ``auto`` starts none on the CPU or without pool workers."""
+    from stress.__main__ import parser
+    from stress.core import prebuild
+
+    assert parser().parse_args(["run", "--iters", "1"]).builders == "auto"
+    assert parser().parse_args(["run", "--iters", "1", "--builders", "0"]).builders == 0
+    assert prebuild.builders_for("cpu", 2) == 0 and prebuild.builders_for("cuda", 0) == 0
