@@ -29,7 +29,7 @@ def tensor(name: str, t, *, dtype=None, ndim=None, device=None, min_numel=0, uni
         raise ValueError(f"{name}: on {t.device}, expected {device}; move it with .to('{device}')")
     if t.numel() < min_numel:
         raise ValueError(f"{name}: has {t.numel()} elements, needs at least {min_numel}")
-    if unit_stride and t.dim() > 0 and t.numel() > 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
+    if unit_stride and t.numel() > 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name}: innermost stride {t.stride(-1)}, expected 1; pass .contiguous()")
     if t.dim() > 1 and t.numel() > 0 and any(s < 0 for s in t.stride()):
         raise ValueError(f"{name}: negative strides are not supported; pass .contiguous()")

@@ -108,7 +108,7 @@ def test_a_size_one_innermost_dimension_takes_any_stride_and_a_wider_one_only_on
 
 def test_a_launcher_reads_a_one_wide_table_of_any_innermost_stride(device):
     """``gather_block_tables`` on one-block-wide tables laid out as transposed ``[S, 1]`` and ``[R, 1]`` views:
-    the same rows as with contiguous ones, and the reference's."""
+    the reference's rows, written in the output's own layout."""
     from kernels.block_table import gather_block_tables
     from reference.block_table import gather_block_tables as reference
 
