@@ -131,3 +131,20 @@ def test_tile_limit_cases_sit_at_tritons_tile_limit():
         heads, head_dim = tile_limit(np.random.default_rng(0), device, {}).inputs["key"].shape[1:]
         one_head = triton.next_power_of_2(head_dim)
         assert one_head <= limit < 2 * one_head if device == "cpu" else one_head <= limit < heads * one_head
+
+
+@pytest.mark.parametrize("head_dim", [1, 2])
+def test_the_strided_v_cache_refusal_leaves_a_one_wide_head_dim_alone(head_dim):
+    """The refusal family's "V cache of innermost stride 2" asks a launcher to refuse what its argument check must
+    accept when the head dim is 1 (a one-element innermost dimension is read at index 0 alone): such a case is
+    skipped, a wider one gets the stride-2 view."""
+    from stress.checks.kv_cache import WRITE_KV_REFUSALS
+
+    corruption = next(c for c in WRITE_KV_REFUSALS.corruptions if c.what == "a V cache of innermost stride 2")
+    inputs = {"kv_cache": torch.zeros(2, 3, 4, 2, head_dim)}
+    applied = corruption.apply(np.random.default_rng(0), inputs)
+    if head_dim == 1:
+        assert applied is False and "v_cache" not in inputs
+    else:
+        assert applied is not False and inputs["v_cache"].stride()[-1] == 2
+        assert inputs["v_cache"].shape == (3, 4, 2, head_dim)

@@ -13,6 +13,7 @@ from stress.families import kv_cache as kv_families
 from stress.families.ignored import Region, one_of, past, poisoned, whole_rows
 from stress.families.refusals import (
     Corruption,
+    every_other,
     moved,
     past_bound,
     refusal_family,
@@ -51,9 +52,14 @@ def _slot_0_without_blocks(rng, inputs):
 
 
 def _separate_v_cache(change, what: str) -> Corruption:
-    """A V cache of its own (a copy of the case's V half, then ``change``d) that disagrees with the K cache."""
+    """A V cache of its own (a copy of the case's V half, then ``change``d) that disagrees with the K cache; a
+    case whose V half ``change`` turns into None is skipped."""
     def apply(rng, inputs):
-        inputs["v_cache"] = change(kv_families.halves(inputs["kv_cache"])[1].clone())
+        v_cache = change(kv_families.halves(inputs["kv_cache"])[1].clone())
+        if v_cache is None:
+            return False
+        inputs["v_cache"] = v_cache
+        return True
 
     return Corruption("v_cache", what, apply)
 
@@ -78,7 +84,7 @@ WRITE_KV_REFUSALS = refusal_family(kv_families.pad, (
     *moved("key", "value", "slot_mapping"), *moved("kv_cache", refused="k_cache"),
     _separate_v_cache(lambda v: v.to("meta"), "a V cache on another device than the K cache"),
     *strided("key", "value"), *strided("kv_cache", refused="k_cache"),
-    _separate_v_cache(lambda v: torch.stack([v, v], -1)[..., 0], "a V cache of innermost stride 2"),
+    _separate_v_cache(every_other, "a V cache of innermost stride 2"),
     retyped("kv_cache", torch.float16, torch.float32, refused="k_cache"),
     retyped("key", torch.float16, torch.float32),  # unlike the other three: named, not the first compared with it
     # value's one dimension not covered above (appended: the cases above keep their draws)

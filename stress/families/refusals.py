@@ -126,14 +126,18 @@ def moved(*names: str, refused: str | None = None) -> tuple[Corruption, ...]:
     return _each(names, "{name} on another device", lambda t: t.to("meta"), refused)
 
 
+def every_other(t: torch.Tensor) -> torch.Tensor | None:
+    """``t`` as a view whose innermost stride is 2 (every other element of a buffer twice as wide), which the
+    kernels' unit-stride loads would misread; None for a tensor of fewer than two elements or whose innermost
+    dimension holds one: it is read at index 0 alone, whatever its stride, and a launcher must accept it."""
+    return torch.stack([t, t], -1)[..., 0] if t.numel() >= 2 and t.shape[-1] >= 2 else None
+
+
 def strided(*names: str, refused: str | None = None) -> tuple[Corruption, ...]:
-    """One corruption per name: that tensor as a view whose innermost stride is 2 (every other element of a
-    buffer twice as wide), which the kernels' unit-stride loads would misread: the launcher must refuse it
-    by name (``refused``, as in ``moved``). A tensor of fewer than two elements, or whose innermost dimension
-    holds one (read at index 0 alone, whatever its stride), is left alone."""
-    return _each(names, "{name} of innermost stride 2",
-                 lambda t: torch.stack([t, t], -1)[..., 0] if t.numel() >= 2 and t.shape[-1] >= 2 else None,
-                 refused)
+    """One corruption per name: that tensor as a view of innermost stride 2 (``every_other``), which the
+    launcher must refuse by name (``refused``, as in ``moved``). A tensor ``every_other`` leaves alone is
+    skipped."""
+    return _each(names, "{name} of innermost stride 2", every_other, refused)
 
 
 def emptied(dims: dict[str, int], what: str, refused: str, on_gpu: bool = True) -> Corruption:
