@@ -57,8 +57,10 @@ RECORD_FIELDS = (
 
 
 def _snap(t: torch.Tensor) -> torch.Tensor:
-    """A CPU copy for the record (``.cpu()`` of a CPU tensor would alias the live buffer)."""
-    return t.detach().to("cpu", copy=True)
+    """A CPU copy for the record (``.cpu()`` of a CPU tensor would alias the live buffer). From a GPU it is
+    taken in stream order into pinned memory without waiting: ``Engine._wait`` makes it readable. A wait for
+    the device costs a GPU shared by several processes a turn of their time slices, about 25 a step."""
+    return t.detach().to("cpu", copy=True, non_blocking=True)
 
 
 def _descriptor(desc: graphs.BatchDescriptor) -> torch.Tensor:
@@ -185,7 +187,7 @@ class Engine:
         record["batch.num_tokens"] = torch.tensor([n for _, n in batch], dtype=torch.int32)
         if batch:
             slot_ids = [self.slots.slot_of[r.req_id] for r, _ in batch]
-            idx_mapping = torch.tensor(slot_ids, dtype=torch.int32, device=self.device)
+            idx_mapping = self._upload(slot_ids, torch.int32)
             record["idx_mapping"] = _snap(idx_mapping)
             step_depth = self._depth(len(batch))  # chosen at schedule time, from what was observed so far
             target = self._target_step(batch, idx_mapping, record)
@@ -196,13 +198,29 @@ class Engine:
         record["kv.guards_intact"] = torch.tensor(self.model.guards_intact())
         self.scheduler.finish_step()
         self.step_index += 1
+        self._wait()
         return record
+
+    def _wait(self) -> None:
+        """Wait for the device: the record's copies taken so far (``_snap``) are then readable."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _host_copy(self, data, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A CPU tensor of ``data`` that nothing else holds, pinned where the engine runs on a GPU: a copy from it
+        to the device need not wait for the device (``_upload``)."""
+        t = torch.tensor(data, dtype=dtype)
+        return t.pin_memory() if self.device.type == "cuda" else t
+
+    def _upload(self, data, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``data`` (a list or a numpy array) on the engine's device, copied in stream order without waiting."""
+        return self._host_copy(data, dtype).to(self.device, non_blocking=True)
 
     def _poison_freed_draft_blocks(self) -> None:
         """Freed draft blocks hold no valid KV any more; NaN makes a read of them show."""
         freed = self.scheduler.freed_draft_blocks
         if freed:
-            index = torch.tensor(freed, dtype=torch.int64, device=self.device)
+            index = self._upload(freed, torch.int64)
             for k_cache, v_cache in self.caches_d:
                 k_cache[index] = float("nan")
                 v_cache[index] = float("nan")
@@ -219,8 +237,8 @@ class Engine:
             for host, blocks in ((self.host_table_t, req.target_blocks), (self.host_table_d, req.draft_blocks)):
                 host[slot] = 0
                 host[slot, :len(blocks)] = blocks
-        self.table_t.copy_(torch.from_numpy(self.host_table_t))
-        self.table_d.copy_(torch.from_numpy(self.host_table_d))
+        self.table_t.copy_(self._host_copy(self.host_table_t), non_blocking=True)
+        self.table_d.copy_(self._host_copy(self.host_table_d), non_blocking=True)
         slot_of = np.full(len(self.requests), -1, dtype=np.int64)
         for req in self.requests:
             slot_of[req.index] = self.slots.slot_of.get(req.req_id, -1)
@@ -239,11 +257,10 @@ class Engine:
             positions += range(first, first + n)
             starts.append(starts[-1] + n)
             seq_lens.append(first + n)
-        dev = self.device
-        ids_t = torch.tensor(ids, dtype=torch.int64, device=dev)
-        positions_t = torch.tensor(positions, dtype=torch.int64, device=dev)
-        qsl = torch.tensor(starts, dtype=torch.int32, device=dev)
-        seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+        ids_t = self._upload(ids, torch.int64)
+        positions_t = self._upload(positions, torch.int64)
+        qsl = self._upload(starts, torch.int32)
+        seq_lens_t = self._upload(seq_lens, torch.int32)
         num_rows = len(batch)
         # The target runs eagerly; which graph would run the batch is recorded (prefill never a FULL one).
         lengths = {n for _, n in batch}
@@ -285,18 +302,17 @@ class Engine:
         starts = target["starts"]
         for num_drafts, rows in sorted(groups.items()):
             # rows of the hidden states verified: the last num_drafts + 1 of each request
-            token_rows = torch.tensor([starts[b + 1] - num_drafts - 1 + i for b in rows for i in range(num_drafts + 1)],
-                                      dtype=torch.int64, device=dev)
+            token_rows = self._upload([starts[b + 1] - num_drafts - 1 + i for b in rows for i in range(num_drafts + 1)],
+                                      torch.int64)
             predicted = target["positions"][token_rows] + 1
             logits = self.model.logits(target["hidden"][token_rows], predicted).view(len(rows), num_drafts + 1, vocab)
-            drafts = torch.tensor([batch[b][0].drafts for b in rows], dtype=torch.int64,
-                                  device=dev).view(len(rows), num_drafts)
-            rows_t = torch.tensor(rows, dtype=torch.int64, device=dev)
+            drafts = self._upload([batch[b][0].drafts for b in rows], torch.int64).view(len(rows), num_drafts)
+            rows_t = self._upload(rows, torch.int64)
             group_out = torch.empty(len(rows), num_drafts + 1, dtype=torch.int64, device=dev)
             group_sampled = torch.empty(len(rows), dtype=torch.int32, device=dev)
             group_rejected = torch.empty(len(rows), dtype=torch.int32, device=dev)
             cached_q = self.draft_logits[:, :num_drafts] if self.probabilistic and num_drafts else None
-            group_slots = torch.tensor([slot_ids[b] for b in rows], dtype=torch.int32, device=dev)
+            group_slots = self._upload([slot_ids[b] for b in rows], torch.int32)
             rejection.verify(logits, drafts, group_slots, self.temperature, self.seeds,
                              predicted.view(len(rows), -1)[:, 0].contiguous(), group_out, group_sampled,
                              group_rejected, draft_logits=cached_q)
@@ -316,11 +332,12 @@ class Engine:
         for d, rows in groups.items():
             num_drafts[rows] = d
         record["verify.num_drafts"] = num_drafts
-        sampled_host = num_sampled.cpu()
+        self._wait()
+        sampled_host = record["verify.num_sampled"]
         drafting = [b for d, rows in groups.items() if d for b in rows]
         acceptance = (len(drafting), sum(len(batch[b][0].drafts) for b in drafting),
                       sum(int(sampled_host[b]) - 1 for b in drafting))
-        self._advance(batch, slot_ids, out_tokens.cpu(), sampled_host)
+        self._advance(batch, slot_ids, record["verify.out_tokens"], sampled_host)
         return {"num_sampled": num_sampled, "num_rejected": num_rejected, "acceptance": acceptance}
 
     def _advance(self, batch, slot_ids, out_tokens, num_sampled) -> None:
@@ -349,7 +366,7 @@ class Engine:
         buf = self.buffers
         block_table.gather_block_tables(self.table_d, idx_mapping, self.batch_table_d)
         record["draft.block_table"] = _snap(self.batch_table_d[:num_rows])
-        step = _StepInputs(idx_mapping, torch.from_numpy(self.slots.num_cached_tokens).to(self.device), target,
+        step = _StepInputs(idx_mapping, self._upload(self.slots.num_cached_tokens), target,
                            verified, record)
         prepared = False
         if step_depth == 0:
@@ -377,8 +394,9 @@ class Engine:
         drafts = depth.limit_draft_tokens(buf["draft_tokens"][:num_rows, :step_depth], step_depth, k)
         record["depth"] = torch.tensor(step_depth, dtype=torch.int64)
         record["draft.tokens"] = _snap(drafts)
+        self._wait()
         kept = torch.full((num_rows, step_depth), PAD, dtype=torch.int64)
-        for b, ((req, _), row) in enumerate(zip(batch, drafts.cpu().tolist(), strict=True)):
+        for b, ((req, _), row) in enumerate(zip(batch, record["draft.tokens"].tolist(), strict=True)):
             if not req.prefilling and not req.finished:
                 room = c.max_model_len - len(req.tokens)
                 req.drafts = [t for t in row if t >= 0][:room]
@@ -447,7 +465,7 @@ class Engine:
         buf, qsl, positions = self.buffers, target["query_start_loc"], target["positions"]
         starts = qsl.long()
         row_of_token = torch.repeat_interleave(torch.arange(starts.numel() - 1, device=self.device),
-                                               starts[1:] - starts[:-1])
+                                               starts[1:] - starts[:-1], output_size=positions.numel())
         valid = torch.arange(positions.numel(), device=self.device) < (starts[1:] - num_rejected.long())[row_of_token]
         buf["context_positions"].zero_()
         buf["context_positions"][:positions.numel()] = torch.where(valid, positions, 0)

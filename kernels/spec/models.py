@@ -111,9 +111,11 @@ class Model:
         return caches
 
     def guards_intact(self) -> bool:
+        """Whether every guard block still holds ``GUARD`` and every null block NaN: one wait for the device."""
         g = GUARD_BLOCKS
-        return all(bool((whole[:g] == GUARD).all() and (whole[-g:] == GUARD).all() and whole[g].isnan().all())
-                   for whole in self._guarded)
+        intact = [t for whole in self._guarded
+                  for t in ((whole[:g] == GUARD).all(), (whole[-g:] == GUARD).all(), whole[g].isnan().all())]
+        return bool(torch.stack(intact).all()) if intact else True
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.w["embed"][token_ids.long()]

@@ -81,8 +81,8 @@ CHECKS = (
             Mutant("prefix-blocks-visible", "fix 4, pre-fix (docs/fixes.md#fix-4): no restored counts reach the "
                                             "draft: seq_lens not "
                    "shortened, no shift, no fail-closed; the draft reads never-written (NaN) KV",
-                   (Patch(_ENGINE, "torch.from_numpy(self.slots.num_cached_tokens).to(self.device)",
-                          "torch.zeros_like(torch.from_numpy(self.slots.num_cached_tokens)).to(self.device)"),),
+                   (Patch(_ENGINE, "self._upload(self.slots.num_cached_tokens)",
+                          "self._upload(np.zeros_like(self.slots.num_cached_tokens))"),),
                    oracles=EVERYWHERE, families=("shared_prefix", "preempt_resume", "unaligned_prefix")),
             Mutant("refused-batch-skips-context-kv", "upstream order: a batch that drafts nothing (refused for an "
                    "unaligned prefix, or at depth 0) returns before its context KV is written, so later drafts "
