@@ -69,3 +69,19 @@ def device() -> torch.device:
     """The device kernels run on (the current CUDA device, or the CPU under the interpreter)."""
     return torch.device("cuda", torch.cuda.current_device()) if DEVICE == "cuda" else torch.device("cpu")
 
+
+
+def host_copy(data, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A CPU tensor of ``data`` (a list, a numpy array or a tensor) that nothing else holds, pinned when ``device``
+    is a GPU: a copy from it to the device, in stream order, need not wait for the device (``upload``)."""
+    if isinstance(data, torch.Tensor):
+        t = data.clone() if dtype is None else data.to(dtype, copy=True)
+    else:
+        t = torch.tensor(data, dtype=dtype)
+    return t.pin_memory() if device.type == "cuda" else t
+
+
+def upload(data, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``data`` on ``device``, copied in stream order without waiting for the device. A wait costs a GPU that
+    several processes share a turn of their time slices, so host code that runs many small steps avoids it."""
+    return host_copy(data, device, dtype).to(device, non_blocking=True)

@@ -206,15 +206,15 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _host_copy(self, data, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """A CPU tensor of ``data`` that nothing else holds, pinned where the engine runs on a GPU: a copy from it
-        to the device need not wait for the device (``_upload``)."""
-        t = torch.tensor(data, dtype=dtype)
-        return t.pin_memory() if self.device.type == "cuda" else t
-
     def _upload(self, data, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """``data`` (a list or a numpy array) on the engine's device, copied in stream order without waiting."""
-        return self._host_copy(data, dtype).to(self.device, non_blocking=True)
+        """``data`` (a list or a numpy array) on the engine's device, without waiting (``runtime.upload``)."""
+        return runtime.upload(data, self.device, dtype)
+
+    def _set_rows(self, t: torch.Tensor, rows: list[int], values: list) -> None:
+        """``t[rows[i]] = values[i]`` for distinct rows, without waiting for the device: one scalar written into
+        a device tensor is a copy the host waits for."""
+        if rows:
+            t[self._upload(rows, torch.int64)] = self._upload(values, t.dtype)
 
     def _poison_freed_draft_blocks(self) -> None:
         """Freed draft blocks hold no valid KV any more; NaN makes a read of them show."""
@@ -222,23 +222,27 @@ class Engine:
         if freed:
             index = self._upload(freed, torch.int64)
             for k_cache, v_cache in self.caches_d:
-                k_cache[index] = float("nan")
-                v_cache[index] = float("nan")
+                k_cache.index_fill_(0, index, float("nan"))
+                v_cache.index_fill_(0, index, float("nan"))
         self.scheduler.freed_draft_blocks = []
 
     def _assign_slots(self, plan, record) -> None:
         self.slots.release(plan.released)
+        admitted, temperatures, seeds = [], [], []
         for req in plan.admitted:
             slot = self.slots.admit(req.req_id, req.num_cached, req.seed)
-            self.temperature[slot] = req.temperature
-            self.seeds[slot] = int(self.slots.seeds[slot])
+            admitted.append(slot)
+            temperatures.append(req.temperature)
+            seeds.append(int(self.slots.seeds[slot]))
+        self._set_rows(self.temperature, admitted, temperatures)
+        self._set_rows(self.seeds, admitted, seeds)
         for req, _ in plan.batch:
             slot = self.slots.slot_of[req.req_id]
             for host, blocks in ((self.host_table_t, req.target_blocks), (self.host_table_d, req.draft_blocks)):
                 host[slot] = 0
                 host[slot, :len(blocks)] = blocks
-        self.table_t.copy_(self._host_copy(self.host_table_t), non_blocking=True)
-        self.table_d.copy_(self._host_copy(self.host_table_d), non_blocking=True)
+        self.table_t.copy_(runtime.host_copy(self.host_table_t, self.device), non_blocking=True)
+        self.table_d.copy_(runtime.host_copy(self.host_table_d, self.device), non_blocking=True)
         slot_of = np.full(len(self.requests), -1, dtype=np.int64)
         for req in self.requests:
             slot_of[req.index] = self.slots.slot_of.get(req.req_id, -1)
@@ -343,20 +347,25 @@ class Engine:
     def _advance(self, batch, slot_ids, out_tokens, num_sampled) -> None:
         """Host bookkeeping after verification: computed counts, emitted tokens, finished requests."""
         max_len = self.sched_config.max_model_len
+        sampled_slots, last_sampled, prefill_slots, next_prefill = [], [], [], []
         for b, (req, n) in enumerate(batch):
             emitted = out_tokens[b, :int(num_sampled[b])].tolist()
             req.num_computed += len(emitted) if not req.prefilling else n
             req.tokens += emitted
             if emitted:
-                self.last_sampled[slot_ids[b]] = emitted[-1]
+                sampled_slots.append(slot_ids[b])
+                last_sampled.append(emitted[-1])
             elif req.num_computed < len(req.tokens):
-                self.next_prefill_tokens[slot_ids[b]] = req.tokens[req.num_computed]
+                prefill_slots.append(slot_ids[b])
+                next_prefill.append(req.tokens[req.num_computed])
             limit = min(len(req.prompt) + req.max_new_tokens, max_len)
             if len(req.tokens) >= limit:
                 del req.tokens[limit:]
                 req.num_computed = min(req.num_computed, limit)
                 req.finished = True
             req.drafts = []
+        self._set_rows(self.last_sampled, sampled_slots, last_sampled)
+        self._set_rows(self.next_prefill_tokens, prefill_slots, next_prefill)
 
     def _propose(self, batch, slot_ids, idx_mapping, target, verified, step_depth, record) -> None:
         """The draft step at the step's depth (0: nothing drafted, but the context KV is still stored):

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import attention, kv_cache
+from kernels import attention, kv_cache, runtime
 
 EPS = 1e-6
 GUARD = -1024.0  # fills the guard blocks around every KV cache (exact in bf16)
 GUARD_BLOCKS = 1
+FP32_WEIGHTS = ("head_raw", "head_norm", "position_codes")  # the head and what feeds it stay fp32
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,9 @@ class Model:
 
     def __init__(self, config: ModelConfig, weights: dict, device: torch.device, dtype: torch.dtype):
         self.config, self.device, self.dtype = config, device, dtype
-        self.w = {name: t.to(device=device, dtype=dtype) for name, t in weights.items()}
         # The head runs in fp32: the sampling kernels take fp32 logits.
-        for name in ("head_raw", "head_norm", "position_codes"):
-            self.w[name] = weights[name].to(device=device, dtype=torch.float32)
+        self.w = {name: runtime.upload(t, device, torch.float32 if name in FP32_WEIGHTS else dtype)
+                  for name, t in weights.items()}
         self.scale = 1.0 / math.sqrt(config.head_dim)
         self._guarded: list[torch.Tensor] = []  # every cache with its guard blocks
 

@@ -23,7 +23,7 @@ _POISON_FIRST = """        self._poison_freed_draft_blocks()
         record["batch.num_tokens"] = torch.tensor([n for _, n in batch], dtype=torch.int32)
         if batch:
             slot_ids = [self.slots.slot_of[r.req_id] for r, _ in batch]
-            idx_mapping = torch.tensor(slot_ids, dtype=torch.int32, device=self.device)
+            idx_mapping = self._upload(slot_ids, torch.int32)
             record["idx_mapping"] = _snap(idx_mapping)
             step_depth = self._depth(len(batch))  # chosen at schedule time, from what was observed so far
             target = self._target_step(batch, idx_mapping, record)
@@ -178,8 +178,8 @@ CHECKS = (
                    oracles=EVERYWHERE, families=("budget_cut_cache",)),
             Mutant("temperature-of-first-holder", "a slot keeps the first non-zero temperature it was given: a "
                    "request admitted to a slot a sampled request freed samples at that request's temperature",
-                   (Patch(_ENGINE, "self.temperature[slot] = req.temperature",
-                          "self.temperature[slot] = float(self.temperature[slot]) or req.temperature"),),
+                   (Patch(_ENGINE, "temperatures.append(req.temperature)",
+                          "temperatures.append(float(self.temperature[slot]) or req.temperature)"),),
                    oracles=EVERYWHERE, families=("sampling_churn",)),
             Mutant("draft-width-with-bonus", "the eager draft dispatch takes every layout's query width as depth "
                    "+ 1: right for DFlash, one too many for DSpark",

@@ -36,6 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from kernels import runtime
 from stress.oracles import engine_history
 from stress.oracles.graph_replay import silent_fallback
 
@@ -123,16 +124,15 @@ class PoolAudit:
         if not self._draft_unheld or not self.draft_caches:
             return
         blocks = sorted(self._draft_unheld)
-        index = torch.tensor(blocks, dtype=torch.int64, device=self.draft_caches[0][0].device)
-        for k_cache, v_cache in self.draft_caches:
-            for cache in (k_cache, v_cache):
-                written = ~cache[index].isnan().flatten(1).all(1)
-                if bool(written.any()):
-                    block = blocks[int(written.nonzero()[0])]
-                    self._report(f"draft pool after scheduling: block {block}, held by no running request since the "
-                                 f"last schedule, holds KV that is not poisoned (NaN) ({int(written.sum())} such "
-                                 "block(s)): a freed draft block was never poisoned")
-                    return
+        index = runtime.upload(blocks, self.draft_caches[0][0].device, torch.int64)
+        # [cache, block]: one wait for the device over every cache, K and V of each layer in turn
+        written = torch.stack([~cache[index].isnan().flatten(1).all(1) for pair in self.draft_caches for cache in pair])
+        if bool(written.any()):
+            first = written[int(written.any(1).nonzero()[0])]  # the first cache that holds one
+            block = blocks[int(first.nonzero()[0])]
+            self._report(f"draft pool after scheduling: block {block}, held by no running request since the "
+                         f"last schedule, holds KV that is not poisoned (NaN) ({int(first.sum())} such "
+                         "block(s)): a freed draft block was never poisoned")
 
     def _judge_pools(self, when: str) -> None:
         for group in ("target", "draft"):
