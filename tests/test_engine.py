@@ -361,10 +361,11 @@ def test_path_column_is_opt_in_and_kills_through_the_whole_step():
 @pytest.mark.gpu
 def test_a_step_waits_for_the_device_a_few_times(monkeypatch):
     """A wait for the device costs a GPU shared by several worker processes a turn of their time slices (about
-    2.7 ms each beside seven others): with a blocking copy per record field and per host list, about 40 waits a
-    step, engine.step's launches took 1.4 s a case in make stress. torch's sync debug mode counts each step's
-    waits over a `combined` workload (prefill chunks, drafting, preemption, sampling): a handful remain, the
-    launchers' argument checks, the KV guards, verification's and the draft's results read back, the record."""
+    2.7 ms each beside seven others): with a blocking copy per record field, per host list and per scalar written
+    into a device tensor, 91 waits a step on an H100, engine.step's launches took 1.4 s a case in make stress.
+    torch's sync debug mode and the explicit synchronizes count each step's waits over a `combined` workload
+    (prefill chunks, drafting, preemption, sampling): 7 or 8 remain there, the launchers' argument checks, the KV
+    guards, verification's and the draft's results read back, the record."""
     import warnings
 
     from kernels.spec import engine
