@@ -70,7 +70,6 @@ def device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if DEVICE == "cuda" else torch.device("cpu")
 
 
-
 def host_copy(data, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A CPU tensor of ``data`` (a list, a numpy array or a tensor) that nothing else holds, pinned when ``device``
     is a GPU: a copy from it to the device, in stream order, need not wait for the device (``upload``)."""

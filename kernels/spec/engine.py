@@ -58,8 +58,8 @@ RECORD_FIELDS = (
 
 def _snap(t: torch.Tensor) -> torch.Tensor:
     """A CPU copy for the record (``.cpu()`` of a CPU tensor would alias the live buffer). From a GPU it is
-    taken in stream order into pinned memory without waiting: ``Engine._wait`` makes it readable. A wait for
-    the device costs a GPU shared by several processes a turn of their time slices, about 25 a step."""
+    taken in stream order into pinned memory without waiting (a step records about 25 fields, and each wait
+    costs a GPU that several processes share a turn of their time slices): ``Engine._wait`` makes it readable."""
     return t.detach().to("cpu", copy=True, non_blocking=True)
 
 
