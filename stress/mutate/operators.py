@@ -378,10 +378,17 @@ def generate(target: str, operators: list[str] | None = None) -> list[Generated]
     """Every mutant of ``target`` ("module:attribute") the operators make, in source order, each once.
     ``operators`` names them, one-token (this module's) or semantic (``stress.mutate.semantic``); None
     is every one-token operator."""
-
     fn, text = source_of(_target(target))
-    first_line = _first_line(fn)
-    file = os.path.relpath(inspect.getsourcefile(fn), ROOT)
+    return list(_generated(target, text, _first_line(fn), os.path.relpath(inspect.getsourcefile(fn), ROOT),
+                           None if operators is None else tuple(operators)))
+
+
+@functools.lru_cache(maxsize=64)
+def _generated(target: str, text: str, first_line: int, file: str,
+               operators: tuple[str, ...] | None) -> tuple[Generated, ...]:
+    """``generate``'s mutants of ``target`` as its source ``text`` reads now: kept per text, since a run resolves
+    each of its ids (``resolve``) several times, and a semantic operator's mutants are made only after every
+    one-token operator's, which a large class (the engine) takes seconds to make."""
     tree = ast.parse(text)
     src = Source(text)
     quiet = _messages(tree, src)
@@ -405,7 +412,7 @@ def generate(target: str, operators: list[str] | None = None) -> list[Generated]
                            else f"{name} at {target} line {line}")
             out.append(Generated(_mutant_id(target, name, patch), target, name, line, patch, description))
     out.sort(key=lambda g: (g.line, g.operator, g.id))
-    return out
+    return tuple(out)
 
 
 def _messages(tree, src: Source) -> list[tuple[int, int]]:
