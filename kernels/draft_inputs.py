@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels import block_table as tables  # looked up at call time: a patched fail-closed test reaches here
-from kernels import runtime, validate  # noqa: F401  (runtime: device choice before any kernel)
+from kernels import runtime, validate  # runtime first: the device choice precedes any kernel
 
 MAX_BLOCK = 256
 
@@ -184,10 +184,9 @@ def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_position
     for name, t in (("next_prefill_tokens", next_prefill_tokens), ("num_cached_tokens", num_cached_tokens)):
         if t.numel() != num_slots:
             raise ValueError(f"{name}: {t.numel()} slots, but last_sampled has {num_slots}")
-    slots = idx_mapping.cpu()
+    slots, target_starts, cached_counts = runtime.read_back(idx_mapping, target_query_start_loc, num_cached_tokens)
     if num_batch_rows and (int(slots.min()) < 0 or int(slots.max()) >= num_slots):
         raise ValueError(f"idx_mapping: live batch rows need slots in [0, {num_slots}), got {slots.tolist()}")
-    target_starts = target_query_start_loc.cpu()
     num_target_rows = int(target_starts[num_batch_rows])
     for name, t, need in (("target_positions", target_positions, num_target_rows),
                           ("num_sampled", num_sampled, num_batch_rows), ("num_rejected", num_rejected, num_batch_rows),
@@ -210,7 +209,7 @@ def prepare_draft_inputs(*, idx_mapping, target_query_start_loc, target_position
     if draft_tokens.shape[1] != k:
         raise ValueError(f"draft_tokens: {draft_tokens.shape[1]} columns, expected num_draft_tokens = {k}")
 
-    if tables.has_unaligned_cached_prefix(num_cached_tokens, slots, (block_size,)):
+    if tables.has_unaligned_cached_prefix(cached_counts, slots, (block_size,)):
         draft_tokens[:num_batch_rows] = -1
         return False
     max_target_rows = int((target_starts[1:num_batch_rows + 1] - target_starts[:num_batch_rows]).max()) \

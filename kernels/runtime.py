@@ -84,3 +84,10 @@ def upload(data, device: torch.device, dtype: torch.dtype | None = None) -> torc
     """``data`` on ``device``, copied in stream order without waiting for the device. A wait costs a GPU that
     several processes share a turn of their time slices, so host code that runs many small steps avoids it."""
     return host_copy(data, device, dtype).to(device, non_blocking=True)
+
+
+def read_back(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """CPU copies of one-dimensional tensors of one dtype and device, taken in one wait for the device instead of one
+    each: a launcher that checks several index arguments on the host pays a shared GPU's time slice once."""
+    host = torch.cat(tensors).cpu()
+    return host.split([t.numel() for t in tensors])

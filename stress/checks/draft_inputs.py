@@ -169,7 +169,7 @@ CHECKS = (
             Mutant("unaligned-drafts", "fix 4 (docs/fixes.md#fix-4): a batch with a partial cached block is "
                                        "drafted, not refused",
                    (Patch("kernels.draft_inputs:prepare_draft_inputs",
-                          "if tables.has_unaligned_cached_prefix(num_cached_tokens, slots, (block_size,)):",
+                          "if tables.has_unaligned_cached_prefix(cached_counts, slots, (block_size,)):",
                           "if False:"),),
                    oracles=EVERYWHERE, families=("prefix_cache",),
                    path=Reach(families=("unaligned_prefix",))),
