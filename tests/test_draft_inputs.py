@@ -143,3 +143,16 @@ CHECK = checks.get("draft_inputs.prepare")
 def test_kernel_matches_reference(family, seed, device):
     result = workers.run_case(cases.Task(CHECK.name, family, seed), device.type)
     assert result.verdict == "pass", "\n".join([result.repro(), *result.details])
+
+
+def test_the_launchers_index_arguments_come_back_in_one_read():
+    """prepare_draft_inputs reads its batch rows' slots, the target offsets and the cached counts back together
+    (one wait for a shared GPU instead of three): each comes back whole, at its own length, empty ones included,
+    as a copy that a later write to the argument does not change."""
+    from kernels import runtime
+
+    slots, offsets, cached = (torch.tensor(v, dtype=torch.int32) for v in ([2, 0], [0, 3, 5, 9], [8, 3, 0]))
+    got = runtime.read_back(slots, offsets, torch.empty(0, dtype=torch.int32), cached)
+    assert [t.tolist() for t in got] == [[2, 0], [0, 3, 5, 9], [], [8, 3, 0]]
+    cached[0] = 7
+    assert got[3].tolist() == [8, 3, 0]
