@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import attention
+from kernels import attention, runtime
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,8 @@ class HostPlannedBackend:
     def plan(self, meta: AttentionMetadata) -> None:
         if self.causal:
             return
-        starts = meta.query_start_loc.tolist()  # a host sync: planning happens outside any capture
-        lens = meta.seq_lens.tolist()
+        # One wait for the device, for both (planning happens outside any capture).
+        starts, lens = (t.tolist() for t in runtime.read_back(meta.query_start_loc, meta.seq_lens))
         self._requests = [(starts[b], starts[b + 1], lens[b]) for b in range(len(lens))]
 
     def forward(self, query, k_cache, v_cache, meta: AttentionMetadata, *, scale: float, out) -> None:
