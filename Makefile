@@ -9,8 +9,9 @@ REPORT ?= reports/stress
 JUNIT ?= reports/junit.xml
 SELECT = $(if $(CHECK),--check $(CHECK)) $(if $(DEVICE),--device $(DEVICE))
 STRESS_ARGS = $(if $(PATH_COLUMN),--path) --hunt --iters $(ITER) --seed $(SEED) --report $(REPORT) $(SELECT) $(if $(FAMILY),--family $(FAMILY)) \
-	$(if $(JOBS),--jobs $(JOBS)) $(if $(BUILDERS),--builders $(BUILDERS))
+	$(if $(JOBS),--jobs $(JOBS)) $(if $(BUILDERS),--builders $(BUILDERS)) $(if $(RESUME),--resume $(RESUME))
 
+# RESUME=reports/stress: go on after a stopped run (the cases it finished are carried; docs/usage.md).
 # SANITIZE=1: then a sampled compute-sanitizer memcheck pass, a few cases per check and family.
 SANITIZE_ITERS ?= 2
 SANITIZE_ARGS = --iters $(SANITIZE_ITERS) --seed $(SEED) --report $(REPORT)/sanitize --baseline $(REPORT) $(SELECT) \

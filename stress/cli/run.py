@@ -36,6 +36,7 @@ from stress.cli.common import (
 )
 from stress.core import interrupts
 from stress.core.types import DEFAULT_TIMEOUT, NOT_CHECKED, kill_matrix_verdict
+from stress.report import resume
 
 
 def add_parsers(sub) -> None:
@@ -61,6 +62,10 @@ def add_parsers(sub) -> None:
                           "ahead of their turn, beside the workers (stress.core.prebuild); auto: on a GPU one per "
                           "core the workers leave, 8 at most, none on the CPU (the default); 0: the workers build "
                           "every case")
+    run.add_argument("--resume", metavar="REPORT",
+                     help="carry the cases an earlier run's report (its folder or results.jsonl) finished, on the "
+                          "same device, seed, settings and source, and run only the rest; crashes and timeouts run "
+                          "again; it may be the --report folder itself (default: run every case)")
     run.add_argument("--json", action="store_true", help="print one JSON object on stdout and nothing else")
 
 
@@ -176,11 +181,24 @@ def cmd_run(args) -> int:
               **({"hunts": len(hunt.planned(selected, device))} if args.hunt else {}),
               **({"mutant": args.mutant} if args.mutant else {}),
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), **gpu_header(device, jobs)}
+    header["source"] = resume.source_fingerprint(header.get("impl"))
+    carried = []
+    if args.resume:  # read before the report folder, which may be the same one, is cleared
+        try:
+            earlier = resume.read(args.resume)
+            resume.check_same(earlier, header)
+        except resume.ResumeError as exc:
+            problem, _, fix = str(exc).partition("; ")
+            raise UsageError("--resume", problem, fix) from None
+        tasks, carried = resume.carry(tasks, earlier)
+        header["resumed"] = {"from": args.resume, "carried": len(carried), "rerun": earlier.rerun}
     report = open_report(args.report, header)
+    for result in carried:
+        report.add(result)
 
     def stages():
         log(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}"
-             + gpu_log(header))
+            + (f"; {len(carried)} carried from {args.resume}" if args.resume else "") + gpu_log(header))
         with telemetry.envelope(report.telemetry) if device == "cuda" else nullcontext():
             if args.hunt:
                 def on_hunt(result):
@@ -209,7 +227,7 @@ def cmd_run(args) -> int:
         code = 0 if report.judged() else not_judged(report.unjudged_reasons())
     if args.json:
         print(json.dumps({"status": report.end_record()["status"], "exit_code": code, "report": args.report,
-                          "device": device, "cases_planned": len(tasks), "cases_finished": len(report.results),
+                          "device": device, "cases_planned": header["cases"], "cases_finished": len(report.results),
                           **dict(zip(("passed", "failed", "not_checked"), report.counts(), strict=True)),
                           "failures": [{"verdict": r.verdict, "check": r.check, "family": r.family, "seed": r.seed,
                                         "repro": r.repro()} for r in report.results if r.failed],

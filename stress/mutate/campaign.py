@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import tomllib
 
-from stress.core import interrupts, workers
+from stress.core import interrupts, sources, workers
 from stress.core.cases import Task, case_seed
 from stress.core.types import Check, Verdict
 from stress.mutate import kill_matrix as matrix
@@ -656,16 +656,7 @@ TREE = ("kernels", "reference", "stress", "tests")  # what a survivor's hunt ran
 def tree_fingerprint() -> str:
     """A hash of every kernel and suite source (families, runner, oracles, references, unit tests): a survivor
     resumed under the same tree would meet the same cases and oracles again."""
-    import glob
-    import hashlib
-
-    digest = hashlib.sha256()
-    paths = [os.path.join(ROOT, "conftest.py")] + [p for d in TREE for p in glob.glob(
-        os.path.join(ROOT, d, "**", "*.py"), recursive=True)]
-    for path in sorted(p for p in paths if os.path.exists(p)):
-        with open(path, "rb") as f:
-            digest.update(os.path.relpath(path, ROOT).encode() + b"\0" + f.read() + b"\0")
-    return digest.hexdigest()[:16]
+    return sources.fingerprint(TREE, files=("conftest.py",))
 
 
 def fingerprint(module) -> str:

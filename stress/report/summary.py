@@ -160,6 +160,9 @@ class Report:
         lines = []
         if "cases" in self.header:
             lines.append(f"replay: {len(self.results)} of {self.header['cases']} cases finished")
+            if resumed := self.header.get("resumed"):
+                lines.append(f"resumed: {resumed['carried']} of them carried from {resumed['from']} (their verdicts "
+                             f"and seconds are that run's; {resumed['rerun']} crash(es) and timeout(s) ran again)")
         if "hunts" in self.header:
             lines.append(f"hunts: {len(self.hunts)} of {self.header['hunts']} finished")
         if self.kills is not None:

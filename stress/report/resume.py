@@ -1,0 +1,115 @@
+"""Resuming a stopped run: the cases an earlier report finished are carried into the new one, not run again.
+
+A case's verdict follows from its seed, the run's settings and the code that judged it. So an earlier report's
+cases are carried only when that run had the same device, seed, deadline, tracer, planted bug and judged
+implementations, and the same source: a hash of the kernels', references' and suite's files and of every
+``--impl`` module. Crashes and timeouts are run again, since a stalled neighbour or a killed worker can cause
+them as well as the code. Matching is by case (check, family, seed), so a resumed run may ask for more
+iterations than the earlier one: its first iterations' seeds are the same.
+"""
+
+import gzip
+import hashlib
+import importlib
+import inspect
+import json
+import os
+from dataclasses import dataclass, fields
+
+from stress.core import sources
+from stress.core.types import Result, Verdict
+
+SOURCES = ("kernels", "reference", "stress", "eager")  # what judges a case, beside any --impl module
+SAME = ("device", "seed", "timeout", "trace", "mutant", "impl", "source")  # header fields a carried case needs equal
+RERUN = (Verdict.CRASH, Verdict.TIMEOUT)
+_RESULT_FIELDS = {f.name for f in fields(Result)}
+
+
+class ResumeError(ValueError):
+    """The earlier report cannot be resumed; the message says why, then (after '; ') what to do instead."""
+
+
+def source_fingerprint(impl_specs: list[str] | None = None) -> str:
+    """A hash of every file that judges a case: the kernels, the references, the suite, and the module of each
+    ``--impl`` spec (``CHECK=module:function``), so a changed kernel never inherits its old verdicts."""
+    digest = hashlib.sha256(sources.fingerprint(SOURCES).encode())
+    for spec in impl_specs or ():
+        module_name = spec.partition("=")[2].partition(":")[0]
+        try:
+            source = inspect.getsource(importlib.import_module(module_name))
+        except (ImportError, OSError, TypeError):
+            source = ""  # not importable here: the run itself refuses it
+        digest.update(spec.encode() + b"\0" + source.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class Earlier:
+    """An earlier report's header and its finished cases that may be carried, by (check, family, seed)."""
+
+    path: str
+    header: dict
+    results: dict[tuple[str, str, int], Result]
+    rerun: int  # crashes and timeouts it finished, left to run again
+
+
+def _results_file(path: str) -> str:
+    if os.path.isdir(path):
+        for name in ("results.jsonl", "results.jsonl.gz"):
+            if os.path.exists(candidate := os.path.join(path, name)):
+                return candidate
+        raise ResumeError(f"{path} holds no results.jsonl; give the --report folder (or its results.jsonl) of the "
+                          "run to resume")
+    if not os.path.exists(path):
+        raise ResumeError(f"{path} does not exist; give the --report folder (or its results.jsonl) of the run to "
+                          "resume")
+    return path
+
+
+def read(path: str) -> Earlier:
+    """The earlier run at ``path`` (a report folder, its results.jsonl, or a .jsonl.gz copy)."""
+    file = _results_file(path)
+    opener = gzip.open if file.endswith(".gz") else open
+    header, results, rerun = None, {}, 0
+    try:
+        with opener(file, "rt") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut off when the run was killed
+                if "run" in record and header is None:
+                    header = record["run"]
+                elif "check" in record and "verdict" in record and not record.get("tool"):
+                    result = Result(**{k: v for k, v in record.items() if k in _RESULT_FIELDS})
+                    if result.verdict in RERUN:
+                        rerun += 1
+                        continue
+                    results[(result.check, result.family, result.seed)] = result
+    except OSError as exc:
+        raise ResumeError(f"cannot read {file} ({exc.strerror}); give a readable results.jsonl") from None
+    if header is None:
+        raise ResumeError(f"{file} has no run header; give the results.jsonl of a `run`")
+    return Earlier(file, header, results, rerun)
+
+
+def check_same(earlier: Earlier, header: dict) -> None:
+    """Refuse an earlier run whose settings or source differ from this run's (``header``), naming the first."""
+    for key in SAME:
+        was, now = earlier.header.get(key), header.get(key)
+        if was != now:
+            what = "the source changed since" if key == "source" else f"{key} was {was!r}, now {now!r}"
+            raise ResumeError(f"{earlier.path}: {what}, so its verdicts may not be this run's; "
+                              "run without --resume" + ("" if key == "source" else f", or with the same {key}"))
+
+
+def carry(tasks: list, earlier: Earlier) -> tuple[list, list[Result]]:
+    """``tasks`` split into those still to run and the earlier results that stand for the rest."""
+    to_run, carried = [], []
+    for task in tasks:
+        result = earlier.results.get((task.check, task.family, task.seed))
+        if result is not None and result.mutant == task.mutant:
+            carried.append(result)
+        else:
+            to_run.append(task)
+    return to_run, carried

@@ -1,0 +1,72 @@
+"""`run --resume`: a stopped run goes on where it stopped, and never inherits verdicts it should not."""
+
+import json
+import os
+
+from stress.__main__ import main
+
+ARGS = ["run", "--device", "cpu", "--check", "block_table.gather", "--check", "spec.slots", "--jobs", "0", "--iters"]
+
+
+def rows(folder) -> list[dict]:
+    with open(os.path.join(folder, "results.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def cases(folder) -> dict:
+    return {(r["check"], r["family"], r["seed"]): r for r in rows(folder) if "verdict" in r}
+
+
+def stopped_copy(source, folder, keep: int) -> list[dict]:
+    """``source``'s header and first ``keep`` cases in ``folder``: what a run stopped there leaves behind."""
+    kept = rows(source)[:keep + 1]
+    os.makedirs(folder)
+    with open(os.path.join(folder, "results.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+    return kept[1:]
+
+
+def test_a_resumed_run_carries_what_finished_reruns_crashes_and_reaches_a_fresh_runs_verdicts(tmp_path, capsys):
+    fresh, stopped = tmp_path / "fresh", tmp_path / "stopped"
+    assert main(ARGS + ["2", "--report", str(fresh)]) == 0
+    kept = stopped_copy(fresh, stopped, keep=12)
+    # mark what must be carried as it is, and make one case a crash, which a machine can cause: it runs again
+    lines = rows(stopped)
+    for r in lines[1:]:
+        r["note"] = "carried as it was"
+    lines[5]["verdict"], crashed = "fail:crash", (lines[5]["check"], lines[5]["family"], lines[5]["seed"])
+    with open(stopped / "results.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in lines)
+
+    # three iterations where the stopped run planned two: the first two iterations' seeds are the same
+    assert main(ARGS + ["3", "--report", str(stopped), "--resume", str(stopped)]) == 0
+    assert "11 carried" in capsys.readouterr().err
+    resumed, before = cases(stopped), cases(fresh)
+    header = rows(stopped)[0]["run"]
+    assert header["resumed"] == {"from": str(stopped), "carried": 11, "rerun": 1}
+    assert header["cases"] == len(resumed) > len(before)
+    for key, r in before.items():  # every case of the fresh run, with its verdict and details
+        assert (resumed[key]["verdict"], resumed[key]["details"]) == (r["verdict"], r["details"]), key
+    carried = {(r["check"], r["family"], r["seed"]) for r in kept} - {crashed}
+    assert {k for k, r in resumed.items() if r["note"] == "carried as it was"} == carried
+    assert resumed[crashed]["verdict"] == "pass" and resumed[crashed]["note"] != "carried as it was"
+    with open(stopped / "summary.md") as f:
+        assert "resumed: 11 of them carried from" in f.read()
+
+
+def test_resume_refuses_another_seed_or_source_and_names_the_fix(tmp_path, capsys):
+    earlier = tmp_path / "earlier"
+    assert main(ARGS + ["1", "--report", str(earlier)]) == 0
+    capsys.readouterr()
+    assert main(ARGS + ["1", "--seed", "1", "--report", str(tmp_path / "a"), "--resume", str(earlier)]) == 2
+    assert "--resume:" in (err := capsys.readouterr().err) and "seed was 0, now 1" in err and "same seed" in err
+
+    lines = rows(earlier)
+    lines[0]["run"]["source"] = "0" * 16  # as if a kernel or a reference changed since
+    with open(earlier / "results.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in lines)
+    assert main(ARGS + ["1", "--report", str(tmp_path / "b"), "--resume", str(earlier)]) == 2
+    assert "the source changed since" in (err := capsys.readouterr().err) and "run without --resume" in err
+
+    assert main(ARGS + ["1", "--report", str(tmp_path / "c"), "--resume", str(tmp_path / "none")]) == 2
+    assert "does not exist" in capsys.readouterr().err
