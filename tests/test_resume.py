@@ -2,6 +2,12 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from test_cli import ROOT, _wait_for_results
 
 from stress.__main__ import main
 
@@ -70,3 +76,29 @@ def test_resume_refuses_another_seed_or_source_and_names_the_fix(tmp_path, capsy
 
     assert main(ARGS + ["1", "--report", str(tmp_path / "c"), "--resume", str(tmp_path / "none")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_ctrl_c_and_resumed_ends_as_one_run_would(tmp_path, capsys):
+    """The way a user meets it: Ctrl-C mid-run, then the same command with --resume into the same folder."""
+    args = ["run", "--device", "cpu", "--check", "block_table.shift", "--iters", "20", "--jobs", "2", "--no-trace"]
+    stopped, fresh = tmp_path / "stopped", tmp_path / "fresh"
+    proc = subprocess.Popen([sys.executable, "-m", "stress", *args, "--report", str(stopped)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _wait_for_results(stopped, 5, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    finished = cases(stopped)
+    planned = rows(stopped)[0]["run"]["cases"]
+    assert 5 <= len(finished) < planned
+
+    assert main(args + ["--report", str(stopped), "--resume", str(stopped)]) == 0
+    assert main(args + ["--report", str(fresh)]) == 0
+    capsys.readouterr()
+    resumed = cases(stopped)
+    assert rows(stopped)[0]["run"]["resumed"]["carried"] == len(finished)
+    assert {k: (r["verdict"], r["details"]) for k, r in resumed.items()} == \
+        {k: (r["verdict"], r["details"]) for k, r in cases(fresh).items()}
+    assert all(resumed[k]["seconds"] == r["seconds"] for k, r in finished.items())  # carried, not run again
+    assert rows(stopped)[-1]["end"]["status"] == "complete"
