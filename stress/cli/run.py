@@ -227,7 +227,8 @@ def cmd_run(args) -> int:
         code = 0 if report.judged() else not_judged(report.unjudged_reasons())
     if args.json:
         print(json.dumps({"status": report.end_record()["status"], "exit_code": code, "report": args.report,
-                          "device": device, "cases_planned": header["cases"], "cases_finished": len(report.results),
+                          "device": device, "cases_planned": header["cases"], "cases_carried": len(carried),
+                          "cases_finished": len(report.results),
                           **dict(zip(("passed", "failed", "not_checked"), report.counts(), strict=True)),
                           "failures": [{"verdict": r.verdict, "check": r.check, "family": r.family, "seed": r.seed,
                                         "repro": r.repro()} for r in report.results if r.failed],
