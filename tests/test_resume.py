@@ -104,3 +104,38 @@ def test_a_run_stopped_by_ctrl_c_and_resumed_ends_as_one_run_would(tmp_path, cap
         {k: (r["verdict"], r["details"]) for k, r in cases(fresh).items()}
     assert all(resumed[k]["seconds"] == r["seconds"] for k, r in finished.items())  # carried, not run again
     assert rows(stopped)[-1]["end"]["status"] == "complete"
+
+
+def kill_rows(folder) -> dict:
+    return {(r["kill"]["check"], r["kill"]["mutant"]): r["kill"] for r in rows(folder) if "kill" in r}
+
+
+@pytest.mark.slow
+def test_the_kill_matrix_rows_an_earlier_run_hunted_are_carried_only_under_the_same_bounds(tmp_path, capsys):
+    matrix = ["run", "--device", "cpu", "--check", "block_table.gather", "--iters", "1", "--kill-matrix"]
+    earlier = tmp_path / "earlier"
+    assert main(matrix + ["--jobs", "1", "--report", str(earlier)]) == 0
+    hunted = {k: r for k, r in kill_rows(earlier).items() if r["status"] in ("killed", "survived")}
+    assert hunted
+
+    assert main(matrix + ["--jobs", "1", "--report", str(tmp_path / "same"), "--resume", str(earlier)]) == 0
+    assert rows(tmp_path / "same")[0]["run"]["resumed"]["carried"] == len(cases(earlier))
+    assert kill_rows(tmp_path / "same") == kill_rows(earlier)
+    with open(tmp_path / "same" / "summary.md") as f:
+        assert f"; {len(hunted)} kill-matrix row(s) carried" in f.read()
+
+    # other bounds: every row is hunted again (its cases, not the earlier row, decide it)
+    assert main(matrix + ["--jobs", "1", "--max-iters", "50", "--report", str(tmp_path / "bounds"),
+                          "--resume", str(earlier)]) == 0
+    again = kill_rows(tmp_path / "bounds")
+    assert {k: r["status"] for k, r in again.items()} == {k: r["status"] for k, r in kill_rows(earlier).items()}
+    with open(tmp_path / "bounds" / "summary.md") as f:
+        assert "; 0 kill-matrix row(s) carried" in f.read()
+
+    # a run in one process kept its process after a fatal case: its matrix is not carried
+    single = tmp_path / "single"
+    assert main(matrix + ["--jobs", "0", "--report", str(single)]) == 0
+    assert main(matrix + ["--jobs", "0", "--report", str(tmp_path / "b"), "--resume", str(single)]) == 0
+    with open(tmp_path / "b" / "summary.md") as f:
+        assert "; 0 kill-matrix row(s) carried" in f.read()
+    capsys.readouterr()

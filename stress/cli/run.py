@@ -130,14 +130,17 @@ def run_matrix(report, selected, device: str, args, jobs: int) -> None:
                        rows=report.kills, on_case=report.add_matrix_case, **_matrix_options(args))
 
 
-def matrix_beside(report, selected, device: str, args, say):
+def matrix_beside(report, selected, device: str, args, say, earlier=None):
     """The kill matrix planned into ``report.kills``, to hunt beside the replay's cases on the same workers
-    (``stress.core.workers.execute``'s ``beside``): each decided row streamed and shown with ``say``."""
+    (``stress.core.workers.execute``'s ``beside``): each decided row streamed and shown with ``say``; with an
+    ``earlier`` run (``--resume``), the rows it hunted are carried where they may be (``resume.carry_kills``)."""
     from stress.mutate import kill_matrix as matrix
 
     report.kills = []
-    planned = matrix.planned(selected, device, on_row=_on_row(report, args, say), rows=report.kills,
-                             **_matrix_options(args))
+    on_row = _on_row(report, args, say)
+    planned = matrix.planned(selected, device, on_row=on_row, rows=report.kills, **_matrix_options(args))
+    if earlier is not None:
+        report.header["resumed"]["kills"] = resume.carry_kills(earlier, report.header, planned, on_row)
     return matrix.Hunting(planned.hunts, device, args.timeout, planned.decided, report.add_matrix_case)
 
 
@@ -180,9 +183,11 @@ def cmd_run(args) -> int:
               "timeout": args.timeout, "trace": not args.no_trace, "kill_matrix": args.kill_matrix, "hunt": args.hunt,
               **({"hunts": len(hunt.planned(selected, device))} if args.hunt else {}),
               **({"mutant": args.mutant} if args.mutant else {}),
+              **({"max_iters": args.max_iters, "by_shape": args.by_shape,
+                  "path_iters": args.path_iters if args.path else 0} if args.kill_matrix else {}),
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), **gpu_header(device, jobs)}
     header["source"] = resume.source_fingerprint(header.get("impl"))
-    carried = []
+    carried, earlier = [], None
     if args.resume:  # read before the report folder, which may be the same one, is cleared
         try:
             earlier = resume.read(args.resume)
@@ -211,7 +216,7 @@ def cmd_run(args) -> int:
                 matrix = None
                 if args.kill_matrix:
                     bar.write(f"kill matrix on {device}, on the replay's workers:")
-                    matrix = matrix_beside(report, selected, device, args, bar.write)
+                    matrix = matrix_beside(report, selected, device, args, bar.write, earlier)
                 report.workers = workers.execute(tasks, device, jobs, streamed(report, bar), args.timeout,
                                                  trace=not args.no_trace, on_abandoned=report.abandoned.extend,
                                                  judge=sanitizer.run_task, beside=matrix, builders=builders)

@@ -6,6 +6,12 @@ implementations, and the same source: a hash of the kernels', references' and su
 ``--impl`` module. Crashes and timeouts are run again, since a stalled neighbour or a killed worker can cause
 them as well as the code. Matching is by case (check, family, seed), so a resumed run may ask for more
 iterations than the earlier one: its first iterations' seeds are the same.
+
+The kill matrix's rows that the earlier run decided by hunting (killed or survived) are carried too when its
+matrix had the same bounds, one row per planted bug (no ``--by-shape``) and no path column; otherwise the
+matrix runs again. The race hunts always run again: they take seconds. A run in one process (``--jobs 0``) kept
+its process after a fatal case, so nothing it finished after one is carried, nor its kill matrix, whose fatal
+cases its report does not list.
 """
 
 import gzip
@@ -17,12 +23,15 @@ import os
 from dataclasses import dataclass, fields
 
 from stress.core import sources
-from stress.core.types import Result, Verdict
+from stress.core.types import Kill, Result, Verdict
 
 SOURCES = ("kernels", "reference", "stress", "eager")  # what judges a case, beside any --impl module
 SAME = ("device", "seed", "timeout", "trace", "mutant", "impl", "source")  # header fields a carried case needs equal
 RERUN = (Verdict.CRASH, Verdict.TIMEOUT)
+KILL_SAME = ("max_iters", "by_shape", "path_iters")  # and SAME: the kill matrix's bounds
+HUNTED = ("killed", "survived")  # the kill-matrix rows a hunt decided
 _RESULT_FIELDS = {f.name for f in fields(Result)}
+_KILL_FIELDS = {f.name for f in fields(Kill)}
 
 
 class ResumeError(ValueError):
@@ -51,6 +60,7 @@ class Earlier:
     header: dict
     results: dict[tuple[str, str, int], Result]
     rerun: int  # crashes and timeouts it finished, left to run again
+    kills: dict[tuple[str, str], Kill]  # kill-matrix rows it decided by hunting, by check and planted bug
 
 
 def _results_file(path: str) -> str:
@@ -70,7 +80,7 @@ def read(path: str) -> Earlier:
     """The earlier run at ``path`` (a report folder, its results.jsonl, or a .jsonl.gz copy)."""
     file = _results_file(path)
     opener = gzip.open if file.endswith(".gz") else open
-    header, results, rerun = None, {}, 0
+    header, results, rerun, kills, damaged = None, {}, 0, {}, False
     try:
         with opener(file, "rt") as f:
             for line in f:
@@ -80,17 +90,21 @@ def read(path: str) -> Earlier:
                     continue  # a line cut off when the run was killed
                 if "run" in record and header is None:
                     header = record["run"]
-                elif "check" in record and "verdict" in record and not record.get("tool"):
+                elif "check" in record and "verdict" in record and not record.get("tool") and not damaged:
                     result = Result(**{k: v for k, v in record.items() if k in _RESULT_FIELDS})
+                    damaged = result.fatal and (header or {}).get("jobs") == 0
                     if result.verdict in RERUN:
                         rerun += 1
                         continue
                     results[(result.check, result.family, result.seed)] = result
+                elif "kill" in record and record["kill"].get("status") in HUNTED and (header or {}).get("jobs") != 0:
+                    kill = Kill(**{k: v for k, v in record["kill"].items() if k in _KILL_FIELDS})
+                    kills[(kill.check, kill.mutant)] = kill
     except OSError as exc:
         raise ResumeError(f"cannot read {file} ({exc.strerror}); give a readable results.jsonl") from None
     if header is None:
         raise ResumeError(f"{file} has no run header; give the results.jsonl of a `run`")
-    return Earlier(file, header, results, rerun)
+    return Earlier(file, header, results, rerun, kills)
 
 
 def check_same(earlier: Earlier, header: dict) -> None:
@@ -113,3 +127,23 @@ def carry(tasks: list, earlier: Earlier) -> tuple[list, list[Result]]:
         else:
             to_run.append(task)
     return to_run, carried
+
+
+def carry_kills(earlier: Earlier, header: dict, matrix, on_row) -> int:
+    """Put the earlier run's hunted rows in place of ``matrix``'s (``stress.mutate.kill_matrix.Matrix``) planned
+    hunts of the same planted bugs, each given to ``on_row``, when both matrices had the same bounds, one row per
+    bug and no path column; returns how many were carried."""
+    if header.get("by_shape") or header.get("path_iters") or any(
+            earlier.header.get(key) != header.get(key) for key in KILL_SAME):
+        return 0
+    carried = 0
+    for hunt in list(matrix.hunts):
+        row = earlier.kills.get((hunt.kill.check, hunt.kill.mutant))
+        if row is None:
+            continue
+        at = next(i for i, planned in enumerate(matrix.rows) if planned is hunt.kill)
+        matrix.rows[at] = row
+        matrix.hunts.remove(hunt)
+        on_row(row)
+        carried += 1
+    return carried

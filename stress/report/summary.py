@@ -162,7 +162,8 @@ class Report:
             lines.append(f"replay: {len(self.results)} of {self.header['cases']} cases finished")
             if resumed := self.header.get("resumed"):
                 lines.append(f"resumed: {resumed['carried']} of them carried from {resumed['from']} (their verdicts "
-                             f"and seconds are that run's; {resumed['rerun']} crash(es) and timeout(s) ran again)")
+                             f"and seconds are that run's; {resumed['rerun']} crash(es) and timeout(s) ran again)"
+                             + (f"; {resumed['kills']} kill-matrix row(s) carried" if "kills" in resumed else ""))
         if "hunts" in self.header:
             lines.append(f"hunts: {len(self.hunts)} of {self.header['hunts']} finished")
         if self.kills is not None:
