@@ -139,3 +139,16 @@ def test_the_kill_matrix_rows_an_earlier_run_hunted_are_carried_only_under_the_s
     with open(tmp_path / "b" / "summary.md") as f:
         assert "; 0 kill-matrix row(s) carried" in f.read()
     capsys.readouterr()
+
+
+def test_the_source_fingerprint_follows_every_judged_implementations_module(tmp_path, monkeypatch):
+    from stress.report import resume
+
+    module = tmp_path / "my_gather.py"
+    module.write_text("def gather(*args, **kwargs):\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = ["block_table.gather=my_gather:gather"]
+    before = resume.source_fingerprint(spec)
+    assert before != resume.source_fingerprint() and before == resume.source_fingerprint(spec)
+    module.write_text("def gather(*args, **kwargs):\n    return 1\n")  # the implementation changed
+    assert resume.source_fingerprint(spec) != before
