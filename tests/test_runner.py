@@ -250,6 +250,15 @@ def test_a_failure_before_the_kernel_ran_keeps_its_worker(monkeypatch):
     assert (result.verdict, result.fatal) == ("fail:suite-error", False), result.details
 
 
+def test_a_worker_that_cannot_even_look_its_check_up_is_retired(monkeypatch):
+    """What an earlier case's unseen stray store can leave on the CPU: the registry's lookup fails in this process.
+    Kept, such a worker fails every later case at once and takes most of the run's cases."""
+    monkeypatch.delattr(checks, "BY_NAME")
+    result = workers.run_case(cases.Task("block_table.gather", "basic", 1), "cpu")
+    assert (result.verdict, result.fatal) == ("fail:crash", True), result.details
+    assert "BY_NAME" in result.details[0]
+
+
 def test_an_in_process_run_says_it_is_not_trusted_after_a_memory_verdict():
     for jobs, trusted in ((0, False), (2, True)):
         summary = report.Report(None, {"jobs": jobs, "cases": 2})

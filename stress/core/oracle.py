@@ -63,6 +63,13 @@ def _host_damaged(result: Result, device: str, exc: BaseException) -> bool:
     return device == "cpu" and "launch" in result.phases and not isinstance(exc, ValueError)
 
 
+def _broken_before_the_case(result: Result) -> bool:
+    """A failure before the case's first phase: looking up its check or planted bug, which every case of this
+    process does the same way, failed. That is the process's own state (on the CPU, an earlier case's stray store
+    that no guard saw), not this case's, and a worker kept in it would fail every later case at once."""
+    return not result.phases
+
+
 def interpreter_gap(check: Check, case: Case, device: str, foreign_triton: bool = False) -> str | None:
     """Why the CPU interpreter cannot judge this case, or None: a bfloat16 ``tl.dot`` is computed on the operands'
     bit patterns there, so its output would diverge whatever the kernel's logic. The suite's own kernels say
@@ -290,7 +297,7 @@ def judge_task(task: Task, device: str, timeout: float, trace: bool, room=None) 
     except Exception as exc:  # noqa: BLE001 - a crashing case is a verdict, not the end of the run
         result.verdict = Verdict.CRASH
         result.details = traceback.format_exception_only(exc)[-1:] + traceback.format_exc().splitlines()[-12:]
-        result.fatal = _fatal(exc) or _host_damaged(result, device, exc)
+        result.fatal = _fatal(exc) or _host_damaged(result, device, exc) or _broken_before_the_case(result)
         out_of_memory = isinstance(exc, torch.OutOfMemoryError)
     finally:
         if timeout:
