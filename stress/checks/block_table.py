@@ -67,6 +67,23 @@ def _slot_past_rows_of_wide_table(rng, inputs):
     return True
 
 
+def _slot_past_rows_below_the_batch(rng, inputs):
+    """A live row's slot past persistent's rows yet below the batch's row count (idx_mapping and out lengthened
+    with padded rows until the batch has more rows than persistent has slots): the bound is persistent's rows,
+    never the batch's."""
+    idx, persistent, out = inputs["idx_mapping"], inputs["persistent"], inputs["out"]
+    live = (idx >= 0).nonzero().flatten()
+    if live.numel() == 0:
+        return False
+    slots = persistent.shape[0]
+    extra = max(0, slots + 2 - idx.numel())
+    idx = torch.cat([idx, idx.new_full((extra,), -1)])
+    inputs["out"] = torch.cat([out, out.new_zeros((extra, out.shape[1]))])
+    idx[int(live[int(rng.integers(live.numel()))])] = int(rng.integers(slots, idx.numel()))
+    inputs["idx_mapping"] = idx
+    return True
+
+
 GATHER_REFUSALS = refusal_family(bt_families.gather_basic, (
     *resized("out", 1, (-1, 1), "out one column narrower or wider than persistent"),
     *short("out", batch_rows, "the batch"),
@@ -79,6 +96,8 @@ GATHER_REFUSALS = refusal_family(bt_families.gather_basic, (
     # appended: the cases above keep their draws
     Corruption("idx_mapping", "a slot past persistent's rows, in a table wider than its slot count",
                _slot_past_rows_of_wide_table, on_gpu=False),
+    Corruption("idx_mapping", "a slot past persistent's rows, below the batch's row count",
+               _slot_past_rows_below_the_batch, on_gpu=False),
 ), "gather_block_tables")
 
 
@@ -225,6 +244,15 @@ CHECKS = (
                    (Patch(f"{_BT}:gather_block_tables", "if out.shape[1] != persistent.shape[1]:", "if False:"),),
                    oracles={"cpu": "accepted", "cuda": "accepted"}, families=("refused",),
                    path=_VALID_IN_THE_ENGINE),
+            Mutant("slot-bound-by-batch-rows", "a slot is bounded by persistent's rows or the batch's, whichever is "
+                   "more: in a batch of more rows than persistent has slots, a slot past persistent is read",
+                   (Patch(f"{_BT}:gather_block_tables",
+                          'validate.indices("idx_mapping", idx_mapping, -1, persistent.shape[0], what="slot")',
+                          'validate.indices("idx_mapping", idx_mapping, -1, max(persistent.shape[0], out.shape[0]), '
+                          'what="slot")'),),
+                   oracles={"cpu": "accepted"}, families=("refused",), path=_VALID_IN_THE_ENGINE,
+                   why_not="a GPU launcher reads no index back unless SPECSAN_CHECK_INDICES=1, so the refused family "
+                           "holds no slot past persistent there"),
             Mutant("refusal-names-wrong-argument", "too few out rows is refused, but the error names idx_mapping",
                    (Patch(f"{_BT}:gather_block_tables", 'raise ValueError(f"out: {out.shape[0]} rows, but idx_mapping',
                           'raise ValueError(f"idx_mapping: {out.shape[0]} rows of out, but'),),
