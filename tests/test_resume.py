@@ -152,3 +152,9 @@ def test_the_source_fingerprint_follows_every_judged_implementations_module(tmp_
     assert before != resume.source_fingerprint() and before == resume.source_fingerprint(spec)
     module.write_text("def gather(*args, **kwargs):\n    return 1\n")  # the implementation changed
     assert resume.source_fingerprint(spec) != before
+
+
+def test_make_stress_takes_resume():
+    done = subprocess.run(["make", "-n", "stress", "ITER=2", "RESUME=reports/stress"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "--resume reports/stress" in done.stdout and "--iters 2" in done.stdout, done
