@@ -54,6 +54,15 @@ def test_greedy_accepts_while_draft_is_argmax():
     assert _verify(target, [[5, 4]], temps=[0.0]) == [[[2, -1, -1]], [1], [2]]
 
 
+@pytest.mark.parametrize("depth", [15, 16, 17, 31, 32])
+def test_every_draft_accepted_at_every_depth_around_a_tile_keeps_the_bonus(depth):
+    """The emitted tokens' register tile must hold depth + 1 lanes: sized from the drafts alone, a depth of 16 or 32
+    accepted whole loses its bonus token to the lane past the tile (one family draws such depths, not every case)."""
+    argmax = [(3 * i + 1) % 7 for i in range(depth + 1)]
+    target = _spikes(*argmax, vocab=7)[None]
+    assert _verify(target, [argmax[:-1]], temps=[0.0]) == [[argmax], [depth + 1], [0]]
+
+
 ULP = 2.0**-149  # the smallest float32 subnormal: one ulp either side of the greedy threshold
 
 

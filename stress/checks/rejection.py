@@ -135,6 +135,8 @@ CHECKS = (
                  "no-refusals": NO_REFUSALS},
         kernel=kernels.rejection.verify,
         reference=reference.rejection.verify,
+        # every draft accepted at each depth around the emitted tokens' tile: one family draws such depths
+        unit_tests=("tests/test_rejection.py::test_every_draft_accepted_at_every_depth_around_a_tile_keeps_the_bonus",),
         families={**rejection_families.FAMILIES, "refused": VERIFY_REFUSALS,
                   "ignored_poisoned": poisoned(one_of(rejection_families.padded, rejection_families.placeholders),
                                                verify_ignored)},
