@@ -199,7 +199,7 @@ def cmd_run(args) -> int:
         header["resumed"] = {"from": args.resume, "carried": len(carried), "rerun": earlier.rerun}
     report = open_report(args.report, header)
     for result in carried:
-        report.add(result)
+        report.add_carried(result)
 
     def stages():
         log(f"specsan run: {len(tasks)} cases on {device} ({jobs} worker(s)), report in {args.report}"

@@ -54,6 +54,7 @@ class Report:
     def __init__(self, directory: str | None, header: dict):
         self.directory, self.header = directory, header
         self.results: list[Result] = []
+        self.carried = 0  # the first results, an earlier run's (``run --resume``): not timed by this run
         self._counts = [0, 0, 0]  # passed, failed, not checked among ``results``, kept as they come (counted once)
         self.kills: list | None = None  # kill-matrix rows (Kill) in registry order, once the matrix is planned
         self.hunts: list = []  # stress.hunt.HuntResult of `run --hunt`, in the order they finished
@@ -82,6 +83,14 @@ class Report:
         record = asdict(result)
         record["repro"] = result.repro()
         self._write(record)
+
+    def add_carried(self, result: Result) -> None:
+        """An earlier run's finished case (``run --resume``), added before this run's own: it counts among the
+        verdicts, not among this run's seconds."""
+        if self.carried != len(self.results):
+            raise ValueError("carried results come before this run's own")
+        self.add(result)
+        self.carried += 1
 
     def add_kill(self, row) -> None:
         """Stream one decided kill-matrix row (``kills`` holds the whole matrix, decided or not)."""
@@ -162,7 +171,8 @@ class Report:
             lines.append(f"replay: {len(self.results)} of {self.header['cases']} cases finished")
             if resumed := self.header.get("resumed"):
                 lines.append(f"resumed: {resumed['carried']} of them carried from {resumed['from']} (their verdicts "
-                             f"and seconds are that run's; {resumed['rerun']} crash(es) and timeout(s) ran again)"
+                             f"are that run's, their seconds left out of this run's times; {resumed['rerun']} "
+                             "crash(es) and timeout(s) ran again)"
                              + (f"; {resumed['kills']} kill-matrix row(s) carried" if "kills" in resumed else ""))
         if "hunts" in self.header:
             lines.append(f"hunts: {len(self.hunts)} of {self.header['hunts']} finished")
@@ -250,7 +260,8 @@ class Report:
             out.append(f"| {check} | {family} | {sum(r.verdict == PASS for r in rs)} | {sum(r.failed for r in rs)} "
                        f"| {sum(r.not_checked for r in rs)} | {sum(r.seconds for r in rs):.2f} |")
         out += acceptance_lines(self.results)
-        out += time_lines(self.results) + worker_lines(self.workers, self.results, self.matrix_seconds)
+        timed = self.results[self.carried:]  # the carried cases' seconds were another run's
+        out += time_lines(timed) + worker_lines(self.workers, timed, self.matrix_seconds)
         out += ["", f"![failures by check and family]({FAILURES_PNG})"]
         failures = [r for r in self.results if r.failed]
         if failures:
