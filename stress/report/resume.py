@@ -81,6 +81,7 @@ def read(path: str) -> Earlier:
     file = _results_file(path)
     opener = gzip.open if file.endswith(".gz") else open
     header, results, rerun, kills, damaged = None, {}, 0, {}, False
+    one_process = False  # --jobs 0: its process was kept after a fatal case
     try:
         with opener(file, "rt") as f:
             for line in f:
@@ -90,14 +91,15 @@ def read(path: str) -> Earlier:
                     continue  # a line cut off when the run was killed
                 if "run" in record and header is None:
                     header = record["run"]
+                    one_process = header.get("jobs") == 0
                 elif "check" in record and "verdict" in record and not record.get("tool") and not damaged:
                     result = Result(**{k: v for k, v in record.items() if k in _RESULT_FIELDS})
-                    damaged = result.fatal and (header or {}).get("jobs") == 0
+                    damaged = result.fatal and one_process
                     if result.verdict in RERUN:
                         rerun += 1
                         continue
                     results[(result.check, result.family, result.seed)] = result
-                elif "kill" in record and record["kill"].get("status") in HUNTED and (header or {}).get("jobs") != 0:
+                elif "kill" in record and record["kill"].get("status") in HUNTED and not one_process:
                     kill = Kill(**{k: v for k, v in record["kill"].items() if k in _KILL_FIELDS})
                     kills[(kill.check, kill.mutant)] = kill
     except OSError as exc:
